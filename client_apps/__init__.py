@@ -1,0 +1,1 @@
+"""The fedclust ClientApp and its handlers."""

@@ -1,0 +1,27 @@
+"""Helpers shared by the ClientApp handlers: config access, replies, timing."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+
+from fedclust.config import validate
+
+
+def run_config(context: Context) -> dict[str, Any]:
+    """The validated, typed run config (same keys and values as on the server)."""
+    return validate(dict(context.run_config))
+
+
+def reply(msg: Message, arrays: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+          metrics: Mapping[str, float | int | list] | None = None) -> Message:
+    """Build a reply with named ArrayRecords and one MetricRecord ``"metrics"``."""
+    content = RecordDict()
+    for rec_name, named in (arrays or {}).items():
+        content[rec_name] = ArrayRecord(
+            {k: Array(np.ascontiguousarray(v)) for k, v in named.items()})
+    content["metrics"] = MetricRecord(dict(metrics or {}))
+    return Message(content, reply_to=msg)

@@ -1,0 +1,64 @@
+"""What data a node holds.
+
+- Simulation: the node is partition ``partition-id`` of ``num-partitions`` of the run's dataset
+  (regenerated deterministically from the run config, cached per process).
+- Deployment: the node reads its own file from node config ``data-path`` (format inferred or
+  ``data-format``; optional ``label-column`` for evaluation only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+from flwr.app import Context
+from numpy.typing import NDArray
+
+from fedclust.data.local import load_local_table
+from fedclust.data.partition import make_partition
+from fedclust.data.tabular import Dataset, load_dataset
+
+DATA_KEYS = ("dataset", "data-dir", "seed", "blobs.n-samples", "blobs.centers",
+             "blobs.n-features", "blobs.std", "g2.dim", "g2.sigma")
+PARTITION_KEYS = ("partition.kind", "partition.alpha", "partition.column")
+
+
+@dataclass
+class ClientData:
+    x: NDArray[np.float64]
+    y_eval: NDArray[np.int64] | None   # ground truth; evaluation path only
+
+
+@lru_cache(maxsize=4)
+def _dataset(items: tuple[tuple[str, Any], ...]) -> Dataset:
+    return load_dataset(dict(items))
+
+
+@lru_cache(maxsize=8)
+def _partition(items: tuple[tuple[str, Any], ...], num_parts: int) -> list[np.ndarray]:
+    cfg = dict(items)
+    ds = _dataset(tuple((k, cfg[k]) for k in DATA_KEYS))
+    return make_partition(cfg["partition.kind"], ds, num_parts, int(cfg["seed"]),
+                          float(cfg["partition.alpha"]), cfg["partition.column"])
+
+
+def simulated_partition(cfg: dict[str, Any], partition_id: int, num_partitions: int
+                        ) -> ClientData:
+    """The rows of partition ``partition_id`` of the run's dataset."""
+    ds = _dataset(tuple((k, cfg[k]) for k in DATA_KEYS))
+    parts = _partition(tuple((k, cfg[k]) for k in DATA_KEYS + PARTITION_KEYS), num_partitions)
+    idx = parts[partition_id]
+    return ClientData(ds.x[idx], ds.y[idx])
+
+
+def load_client_data(context: Context, cfg: dict[str, Any]) -> ClientData:
+    """This node's data (see module docstring)."""
+    node = context.node_config
+    if "data-path" in node:
+        x, y = load_local_table(str(node["data-path"]), str(node.get("data-format", "")),
+                                str(node.get("label-column", "")))
+        return ClientData(x, y if cfg["evaluate"] else None)
+    data = simulated_partition(cfg, int(node["partition-id"]), int(node["num-partitions"]))
+    return ClientData(data.x, data.y_eval if cfg["evaluate"] else None)

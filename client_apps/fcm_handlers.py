@@ -1,0 +1,118 @@
+"""ClientApp handlers of exact federated FCM (paper 004) and FedFCM/FedFuzzDB (paper 003).
+
+Every reply carries statistics only: per-feature min/max (and, for standard scaling, count,
+mean, centred sum of squares), FCM local sums, local centers, DB sums. Evaluation statistics
+(label × cluster contingency tables) are sent only when run config ``evaluate`` is true.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import Context, Message
+
+from client_apps.app import app
+from client_apps.common import reply, run_config
+from client_apps.data import ClientData, load_client_data
+from fedclust import fcm
+from fedclust.data import scaling
+from fedclust.fedfcm import labels_from_centers, local_step
+from fedclust.metrics import contingency
+from fedclust.validity import db_statistics, fuzzy_db
+
+
+def _scaled_data(msg: Message, context: Context) -> tuple[ClientData, dict, np.ndarray]:
+    cfg = run_config(context)
+    data = load_client_data(context, cfg)
+    if "scaling" in msg.content.array_records:
+        sc = msg.content.array_records["scaling"]
+        x = scaling.apply(data.x, sc["shift"].numpy(), sc["scale"].numpy())
+    else:
+        x = data.x
+    return data, cfg, x
+
+
+def _eval_table(data: ClientData, x: np.ndarray, centers: np.ndarray) -> np.ndarray:
+    y = data.y_eval
+    labels = labels_from_centers(x, centers)
+    return contingency(y, labels, int(y.max()) + 1 if y.size else 0, centers.shape[0])
+
+
+@app.query("fcm_stats")
+def fcm_stats(msg: Message, context: Context) -> Message:
+    """Per-feature statistics for federated scaling and the server's initial-center box."""
+    cfg = run_config(context)
+    data = load_client_data(context, cfg)
+    st = scaling.column_stats(data.x)
+    if cfg["scaling"] == "standard":   # needs counts; minmax and none reveal only the bounds
+        return reply(msg, arrays={"stats": {"stats": st.as_array()}})
+    return reply(msg, arrays={"stats": {"min": st.min, "max": st.max}})
+
+
+@app.query("fcm_sums")
+def fcm_sums(msg: Message, context: Context) -> Message:
+    """Paper 004 Algorithm 2: ``U_c = Σ u^m``, ``WS_c = Σ u^m x`` for the received centers."""
+    data, cfg, x = _scaled_data(msg, context)
+    centers = msg.content.array_records["centers"]["centers"].numpy()
+    c, f = centers.shape
+    if cfg["fcm.privacy-guard"] and x.shape[0] <= c * (f + 1) / f:
+        return reply(msg, metrics={"withheld": 1})
+    u, ws = fcm.local_sums(x, centers, cfg["fcm.m"])
+    return reply(msg, arrays={"sums": {"U": u, "WS": ws}}, metrics={"withheld": 0})
+
+
+@app.query("fcm_final")
+def fcm_final(msg: Message, context: Context) -> Message:
+    """Objective share J_m of this client and, on the evaluation path, its contingency table."""
+    data, cfg, x = _scaled_data(msg, context)
+    centers = msg.content.array_records["centers"]["centers"].numpy()
+    arrays = {"objective": {"J": np.array([fcm.objective(x, centers, cfg["fcm.m"])])}}
+    if cfg["evaluate"] and data.y_eval is not None:
+        arrays["eval"] = {"contingency": _eval_table(data, x, centers)}
+    return reply(msg, arrays=arrays)
+
+
+@app.train("fedfcm_local")
+def fedfcm_local(msg: Message, context: Context) -> Message:
+    """Paper 003 step 3: local FCM to convergence from the global centers, for every active K."""
+    data, cfg, x = _scaled_data(msg, context)
+    out, iters = {}, []
+    for name, arr in msg.content.array_records["centers"].items():
+        centers, support, n_iter = local_step(x, arr.numpy(), cfg["fedfcm.m"],
+                                              cfg["fedfcm.local-tol"], cfg["fedfcm.local-max-iter"])
+        out[name], out[f"{name}.support"] = centers, support
+        iters.append(n_iter)
+    return reply(msg, arrays={"local": out}, metrics={"local-iters": int(max(iters, default=0))})
+
+
+@app.query("fedfcm_db")
+def fedfcm_db(msg: Message, context: Context) -> Message:
+    """FedFuzzDB sums (N_l, Σ‖x−c_i‖^q, Σu_i) per K; optionally local index and eval tables."""
+    data, cfg, x = _scaled_data(msg, context)
+    m, p, q = cfg["fedfcm.m"], cfg["fedfcm.p"], cfg["fedfcm.q"]
+    stats, local, evals = {}, {}, {}
+    for name, arr in msg.content.array_records["centers"].items():
+        centers = arr.numpy()
+        k = centers.shape[0]
+        s = db_statistics(x, centers, m, q)
+        stats[name] = np.concatenate([[s.n], s.spread_sums, s.membership_sums])
+        if cfg["fedfcm.local-index"]:
+            local[name] = np.array([_local_index(x, k, m, p, q, cfg)])
+        if cfg["evaluate"] and data.y_eval is not None:
+            evals[name] = _eval_table(data, x, centers)
+    arrays = {"db": stats}
+    if local:
+        arrays["local_index"] = local
+    if evals:
+        arrays["eval"] = evals
+    return reply(msg, arrays=arrays)
+
+
+def _local_index(x: np.ndarray, k: int, m: float, p: float, q: float, cfg: dict) -> float:
+    """Non-federated fuzzy DB of this client's own FCM with K clusters (NaN if too few points)."""
+    if x.shape[0] <= k:
+        return float("nan")
+    seed = int(cfg["seed"]) + 7919 * k
+    model = fcm.FuzzyCMeans(k, m=m, tol=cfg["fedfcm.local-tol"],
+                            max_iter=cfg["fedfcm.local-max-iter"] * cfg["fedfcm.max-rounds"],
+                            init="k-means++", random_state=seed).fit(x)
+    return fuzzy_db(x, model.cluster_centers_, m, p, q)

@@ -1,0 +1,308 @@
+"""Run-configuration schema, validation and the pyproject sync tool.
+
+Flower run configs are flat dicts with dotted keys (``fcm.m``). Every key the project accepts is
+declared once here (common keys) or in a method's ``KEYS`` list, with its type, default and
+allowed range. :func:`validate` turns a raw run config into a typed dict and stops bad input
+before any work starts, with a message that names the key, the value, what is allowed and how
+to fix it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+Scalar = bool | int | float | str
+
+
+class ConfigError(ValueError):
+    """A run-config value is invalid; the message says which, why, and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Key:
+    """One run-config key.
+
+    Parameters
+    ----------
+    name : str
+        Dotted key as used in ``--run-config`` (``"fcm.m"``).
+    type : type
+        One of ``bool, int, float, str``; values are cast to it.
+    default : scalar
+        Default written to ``pyproject.toml``.
+    help : str
+        One-line description (README and error messages).
+    low, high : float, optional
+        Inclusive bounds unless ``low_open``/``high_open``.
+    choices : sequence of str, optional
+        Allowed values for string keys.
+    check : callable, optional
+        Extra check ``value -> str | None`` returning an error text.
+    """
+
+    name: str
+    type: type
+    default: Scalar
+    help: str
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+    choices: Sequence[str] | None = None
+    check: Callable[[Any], str | None] | None = field(default=None, compare=False)
+
+    def allowed(self) -> str:
+        """Human-readable description of the allowed values."""
+        if self.choices is not None:
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        if self.low is None and self.high is None:
+            return f"a {self.type.__name__}"
+        lo = "-inf" if self.low is None else repr(self.low)
+        hi = "inf" if self.high is None else repr(self.high)
+        left = "(" if self.low_open or self.low is None else "["
+        right = ")" if self.high_open or self.high is None else "]"
+        return f"a {self.type.__name__} in {left}{lo}, {hi}{right}"
+
+    def parse(self, raw: Any) -> Scalar:
+        """Cast and range-check ``raw``; raise :class:`ConfigError` on failure."""
+        value = _cast(self, raw)
+        problem = None
+        if self.choices is not None and value not in self.choices:
+            problem = "not an allowed value"
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if isinstance(value, float) and not math.isfinite(value):
+                problem = "not a finite number"
+            elif self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+                problem = "below the allowed range"
+            elif self.high is not None and (
+                value > self.high or (self.high_open and value == self.high)
+            ):
+                problem = "above the allowed range"
+        if problem is None and self.check is not None:
+            problem = self.check(value)
+        if problem is not None:
+            raise ConfigError(_message(self, raw, problem))
+        return value
+
+
+def _message(key: Key, raw: Any, problem: str) -> str:
+    return (
+        f"run config '{key.name}' = {raw!r} is invalid ({problem}). "
+        f"Allowed: {key.allowed()} — {key.help}. "
+        f"Fix: pass e.g. --run-config '{key.name}={_toml(key.default)}' "
+        f"or the Hydra override {key.name}={_toml(key.default)}."
+    )
+
+
+def _toml(value: Scalar) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return repr(value)
+
+
+def _cast(key: Key, raw: Any) -> Scalar:
+    try:
+        if key.type is bool:
+            if isinstance(raw, bool):
+                return raw
+            if isinstance(raw, str) and raw.lower() in ("true", "false", "1", "0"):
+                return raw.lower() in ("true", "1")
+            if isinstance(raw, int) and raw in (0, 1):
+                return bool(raw)
+            raise ValueError
+        if key.type is int:
+            if isinstance(raw, bool):
+                raise ValueError
+            if isinstance(raw, float) and not raw.is_integer():
+                raise ValueError
+            return int(raw)
+        if key.type is float:
+            if isinstance(raw, bool):
+                raise ValueError
+            return float(raw)
+        return str(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(_message(key, raw, f"not a {key.type.__name__}")) from None
+
+
+# ----------------------------------------------------------------------------------------------
+# Common keys (all methods). Method keys live next to each method and are listed in
+# server_app/registry.py.
+
+def _csv_floats(value: str) -> str | None:
+    if value == "":
+        return None
+    try:
+        [float(v) for v in value.split(",")]
+    except ValueError:
+        return "expected comma-separated numbers, e.g. '0.3,0.7'"
+    return None
+
+
+COMMON_KEYS: list[Key] = [
+    Key("method", str, "exact-fcm", "federated clustering method",
+        choices=("exact-fcm", "fedfcm", "fedcref", "emdcfl")),
+    Key("dataset", str, "blobs", "dataset name (see README: Datasets)"),
+    Key("num-clients", int, 5, "number of clients (simulation: partitions of the dataset)",
+        low=1, high=10_000),
+    Key("seed", int, 0, "master random seed", low=0),
+    Key("output-dir", str, "", "directory for summary.json, history.jsonl, arrays "
+        "(empty: ~/fedclust-runs/<method>/<dataset>-seed<seed>-<time>)"),
+    Key("data-dir", str, "", "folder with dataset files for file-based datasets"),
+    Key("evaluate", bool, True,
+        "compute ground-truth metrics (eval_*) on the evaluation path; false in real deployments"),
+    Key("timeout", float, 600.0, "seconds to wait for client replies per step", low=0.0,
+        low_open=True),
+    Key("min-clients", int, 0, "wait for at least this many nodes before starting (0 = num-clients)",
+        low=0),
+    Key("partition.kind", str, "iid", "how the dataset is split across clients (simulation)",
+        choices=("iid", "stratified", "column", "recipe", "dirichlet")),
+    Key("partition.alpha", float, 0.5, "Dirichlet concentration for label skew", low=0.0,
+        low_open=True),
+    Key("partition.column", str, "", "column to split by (kind=column), e.g. 'job'"),
+    Key("scaling", str, "minmax", "federated feature scaling before clustering",
+        choices=("none", "minmax", "standard")),
+    Key("blobs.n-samples", int, 1500, "points of the generated 'blobs' dataset", low=10),
+    Key("blobs.centers", int, 4, "Gaussian components of the 'blobs' dataset", low=1),
+    Key("blobs.n-features", int, 2, "dimension of the 'blobs' dataset", low=1),
+    Key("blobs.std", float, 0.6, "standard deviation of 'blobs'", low=0.0, low_open=True),
+    Key("g2.dim", int, 2, "G2 set dimension D (file g2-D-sigma)", low=1),
+    Key("g2.sigma", int, 10, "G2 set standard deviation sigma (file g2-D-sigma)", low=1),
+    Key("plots", bool, True, "write PNG plots of the iteration story"),
+]
+
+
+# ----------------------------------------------------------------------------------------------
+
+def _available(path: str) -> bool:
+    """A registered method's module exists (methods are added one issue at a time)."""
+    import importlib.util
+
+    module = path.partition(":")[0]
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def _load_keys(path: str) -> list[Key]:
+    module, _, attr = path.partition(":")
+    return list(getattr(importlib.import_module(module), attr))
+
+
+def all_keys() -> list[Key]:
+    """Common keys followed by every registered method's keys."""
+    from server_app.registry import METHODS  # local import: registry imports nothing heavy
+
+    keys = list(COMMON_KEYS)
+    for spec in METHODS.values():
+        for path in spec.keys:
+            if _available(path):
+                keys.extend(_load_keys(path))
+    names = [k.name for k in keys]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise RuntimeError(f"run-config keys declared twice: {sorted(dup)}")
+    return keys
+
+
+def defaults() -> dict[str, Scalar]:
+    """Default value of every key."""
+    return {k.name: k.default for k in all_keys()}
+
+
+def validate(run_config: Mapping[str, Any], keys: Iterable[Key] | None = None) -> dict[str, Any]:
+    """Return a typed copy of ``run_config`` with defaults filled in.
+
+    Raises
+    ------
+    ConfigError
+        On an unknown key, a value of the wrong type or outside its range, or an
+        inconsistent combination (e.g. ``fedfcm.k-min > fedfcm.k-max``).
+    """
+    keys = list(all_keys() if keys is None else keys)
+    by_name = {k.name: k for k in keys}
+    unknown = sorted(set(run_config) - set(by_name))
+    if unknown:
+        close = {u: [n for n in by_name if n.split(".")[-1] == u.split(".")[-1]] for u in unknown}
+        hint = "; ".join(f"'{u}' (did you mean {close[u]}?)" if close[u] else f"'{u}'"
+                         for u in unknown)
+        raise ConfigError(f"unknown run-config key(s): {hint}. "
+                          f"Known keys are listed in pyproject.toml [tool.flwr.app.config].")
+    cfg = {k.name: k.parse(run_config.get(k.name, k.default)) for k in keys}
+    from server_app.registry import METHODS
+
+    spec = METHODS[cfg["method"]]
+    if not all(_available(p) for p in (spec.runner, *spec.keys)):
+        installed = [m for m, s in METHODS.items()
+                     if all(_available(p) for p in (s.runner, *s.keys))]
+        raise ConfigError(f"run config 'method' = {cfg['method']!r} is not installed in this "
+                          f"build. Allowed: {', '.join(installed)}.")
+    for check in spec.cross_checks:
+        module, _, attr = check.partition(":")
+        getattr(importlib.import_module(module), attr)(cfg)
+    return cfg
+
+
+def require(cond: bool, key: str, value: Any, allowed: str, fix: str) -> None:
+    """Raise a :class:`ConfigError` for a cross-key rule when ``cond`` is false."""
+    if not cond:
+        raise ConfigError(f"run config '{key}' = {value!r} is invalid. Allowed: {allowed}. "
+                          f"Fix: {fix}.")
+
+
+# ----------------------------------------------------------------------------------------------
+# pyproject sync: [tool.flwr.app.config] must list every key (flwr rejects unknown keys).
+
+_BEGIN = "# --- run-config keys: generated by `python -m fedclust.config sync` ---"
+_END = "# --- end of generated run-config keys ---"
+
+
+def render_config_table(keys: Iterable[Key]) -> str:
+    """TOML lines of ``[tool.flwr.app.config]`` for ``keys`` (dotted keys quoted)."""
+    lines = [_BEGIN]
+    for key in keys:
+        name = key.name if re.fullmatch(r"[A-Za-z0-9_-]+", key.name) else f'"{key.name}"'
+        lines.append(f"{name} = {_toml(key.default)}")
+    lines.append(_END)
+    return "\n".join(lines)
+
+
+def sync_pyproject(path: Path, check: bool = False) -> bool:
+    """Rewrite the generated block of ``pyproject.toml``; return True if it changed."""
+    text = path.read_text()
+    start, end = text.index(_BEGIN), text.index(_END) + len(_END)
+    new = text[:start] + render_config_table(all_keys()) + text[end:]
+    changed = new != text
+    if changed and not check:
+        path.write_text(new)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("command", choices=["sync", "check", "list"])
+    parser.add_argument("--pyproject", default=str(Path(__file__).parents[1] / "pyproject.toml"))
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        for key in all_keys():
+            print(f"{key.name:32s} {_toml(key.default):20s} {key.allowed()} — {key.help}")
+        return 0
+    changed = sync_pyproject(Path(args.pyproject), check=args.command == "check")
+    if args.command == "check" and changed:
+        print("pyproject.toml run-config keys are out of date: run `python -m fedclust.config sync`")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

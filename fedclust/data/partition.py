@@ -1,0 +1,117 @@
+"""Partitioners: split a dataset's row indices across clients (simulation only). Seeded."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+Index = NDArray[np.int64]
+
+
+class PartitionError(ValueError):
+    """A partition cannot be made with the given settings."""
+
+
+def iid(n: int, num_clients: int, seed: int) -> list[Index]:
+    """Shuffle and cut into ``num_clients`` near-equal parts."""
+    _check(n, num_clients)
+    perm = np.random.default_rng(seed).permutation(n)
+    return [np.sort(p) for p in np.array_split(perm, num_clients)]
+
+
+def stratified(y: NDArray[np.int64], num_clients: int, seed: int) -> list[Index]:
+    """Each client gets (as nearly as possible) the same share of every class."""
+    _check(y.size, num_clients)
+    rng = np.random.default_rng(seed)
+    order = np.concatenate([rng.permutation(np.flatnonzero(y == c)) for c in np.unique(y)])
+    owner = (np.arange(order.size) + rng.integers(num_clients)) % num_clients
+    return [np.sort(order[owner == k]) for k in range(num_clients)]
+
+
+def by_column(groups: NDArray[np.int64], num_clients: int) -> list[Index]:
+    """One client per distinct value of a column (e.g. bank marketing: one client per job)."""
+    values = np.unique(groups)
+    if values.size != num_clients:
+        raise PartitionError(
+            f"partition.kind='column' makes one client per value: this column has {values.size} "
+            f"values but run config 'num-clients' = {num_clients}. Fix: num-clients={values.size}.")
+    return [np.flatnonzero(groups == v) for v in values]
+
+
+def recipe(y: NDArray[np.int64], counts: Sequence[dict[int, int]], seed: int) -> list[Index]:
+    """Explicit per-client label counts, drawn without replacement (e.g. paper 003 §3.2.1)."""
+    rng = np.random.default_rng(seed)
+    pools = {int(c): list(rng.permutation(np.flatnonzero(y == c))) for c in np.unique(y)}
+    parts = []
+    for k, wanted in enumerate(counts):
+        idx = []
+        for label, n in wanted.items():
+            pool = pools.get(int(label), [])
+            if len(pool) < n:
+                raise PartitionError(f"recipe for client {k} needs {n} points of class {label}, "
+                                     f"only {len(pool)} are left")
+            idx.extend(pool[:n])
+            del pool[:n]
+        parts.append(np.sort(np.asarray(idx, dtype=np.int64)))
+    return parts
+
+
+def dirichlet(y: NDArray[np.int64], num_clients: int, alpha: float, seed: int,
+              min_size: int = 2, max_tries: int = 100) -> list[Index]:
+    """Label skew: for every class, client shares ~ Dirichlet(alpha) (smaller = more skewed).
+
+    Redrawn until every client has at least ``min_size`` points.
+    """
+    _check(y.size, num_clients * min_size)
+    rng = np.random.default_rng(seed)
+    classes = [np.flatnonzero(y == c) for c in np.unique(y)]
+    for _ in range(max_tries):
+        parts: list[list[int]] = [[] for _ in range(num_clients)]
+        for idx in classes:
+            idx = rng.permutation(idx)
+            shares = rng.dirichlet(np.full(num_clients, alpha))
+            cuts = (np.cumsum(shares)[:-1] * idx.size).astype(int)
+            for k, piece in enumerate(np.split(idx, cuts)):
+                parts[k].extend(piece.tolist())
+        if min(len(p) for p in parts) >= min_size:
+            return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
+    raise PartitionError(f"Dirichlet(alpha={alpha}) left a client with fewer than {min_size} "
+                         f"points in {max_tries} draws. Fix: raise partition.alpha or lower "
+                         f"num-clients.")
+
+
+def _check(n: int, num_clients: int) -> None:
+    if num_clients > n:
+        raise PartitionError(f"cannot split {n} points across {num_clients} clients. Fix: lower "
+                             f"run config 'num-clients'.")
+
+
+def make_partition(kind: str, dataset: object, num_clients: int, seed: int, alpha: float = 0.5,
+                   column: str = "") -> list[Index]:
+    """Dispatch on ``partition.kind``."""
+    y = dataset.y  # type: ignore[attr-defined]
+    if kind == "iid":
+        return iid(y.size, num_clients, seed)
+    if kind == "stratified":
+        return stratified(y, num_clients, seed)
+    if kind == "dirichlet":
+        return dirichlet(y, num_clients, alpha, seed)
+    if kind == "column":
+        groups = dataset.groups  # type: ignore[attr-defined]
+        if column not in groups:
+            raise PartitionError(
+                f"run config 'partition.column' = {column!r} is not a grouping column of this "
+                f"dataset. Allowed: {sorted(groups) or 'none (this dataset has no such column)'}.")
+        return by_column(groups[column], num_clients)
+    if kind == "recipe":
+        counts = dataset.recipe  # type: ignore[attr-defined]
+        if counts is None:
+            raise PartitionError("partition.kind='recipe' needs a dataset with a built-in recipe "
+                                 "(e.g. 'motivational').")
+        if len(counts) != num_clients:
+            raise PartitionError(f"this recipe has {len(counts)} clients but 'num-clients' = "
+                                 f"{num_clients}. Fix: num-clients={len(counts)}.")
+        return recipe(y, counts, seed)
+    raise PartitionError(f"unknown partition.kind {kind!r}")

@@ -1,0 +1,270 @@
+r"""Fuzzy c-means: the centralized algorithm and the federated LocalSums step (paper 004).
+
+With fuzzifier :math:`m>1` (the paper's :math:`\lambda`), the membership of point
+:math:`x_j` in cluster :math:`c` is
+
+.. math:: \mu_{c,j} = \Big(\sum_{k=1}^{C} \big(\|x_j-v_c\| / \|x_j-v_k\|\big)^{2/(m-1)}\Big)^{-1},
+
+and the center update (paper 004 eq. 3–6) is
+
+.. math:: v_c = \frac{\sum_j \mu_{c,j}^m x_j}{\sum_j \mu_{c,j}^m}
+              = \frac{\sum_m WS_c^{(m)}}{\sum_m U_c^{(m)}},
+
+where client :math:`m` computes the *local sums* :math:`U^{(m)}_c=\sum_{j}\mu^m_{c,j}` and
+:math:`WS^{(m)}_c=\sum_j \mu^m_{c,j}x_j` (Algorithm 2, ``LocalSums``). Because both sums
+decompose over disjoint clients, the federated update equals the centralized one exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+Float = NDArray[np.float64]
+
+# A point sitting exactly on a center has distance 0; the reference code replaces it by the
+# machine epsilon so that its membership becomes ~1 for that center instead of NaN.
+_TINY = float(np.finfo(np.float64).tiny) ** 0.5
+
+
+def _as_2d(x: ArrayLike, name: str = "X") -> Float:
+    arr = np.asarray(x, dtype=np.float64)
+    if arr.ndim != 2:
+        raise ValueError(f"{name} must be 2-D (n_samples, n_features), got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} contains NaN or infinite values; clean or impute them first")
+    return arr
+
+
+def squared_distances(x: Float, centers: Float) -> Float:
+    """Squared Euclidean distances ``(n, C)`` via ``‖x‖² − 2 x·v + ‖v‖²`` (one GEMM)."""
+    d2 = np.einsum("ij,ij->i", x, x)[:, None] - 2.0 * (x @ centers.T)
+    d2 += np.einsum("ij,ij->i", centers, centers)[None, :]
+    np.maximum(d2, _TINY, out=d2)
+    return d2
+
+
+def memberships(x: ArrayLike, centers: ArrayLike, m: float = 2.0) -> Float:
+    """Fuzzy memberships ``U`` of shape ``(n, C)``; rows sum to 1 (eq. 9 of paper 004)."""
+    x, centers = _as_2d(x), _as_2d(centers, "centers")
+    return _memberships_from_d2(squared_distances(x, centers), m)
+
+
+def _memberships_from_d2(d2: Float, m: float) -> Float:
+    # mu_cj ∝ d2_cj^{-1/(m-1)}; normalising by the row minimum keeps powers in range.
+    if m == 2.0:
+        inv = np.reciprocal(d2, out=d2)
+    else:
+        inv = d2
+        inv /= d2.min(axis=1, keepdims=True)
+        np.power(inv, -1.0 / (m - 1.0), out=inv)
+    inv /= inv.sum(axis=1, keepdims=True)
+    return inv
+
+
+def local_sums(x: ArrayLike, centers: ArrayLike, m: float = 2.0,
+               chunk_size: int = 8192) -> tuple[Float, Float]:
+    r"""Paper 004 Algorithm 2 (``LocalSums``), vectorised.
+
+    Rows are processed in blocks of ``chunk_size`` with reused buffers: the ``(n, C)``
+    temporaries of a one-shot version cost more in page faults than in arithmetic
+    (see ``bench/bench_fcm_local_sums.py``).
+
+    Returns
+    -------
+    U : ndarray of shape (C,)
+        :math:`U_c = \sum_j \mu_{c,j}^m`.
+    WS : ndarray of shape (C, F)
+        :math:`WS_c = \sum_j \mu_{c,j}^m x_j`.
+    """
+    x, centers = _as_2d(x), _as_2d(centers, "centers")
+    if x.shape[1] != centers.shape[1]:
+        raise ValueError(f"X has {x.shape[1]} features but centers have {centers.shape[1]}")
+    n, c = x.shape[0], centers.shape[0]
+    vt = np.ascontiguousarray(centers.T)
+    vv = np.einsum("ij,ij->i", centers, centers)
+    u_sum, ws_sum = np.zeros(c), np.zeros((c, x.shape[1]))
+    chunk = max(1, min(chunk_size, n))
+    d2_buf, row_buf, xx_buf = np.empty((chunk, c)), np.empty((chunk, 1)), np.empty(chunk)
+    for start in range(0, n, chunk):
+        xb = x[start:start + chunk]
+        b = xb.shape[0]
+        w, rows, xx = d2_buf[:b], row_buf[:b], xx_buf[:b]
+        np.dot(xb, vt, out=w)                      # w = ‖x‖² − 2x·v + ‖v‖²  (squared distances)
+        w *= -2.0
+        np.einsum("ij,ij->i", xb, xb, out=xx)
+        w += xx[:, None]
+        w += vv
+        np.maximum(w, _TINY, out=w)
+        if m == 2.0:                               # w = d^{-2/(m-1)}, then normalise -> mu
+            np.reciprocal(w, out=w)
+        else:
+            w /= w.min(axis=1, keepdims=True)
+            np.power(w, -1.0 / (m - 1.0), out=w)
+        np.sum(w, axis=1, keepdims=True, out=rows)
+        w /= rows
+        if m == 2.0:                               # w = mu^m
+            np.square(w, out=w)
+        else:
+            np.power(w, m, out=w)
+        u_sum += w.sum(axis=0)
+        ws_sum += w.T @ xb
+    return u_sum, ws_sum
+
+
+def update_centers(u_sum: Float, ws_sum: Float, previous: Float) -> Float:
+    """Eq. 3: ``v_c = ΣWS_c / ΣU_c``; a cluster with zero mass keeps its previous center."""
+    u_sum = np.asarray(u_sum, dtype=np.float64)
+    out = np.array(previous, dtype=np.float64, copy=True)
+    ok = u_sum > 0
+    out[ok] = np.asarray(ws_sum, dtype=np.float64)[ok] / u_sum[ok, None]
+    return out
+
+
+def random_centers(low: ArrayLike, high: ArrayLike, n_clusters: int,
+                   random_state: int | np.random.Generator | None = None) -> Float:
+    """``n_clusters`` centers drawn uniformly inside the box ``[low, high]`` (per feature)."""
+    rng = np.random.default_rng(random_state)
+    low, high = np.asarray(low, dtype=np.float64), np.asarray(high, dtype=np.float64)
+    return low + rng.random((n_clusters, low.size)) * (high - low)
+
+
+def objective(x: ArrayLike, centers: ArrayLike, m: float = 2.0) -> float:
+    r"""FCM objective :math:`J_m = \sum_j \sum_c \mu_{c,j}^m \|x_j - v_c\|^2`."""
+    x, centers = _as_2d(x), _as_2d(centers, "centers")
+    d2 = squared_distances(x, centers)
+    u = _memberships_from_d2(d2.copy(), m)
+    return float(np.sum(u**m * d2))
+
+
+@dataclass
+class FCMResult:
+    centers: Float
+    n_iter: int
+    converged: bool
+    shifts: list[float]
+
+
+def fcm_from_centers(x: ArrayLike, centers: ArrayLike, m: float = 2.0, tol: float = 0.005,
+                     max_iter: int = 30) -> FCMResult:
+    """Centralized FCM iterated from given centers; stop when ‖V(t+1) − V(t)‖_F < tol.
+
+    This is the loop of paper 004 Algorithm 1 run on pooled data: with the same initial centers
+    it produces the same sequence of centers as federated FCM with all clients.
+    """
+    x = _as_2d(x)
+    v = _as_2d(centers, "centers").copy()
+    shifts: list[float] = []
+    for it in range(1, max_iter + 1):
+        u, ws = local_sums(x, v, m)
+        new = update_centers(u, ws, v)
+        shifts.append(float(np.linalg.norm(new - v)))
+        v = new
+        if shifts[-1] < tol:
+            return FCMResult(v, it, True, shifts)
+    return FCMResult(v, max_iter, False, shifts)
+
+
+def fcm_until_stable(x: ArrayLike, centers: ArrayLike, m: float = 2.0, tol: float = 1e-4,
+                     max_iter: int = 1000) -> tuple[Float, Float, int]:
+    r"""Local FCM as in paper 003 §2.1.2: memberships from the given centers, then alternate
+    eq. 6 / eq. 5 until :math:`\|U^{t+1}-U^{t}\|_F \le \epsilon` or ``max_iter``.
+
+    Returns
+    -------
+    centers : ndarray (C, F)
+    u : ndarray (n, C) memberships w.r.t. the returned centers
+    n_iter : int
+    """
+    x = _as_2d(x)
+    v = _as_2d(centers, "centers").copy()
+    u = _memberships_from_d2(squared_distances(x, v), m)
+    n_iter = 0
+    for n_iter in range(1, max_iter + 1):
+        w = u**m
+        mass = w.sum(axis=0)
+        v = update_centers(mass, w.T @ x, v)
+        u_new = _memberships_from_d2(squared_distances(x, v), m)
+        delta = float(np.linalg.norm(u_new - u))
+        u = u_new
+        if delta <= tol:
+            break
+    return v, u, n_iter
+
+
+class FuzzyCMeans:
+    """Centralized fuzzy c-means (Bezdek), scikit-learn style.
+
+    Parameters
+    ----------
+    n_clusters : int
+    m : float, default 2.0
+        Fuzzifier, ``m > 1``.
+    tol : float, default 0.005
+        Stop when the Frobenius norm of the center change is below ``tol`` (paper 004).
+    max_iter : int, default 30
+    init : {"uniform", "k-means++"} or ndarray of shape (n_clusters, n_features)
+        ``"uniform"`` draws centers uniformly in the data's bounding box, as the federated
+        server does from the federated bounds.
+    random_state : int, Generator or None
+
+    Attributes
+    ----------
+    cluster_centers_ : ndarray (n_clusters, n_features)
+    n_iter_ : int
+    converged_ : bool
+    shifts_ : list of float
+    """
+
+    def __init__(self, n_clusters: int = 3, m: float = 2.0, tol: float = 0.005,
+                 max_iter: int = 30, init: str | ArrayLike = "uniform",
+                 random_state: int | np.random.Generator | None = None) -> None:
+        self.n_clusters, self.m, self.tol, self.max_iter = n_clusters, m, tol, max_iter
+        self.init, self.random_state = init, random_state
+
+    def _validate(self, x: Float) -> None:
+        if not isinstance(self.n_clusters, (int, np.integer)) or self.n_clusters < 1:
+            raise ValueError(f"n_clusters must be a positive int, got {self.n_clusters!r}")
+        if not self.m > 1:
+            raise ValueError(f"m must be > 1 (m = 1 is hard k-means), got {self.m!r}")
+        if self.tol < 0 or self.max_iter < 1:
+            raise ValueError("tol must be >= 0 and max_iter >= 1")
+        if x.shape[0] < self.n_clusters:
+            raise ValueError(f"n_samples={x.shape[0]} < n_clusters={self.n_clusters}")
+
+    def _initial_centers(self, x: Float) -> Float:
+        if isinstance(self.init, str):
+            if self.init == "uniform":
+                return random_centers(x.min(0), x.max(0), self.n_clusters, self.random_state)
+            if self.init == "k-means++":
+                from sklearn.cluster import kmeans_plusplus
+
+                seed = np.random.default_rng(self.random_state).integers(2**31 - 1)
+                return kmeans_plusplus(x, self.n_clusters, random_state=int(seed))[0]
+            raise ValueError(f"init must be 'uniform', 'k-means++' or an array, got {self.init!r}")
+        centers = _as_2d(self.init, "init")
+        if centers.shape != (self.n_clusters, x.shape[1]):
+            raise ValueError(f"init has shape {centers.shape}, expected "
+                             f"{(self.n_clusters, x.shape[1])}")
+        return centers
+
+    def fit(self, x: ArrayLike, y: object = None) -> FuzzyCMeans:
+        x = _as_2d(x)
+        self._validate(x)
+        res = fcm_from_centers(x, self._initial_centers(x), self.m, self.tol, self.max_iter)
+        self.cluster_centers_, self.n_iter_ = res.centers, res.n_iter
+        self.converged_, self.shifts_ = res.converged, res.shifts
+        return self
+
+    def predict_proba(self, x: ArrayLike) -> Float:
+        """Memberships ``(n, n_clusters)``; rows sum to 1."""
+        return memberships(x, self.cluster_centers_, self.m)
+
+    def predict(self, x: ArrayLike) -> NDArray[np.int64]:
+        """Index of the highest membership (= the nearest center)."""
+        return squared_distances(_as_2d(x), self.cluster_centers_).argmin(axis=1)
+
+    def fit_predict(self, x: ArrayLike, y: object = None) -> NDArray[np.int64]:
+        return self.fit(x).predict(x)

@@ -1,0 +1,67 @@
+"""Run-config keys of the fuzzy c-means family (exact federated FCM and FedFCM)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedclust.config import Key, require
+
+FCM_KEYS: list[Key] = [
+    Key("fcm.n-clusters", int, 4, "number of clusters C", low=1),
+    Key("fcm.m", float, 2.0, "fuzzifier m (lambda in paper 004); m -> 1 is hard k-means",
+        low=1.0, low_open=True),
+    Key("fcm.epsilon", float, 0.005, "stop when ||V(t+1) - V(t)||_F < epsilon", low=0.0),
+    Key("fcm.max-rounds", int, 30, "maximum federated rounds", low=1),
+    Key("fcm.fraction", float, 1.0, "participation fraction gamma, resampled every round",
+        low=0.0, high=1.0, low_open=True),
+    Key("fcm.privacy-guard", bool, True,
+        "a client with N <= C(F+1)/F points does not send its sums (paper 004 §4.2)"),
+    Key("fcm.secure-aggregation", bool, False,
+        "sum U and WS with SecAgg+ so the server sees only the totals (deployment issue)"),
+]
+
+FEDFCM_KEYS: list[Key] = [
+    Key("fedfcm.k-min", int, 2, "smallest number of clusters K tried", low=2),
+    Key("fedfcm.k-max", int, 6, "largest number of clusters K tried", low=2),
+    Key("fedfcm.m", float, 2.0, "fuzzifier m", low=1.0, low_open=True),
+    Key("fedfcm.averaging", str, "kmeans", "global update: k-means averaging (paper 003) or "
+        "support-weighted federated averaging", choices=("kmeans", "fedavg")),
+    Key("fedfcm.tol", float, 0.01, "stop when sum_k ||c_k(t) - c_k(t+1)|| <= tol", low=0.0),
+    Key("fedfcm.max-rounds", int, 10, "maximum federated rounds per K", low=1),
+    Key("fedfcm.local-tol", float, 1e-3, "local FCM stops when ||U(t+1) - U(t)||_F <= local-tol",
+        low=0.0),
+    Key("fedfcm.local-max-iter", int, 50, "maximum local FCM iterations per round", low=1),
+    Key("fedfcm.local-index", bool, True,
+        "clients also report their local (non-federated) fuzzy DB index per K"),
+    Key("fedfcm.p", float, 2.0, "Minkowski p of the center distances M_ij", low=1.0),
+    Key("fedfcm.q", float, 1.0, "power q of the spread S_i", low=1.0),
+]
+
+
+def check_fcm(cfg: dict[str, Any]) -> None:
+    require(cfg["fcm.n-clusters"] >= 2, "fcm.n-clusters", cfg["fcm.n-clusters"],
+            "an int >= 2", "set fcm.n-clusters to the number of clusters you expect")
+
+
+def check_fedfcm(cfg: dict[str, Any]) -> None:
+    require(cfg["fedfcm.k-min"] <= cfg["fedfcm.k-max"], "fedfcm.k-min", cfg["fedfcm.k-min"],
+            f"an int <= fedfcm.k-max ({cfg['fedfcm.k-max']})",
+            "swap the two values or raise fedfcm.k-max")
+    require(cfg["fedfcm.k-max"] - cfg["fedfcm.k-min"] <= 50, "fedfcm.k-max", cfg["fedfcm.k-max"],
+            "at most 51 values of K in one run", "narrow [fedfcm.k-min, fedfcm.k-max]")
+
+
+def preflight(cfg: dict[str, Any]) -> None:
+    """Server-side check before any work: the dataset exists and can be partitioned as asked.
+
+    ``dataset="local"`` means every node reads its own ``data-path`` (deployment); nothing to
+    check on the server then.
+    """
+    if cfg["dataset"] == "local":
+        return
+    from fedclust.data.partition import make_partition
+    from fedclust.data.tabular import load_dataset
+
+    ds = load_dataset(cfg)
+    make_partition(cfg["partition.kind"], ds, cfg["num-clients"], cfg["seed"],
+                   cfg["partition.alpha"], cfg["partition.column"])

@@ -1,0 +1,68 @@
+"""The fedclust ServerApp: validate the run config, run the chosen method, write results."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedclust.config import validate
+from fedclust.results import RunRecorder
+from server_app.registry import METHODS
+
+LOG = logging.getLogger("fedclust")
+
+app = ServerApp()
+
+
+def _setup_logging() -> None:
+    if not LOG.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s fedclust %(levelname)s %(message)s",
+                                               "%H:%M:%S"))
+        LOG.addHandler(handler)
+        LOG.setLevel(logging.INFO)
+        LOG.propagate = False
+
+
+def _load(path: str) -> Any:
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def output_dir(cfg: dict[str, Any]) -> Path:
+    """``output-dir`` if set, else ``~/fedclust-runs/<method>/<dataset>-seed<seed>-<time>``."""
+    if cfg["output-dir"]:
+        return Path(cfg["output-dir"]).expanduser()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path.home() / "fedclust-runs" / cfg["method"] / f"{cfg['dataset']}-seed{cfg['seed']}-{stamp}"
+
+
+def run_method(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
+    """Validate, preflight, run the method's server loop and write ``summary.json``."""
+    _setup_logging()
+    cfg = validate(run_config)            # bad input stops here, before any work
+    spec = METHODS[cfg["method"]]
+    if spec.preflight:
+        _load(spec.preflight)(cfg)
+    runner = _load(spec.runner)
+    recorder = RunRecorder(output_dir(cfg), cfg["method"], cfg["dataset"], cfg["seed"],
+                           cfg["num-clients"], cfg)
+    LOG.info("method=%s dataset=%s clients=%s -> %s", cfg["method"], cfg["dataset"],
+             cfg["num-clients"], recorder.dir)
+    metrics = runner(grid, cfg, recorder)
+    summary = recorder.finish(metrics)
+    LOG.info("done in %.1fs: %s", summary["wall_time_s"],
+             {k: v for k, v in summary["metrics"].items() if not isinstance(v, (dict, list))})
+    return summary
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    run_method(grid, dict(context.run_config))

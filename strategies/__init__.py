@@ -1,0 +1,1 @@
+"""Server-side loops of the fedclust methods (thin Flower adapters over ``fedclust``)."""

@@ -1,0 +1,181 @@
+"""Message helpers shared by every server loop.
+
+The server loops speak Flower's Message API directly: one ``send_and_collect`` call per phase,
+per-node payloads where needed, and explicit bookkeeping of clients that did not answer
+(missing replies, error replies, or replies of the wrong shape), which are recorded and
+skipped — never fatal.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+
+LOG = logging.getLogger("fedclust")
+
+Content = RecordDict | Callable[[int], RecordDict]
+Validator = Callable[[RecordDict], str | None]
+
+
+@dataclass
+class Exchange:
+    """Outcome of one phase: replies by node id, and failures by node id with the reason."""
+
+    replies: dict[int, RecordDict] = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)
+    seconds: float = 0.0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+
+
+def record_nbytes(content: RecordDict) -> int:
+    """Payload size of a RecordDict in bytes (arrays + scalars), used for traffic accounting."""
+    total = 0
+    for rec in content.values():
+        if isinstance(rec, ArrayRecord):
+            total += sum(len(arr.data) for arr in rec.values())
+        else:
+            for v in rec.values():
+                total += len(v) if isinstance(v, (bytes, str)) else 8 * (
+                    len(v) if isinstance(v, list) else 1)
+    return total
+
+
+def wait_for_nodes(grid: Grid, n: int, timeout: float, poll: float = 0.5) -> list[int]:
+    """Block until ``n`` nodes are connected (or ``timeout``); return the sorted node ids.
+
+    Returns the nodes present at the deadline if fewer than ``n`` connected, so that a run can
+    proceed with the clients it has (and record it).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        ids = sorted(grid.get_node_ids())
+        if len(ids) >= n or time.monotonic() >= deadline:
+            if len(ids) < n:
+                LOG.warning("only %d of %d nodes connected after %.0fs", len(ids), n, timeout)
+            return ids
+        time.sleep(poll)
+
+
+def send_and_collect(
+    grid: Grid,
+    node_ids: Iterable[int],
+    content: Content,
+    message_type: str,
+    group_id: str,
+    timeout: float,
+    validate: Validator | None = None,
+) -> Exchange:
+    """Send one message per node and collect the replies of this phase.
+
+    Parameters
+    ----------
+    grid : Grid
+    node_ids : iterable of int
+    content : RecordDict or callable
+        The same payload for all nodes, or ``node_id -> RecordDict`` for per-node payloads.
+    message_type : str
+        ``"<train|evaluate|query>.<action>"``.
+    group_id : str
+        Phase/round label (appears in Flower logs).
+    timeout : float
+        Seconds to wait for replies.
+    validate : callable, optional
+        ``reply_content -> error text | None``; a reply that fails is rejected and logged.
+
+    Returns
+    -------
+    Exchange
+        Replies from nodes that answered correctly; ``failed`` names every other node.
+    """
+    nodes = list(node_ids)
+    t0 = time.perf_counter()
+    out = Exchange()
+    messages = []
+    for nid in nodes:
+        payload = content(nid) if callable(content) else content
+        out.bytes_sent += record_nbytes(payload)
+        messages.append(Message(payload, dst_node_id=nid, message_type=message_type,
+                                group_id=group_id))
+    replies = list(grid.send_and_receive(messages, timeout=timeout)) if messages else []
+    by_msg = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
+    for reply in replies:
+        # SuperLink-generated error replies carry src_node_id 1: map through reply_to instead.
+        nid = by_msg.get(reply.metadata.reply_to_message_id)
+        if nid is None:
+            continue
+        if reply.has_error():
+            out.failed[nid] = f"error reply: {reply.error.reason}"
+            continue
+        problem = validate(reply.content) if validate is not None else None
+        if problem:
+            out.failed[nid] = f"rejected reply: {problem}"
+            continue
+        out.replies[nid] = reply.content
+        out.bytes_received += record_nbytes(reply.content)
+    for nid in nodes:
+        if nid not in out.replies and nid not in out.failed:
+            out.failed[nid] = f"no reply within {timeout:.0f}s"
+    for nid, why in out.failed.items():
+        LOG.warning("[%s] node %s dropped: %s", group_id, nid, why)
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Record builders / readers
+
+def arrays(**named: np.ndarray) -> ArrayRecord:
+    """ArrayRecord from keyword arrays (names kept)."""
+    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in named.items()})
+
+
+def read_arrays(record: ArrayRecord) -> dict[str, np.ndarray]:
+    return {k: v.numpy() for k, v in record.items()}
+
+
+def config_record(values: Mapping[str, object]) -> ConfigRecord:
+    return ConfigRecord(dict(values))
+
+
+def metric_record(values: Mapping[str, float | int]) -> MetricRecord:
+    return MetricRecord(dict(values))
+
+
+def expect_arrays(name: str, keys: Iterable[str], shapes: Mapping[str, tuple] | None = None
+                  ) -> Validator:
+    """Validator: the reply has ArrayRecord ``name`` with ``keys`` (and optional exact shapes)."""
+    keys = list(keys)
+
+    def _check(content: RecordDict) -> str | None:
+        if name not in content.array_records:
+            return f"missing array record '{name}'"
+        rec = content.array_records[name]
+        for k in keys:
+            if k not in rec:
+                return f"'{name}' lacks array '{k}'"
+            arr = rec[k].numpy()
+            if not np.all(np.isfinite(arr)):
+                return f"'{name}.{k}' has non-finite values"
+            if shapes and k in shapes and tuple(arr.shape) != tuple(shapes[k]):
+                return f"'{name}.{k}' has shape {arr.shape}, expected {shapes[k]}"
+        return None
+
+    return _check
+
+
+def all_of(*validators: Validator) -> Validator:
+    def _check(content: RecordDict) -> str | None:
+        for v in validators:
+            problem = v(content)
+            if problem:
+                return problem
+        return None
+
+    return _check

@@ -1,0 +1,94 @@
+"""Server loop of exact federated fuzzy c-means (paper 004, Algorithm 1).
+
+Round t: sample ⌈γM⌉ clients, send V(t); each returns ``U = Σ u^m`` and ``WS = Σ u^m x``
+(or withholds them under the privacy guard); ``V(t+1) = ΣWS / ΣU`` (a cluster with zero mass
+keeps its center); stop when ``‖V(t+1) − V(t)‖_F < ε`` or after ``max-rounds``.
+With γ = 1 the centers equal centralized FCM from the same initialisation.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from flwr.app import RecordDict
+from flwr.serverapp import Grid
+
+from fedclust import fcm
+from fedclust.results import Progress, RunRecorder
+from strategies.common import all_of, arrays, expect_arrays, send_and_collect, wait_for_nodes
+from strategies.fcm_common import eval_ari, federated_scaling
+
+
+def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any]:
+    nodes = wait_for_nodes(grid, cfg["min-clients"] or cfg["num-clients"], cfg["timeout"])
+    rng = np.random.default_rng(cfg["seed"])
+    sc = federated_scaling(grid, nodes, cfg)
+    c = cfg["fcm.n-clusters"]
+    centers = fcm.random_centers(sc.low, sc.high, c, rng)
+    recorder.save_array("initial_centers", centers)
+    f = centers.shape[1]
+    n_sample = max(1, math.ceil(cfg["fcm.fraction"] * len(nodes)))
+    progress = Progress(cfg["fcm.max-rounds"], "exact-fcm round")
+    totals = {"bytes_sent": sc.exchange.bytes_sent, "bytes_received": sc.exchange.bytes_received}
+    dropped_all: set[int] = set(sc.exchange.failed)
+    converged, shift, rnd = False, float("inf"), 0
+    for rnd in range(1, cfg["fcm.max-rounds"] + 1):
+        sampled = sorted(rng.choice(nodes, size=min(n_sample, len(nodes)), replace=False).tolist())
+        content = RecordDict({"centers": arrays(centers=centers), "scaling": sc.record()})
+        ex = send_and_collect(grid, sampled, content, "query.fcm_sums", f"round-{rnd}",
+                              cfg["timeout"], validate=_sums_ok(c, f))
+        sums = [r.array_records["sums"] for r in ex.replies.values()
+                if "sums" in r.array_records]
+        withheld = len(ex.replies) - len(sums)
+        u = np.sum([s["U"].numpy() for s in sums], axis=0) if sums else np.zeros(c)
+        ws = np.sum([s["WS"].numpy() for s in sums], axis=0) if sums else np.zeros((c, f))
+        new = fcm.update_centers(u, ws, centers)
+        shift = float(np.linalg.norm(new - centers))
+        centers = new
+        totals["bytes_sent"] += ex.bytes_sent
+        totals["bytes_received"] += ex.bytes_received
+        dropped_all |= set(ex.failed)
+        recorder.log_round({"round": rnd, "shift": shift, "sampled": len(sampled),
+                            "contributed": len(sums), "withheld": withheld,
+                            "dropped_nodes": {str(k): v for k, v in ex.failed.items()},
+                            "empty_clusters": int((u <= 0).sum()), "seconds": ex.seconds})
+        progress.step(rnd, f"shift {shift:.3g} | {len(sums)}/{len(sampled)} clients")
+        if shift < cfg["fcm.epsilon"]:
+            converged = True
+            break
+    recorder.save_array("centers", centers)
+    recorder.save_array("centers_unscaled", centers * sc.scale + sc.shift)
+    metrics: dict[str, Any] = {"rounds": rnd, "converged": converged, "final_shift": shift,
+                               "n_clients": len(nodes), "dropped_nodes": sorted(dropped_all),
+                               **totals}
+    ex = send_and_collect(grid, nodes, RecordDict({"centers": arrays(centers=centers),
+                                                   "scaling": sc.record()}),
+                          "query.fcm_final", "final", cfg["timeout"],
+                          validate=expect_arrays("objective", ["J"]))
+    metrics["objective"] = float(sum(r.array_records["objective"]["J"].numpy()[0]
+                                     for r in ex.replies.values()))
+    if cfg["evaluate"]:
+        tables = [r.array_records["eval"]["contingency"].numpy() for r in ex.replies.values()
+                  if "eval" in r.array_records]
+        metrics["eval_ari"] = eval_ari(tables)
+    if cfg["plots"]:
+        from fedclust.plots import plot_series
+
+        plot_series(recorder.path("shift.png"), {"‖V(t+1) − V(t)‖_F": [
+            h["shift"] for h in recorder.history]}, "round", "center shift", log=True,
+            hline=cfg["fcm.epsilon"])
+    return metrics
+
+
+def _sums_ok(c: int, f: int):
+    shapes = expect_arrays("sums", ["U", "WS"], {"U": (c,), "WS": (c, f)})
+
+    def check(content: RecordDict) -> str | None:
+        if "sums" not in content.array_records:
+            withheld = content.metric_records.get("metrics", {}).get("withheld", 0)
+            return None if withheld == 1 else "neither sums nor a privacy-guard notice"
+        return shapes(content)
+
+    return all_of(check)

@@ -1,0 +1,73 @@
+"""Phases shared by the FCM-family server loops: federated scaling and evaluation tables."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from flwr.app import RecordDict
+from flwr.serverapp import Grid
+
+from fedclust.data import scaling
+from fedclust.metrics import ari_from_contingency
+from strategies.common import Exchange, arrays, send_and_collect
+
+
+@dataclass
+class Scaling:
+    shift: np.ndarray
+    scale: np.ndarray
+    low: np.ndarray     # federated bounds in the scaled space (initial-center box)
+    high: np.ndarray
+    exchange: Exchange
+
+    def record(self) -> Any:
+        return arrays(shift=self.shift, scale=self.scale)
+
+
+def federated_scaling(grid: Grid, nodes: list[int], cfg: dict[str, Any]) -> Scaling:
+    """Phase 0: clients send bounds (and, for standard scaling, counts/means/M2)."""
+    kind = cfg["scaling"]
+    ex = send_and_collect(grid, nodes, RecordDict(), "query.fcm_stats", "scaling",
+                          cfg["timeout"], validate=_stats_ok)
+    if not ex.replies:
+        raise RuntimeError(f"no client answered the scaling phase: {ex.failed}")
+    stats = []
+    for content in ex.replies.values():
+        rec = content.array_records["stats"]
+        if "stats" in rec:
+            stats.append(scaling.ColumnStats.from_array(rec["stats"].numpy()))
+        else:
+            lo, hi = rec["min"].numpy(), rec["max"].numpy()
+            stats.append(scaling.ColumnStats(0, lo, hi, np.zeros_like(lo), np.zeros_like(lo)))
+    total = scaling.combine(stats) if kind == "standard" else scaling.ColumnStats(
+        0, np.min([s.min for s in stats], axis=0), np.max([s.max for s in stats], axis=0),
+        np.zeros_like(stats[0].min), np.zeros_like(stats[0].min))
+    shift, scale = scaling.scaler(total, kind)
+    low, high = (total.min - shift) / scale, (total.max - shift) / scale
+    return Scaling(shift, scale, low, high, ex)
+
+
+def _stats_ok(content: RecordDict) -> str | None:
+    if "stats" not in content.array_records:
+        return "missing 'stats'"
+    rec = content.array_records["stats"]
+    arrs = [a.numpy() for a in rec.values()]
+    if not arrs or any(a.ndim not in (1, 2) for a in arrs):
+        return "malformed statistics"
+    return None
+
+
+def summed_contingency(tables: list[np.ndarray]) -> np.ndarray:
+    """Add per-client label × cluster tables of different label ranges."""
+    rows = max((t.shape[0] for t in tables), default=0)
+    cols = max((t.shape[1] for t in tables), default=0)
+    total = np.zeros((rows, cols), dtype=np.int64)
+    for t in tables:
+        total[: t.shape[0], : t.shape[1]] += t.astype(np.int64)
+    return total
+
+
+def eval_ari(tables: list[np.ndarray]) -> float:
+    return ari_from_contingency(summed_contingency(tables)) if tables else float("nan")

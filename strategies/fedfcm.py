@@ -1,0 +1,146 @@
+"""Server loop of FedFCM with k-means averaging + FedFuzzDB + choice of K (paper 003, §2.2).
+
+All candidate K in ``[k-min, k-max]`` are fitted *together*: one message per round carries the
+global centers of every K that has not converged yet, so choosing K costs as many round trips
+as fitting the slowest K, not the sum over K. After the fit, one more message collects the
+FedFuzzDB statistics (and the optional local index) of every K.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from flwr.app import RecordDict
+from flwr.serverapp import Grid
+
+from fedclust import fcm
+from fedclust.fedfcm import average, center_shift
+from fedclust.results import Progress, RunRecorder
+from fedclust.validity import DBStatistics, choose_k, federated_fuzzy_db
+from strategies.common import arrays, send_and_collect, wait_for_nodes
+from strategies.fcm_common import eval_ari, federated_scaling
+
+
+def _key(k: int) -> str:
+    return f"k{k}"
+
+
+def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any]:
+    nodes = wait_for_nodes(grid, cfg["min-clients"] or cfg["num-clients"], cfg["timeout"])
+    rng = np.random.default_rng(cfg["seed"])
+    sc = federated_scaling(grid, nodes, cfg)
+    ks = list(range(cfg["fedfcm.k-min"], cfg["fedfcm.k-max"] + 1))
+    centers = {k: fcm.random_centers(sc.low, sc.high, k, rng) for k in ks}
+    previous: dict[int, np.ndarray | None] = {
+        k: (None if cfg["fedfcm.averaging"] == "kmeans" else centers[k]) for k in ks}
+    rounds_of = {k: 0 for k in ks}
+    active = set(ks)
+    dropped_all = set(sc.exchange.failed)
+    traffic = [sc.exchange.bytes_sent, sc.exchange.bytes_received]
+    progress = Progress(cfg["fedfcm.max-rounds"], "fedfcm round")
+    for rnd in range(1, cfg["fedfcm.max-rounds"] + 1):
+        content = RecordDict({"centers": arrays(**{_key(k): centers[k] for k in sorted(active)}),
+                              "scaling": sc.record()})
+        ex = send_and_collect(grid, nodes, content, "train.fedfcm_local", f"round-{rnd}",
+                              cfg["timeout"], validate=_local_ok(sorted(active), centers))
+        traffic[0] += ex.bytes_sent
+        traffic[1] += ex.bytes_received
+        dropped_all |= set(ex.failed)
+        shifts = {}
+        if ex.replies:
+            for k in sorted(active):
+                locals_ = [r.array_records["local"][_key(k)].numpy() for r in ex.replies.values()]
+                supports = [r.array_records["local"][f"{_key(k)}.support"].numpy()
+                            for r in ex.replies.values()]
+                seed = int(cfg["seed"]) * 1000 + k
+                new = average(cfg["fedfcm.averaging"], locals_, supports, k, previous[k], seed)
+                shifts[k] = center_shift(centers[k], new)
+                centers[k], previous[k] = new, new
+                rounds_of[k] = rnd
+        done = {k for k, s in shifts.items() if s <= cfg["fedfcm.tol"]}
+        active -= done
+        recorder.log_round({"round": rnd, "shift": {str(k): v for k, v in shifts.items()},
+                            "converged_k": sorted(done), "active_k": sorted(active),
+                            "replies": len(ex.replies),
+                            "dropped_nodes": {str(k): v for k, v in ex.failed.items()},
+                            "seconds": ex.seconds})
+        progress.step(rnd, f"{len(active)} K still moving | {len(ex.replies)} clients")
+        if not active:
+            break
+
+    # FedFuzzDB (eq. 15-17) and optional local index / evaluation tables, every K in one message.
+    content = RecordDict({"centers": arrays(**{_key(k): centers[k] for k in ks}),
+                          "scaling": sc.record()})
+    ex = send_and_collect(grid, nodes, content, "query.fedfcm_db", "fedfuzzdb", cfg["timeout"],
+                          validate=_db_ok(ks))
+    dropped_all |= set(ex.failed)
+    fed_db, local_db, aris = [], {}, {}
+    for k in ks:
+        stats = []
+        for arr in (r.array_records["db"][_key(k)].numpy() for r in ex.replies.values()):
+            stats.append(DBStatistics(int(arr[0]), arr[1:1 + k], arr[1 + k:]))
+        fed_db.append(federated_fuzzy_db(stats, centers[k], cfg["fedfcm.p"], cfg["fedfcm.q"]))
+        if cfg["evaluate"]:
+            aris[k] = eval_ari([r.array_records["eval"][_key(k)].numpy()
+                                for r in ex.replies.values() if "eval" in r.array_records])
+    if cfg["fedfcm.local-index"]:
+        for nid, r in sorted(ex.replies.items()):
+            if "local_index" in r.array_records:
+                local_db[str(nid)] = [float(r.array_records["local_index"][_key(k)].numpy()[0])
+                                      for k in ks]
+    choice = choose_k(ks, fed_db)
+    for k in ks:
+        recorder.save_array(f"centers_k{k}", centers[k])
+    recorder.save_array("centers", centers[choice.best_k])
+    recorder.save_array("centers_unscaled", centers[choice.best_k] * sc.scale + sc.shift)
+    metrics: dict[str, Any] = {
+        **choice.as_dict(), "fedfuzzdb": dict(zip(map(str, ks), fed_db)),
+        "rounds": {str(k): rounds_of[k] for k in ks}, "unconverged_k": sorted(active),
+        "averaging": cfg["fedfcm.averaging"], "n_clients": len(nodes),
+        "dropped_nodes": sorted(dropped_all), "bytes_sent": traffic[0],
+        "bytes_received": traffic[1] + ex.bytes_received,
+    }
+    if local_db:
+        metrics["local_index"] = local_db
+        metrics["local_best_k"] = {nid: int(ks[int(np.nanargmin(v))]) for nid, v in
+                                   local_db.items() if np.isfinite(v).any()}
+    if cfg["evaluate"]:
+        metrics["eval_ari"] = {str(k): v for k, v in aris.items()}
+        metrics["eval_ari_best_k"] = aris[choice.best_k]
+    if cfg["plots"]:
+        from fedclust.plots import plot_index_vs_k
+
+        plot_index_vs_k(recorder.path("index_vs_k.png"), ks, fed_db, local=local_db or None,
+                        title=f"FedFuzzDB ({cfg['fedfcm.averaging']} averaging)")
+    return metrics
+
+
+def _local_ok(ks: list[int], centers: dict[int, np.ndarray]):
+    def check(content: RecordDict) -> str | None:
+        if "local" not in content.array_records:
+            return "missing 'local'"
+        rec = content.array_records["local"]
+        for k in ks:
+            if _key(k) not in rec or f"{_key(k)}.support" not in rec:
+                return f"no local centers for K={k}"
+            a = rec[_key(k)].numpy()
+            if a.shape != centers[k].shape or not np.all(np.isfinite(a)):
+                return f"local centers for K={k} have shape {a.shape} or non-finite values"
+        return None
+
+    return check
+
+
+def _db_ok(ks: list[int]):
+    def check(content: RecordDict) -> str | None:
+        if "db" not in content.array_records:
+            return "missing 'db'"
+        for k in ks:
+            if _key(k) not in content.array_records["db"]:
+                return f"no DB statistics for K={k}"
+            if content.array_records["db"][_key(k)].numpy().shape != (1 + 2 * k,):
+                return f"DB statistics for K={k} have the wrong shape"
+        return None
+
+    return check
