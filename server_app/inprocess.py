@@ -1,0 +1,104 @@
+"""An in-process Flower ``Grid`` that calls the real ClientApp.
+
+Used by the tests (fast server-loop tests) and by ``fedclust-sweep engine=inprocess`` for large
+sweeps: the same ServerApp main and ClientApp handlers, without an engine.
+
+Messages are passed to ``client_app(message, context)`` exactly as Flower's engines do, minus
+serialisation. ``drop`` makes chosen nodes fail (no reply) from a given phase on, to test that
+server loops survive dropouts; ``inspect`` sees every reply (privacy tests).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid
+from flwr.supercore.task_identity import TaskIdentity
+
+
+class InProcessGrid(Grid):
+    """Grid whose nodes are in-process contexts served by ``client_app``.
+
+    Parameters
+    ----------
+    client_app : ClientApp
+    num_nodes : int
+    run_config : mapping
+        The flat run config every node sees.
+    node_configs : list of mapping, optional
+        Per-node ``node_config`` (default: ``partition-id``/``num-partitions``).
+    drop : callable, optional
+        ``(node_id, message) -> bool``; True means the node does not answer this message.
+    inspect : callable, optional
+        Called with every (instruction, reply) pair.
+    """
+
+    def __init__(self, client_app: ClientApp, num_nodes: int, run_config: Mapping[str, Any],
+                 node_configs: list[Mapping[str, Any]] | None = None,
+                 drop: Callable[[int, Message], bool] | None = None,
+                 inspect: Callable[[Message, Message], None] | None = None) -> None:
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+        self.client_app, self.drop, self.inspect = client_app, drop, inspect
+        self._replies: dict[str, Message] = {}
+        self.sent: list[Message] = []
+        self.contexts = {}
+        for i in range(num_nodes):
+            node_config = dict(node_configs[i]) if node_configs else {
+                "partition-id": i, "num-partitions": num_nodes}
+            self.contexts[1000 + i] = Context(run_id=1, node_id=1000 + i, node_config=node_config,
+                                              state=RecordDict(), run_config=dict(run_config))
+
+    def set_run(self, run: Any) -> None:  # noqa: D102
+        pass
+
+    @property
+    def run(self) -> Any:  # noqa: D102
+        return None
+
+    def create_message(self, content, message_type, dst_node_id, group_id, ttl=None):  # noqa: D102
+        return Message(content, dst_node_id, message_type, group_id=group_id, ttl=ttl)
+
+    def get_node_ids(self) -> Iterable[int]:  # noqa: D102
+        return list(self.contexts)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
+        ids = []
+        for msg in messages:
+            mid = uuid.uuid4().hex
+            msg.metadata.__dict__["_message_id"] = mid
+            self.sent.append(msg)
+            ids.append(mid)
+            nid = msg.metadata.dst_node_id
+            if self.drop is not None and self.drop(nid, msg):
+                continue
+            try:
+                rep = self.client_app(msg, self.contexts[nid])
+            except Exception as exc:  # the engines turn handler exceptions into error replies
+                rep = Message(Error(code=0, reason=repr(exc)), reply_to=msg)
+            if self.inspect is not None:
+                self.inspect(msg, rep)
+            self._replies[mid] = rep
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # noqa: D102
+        return [self._replies.pop(i) for i in list(message_ids) if i in self._replies]
+
+    def send_and_receive(self, messages: Iterable[Message], *,  # noqa: D102
+                         timeout: float | None = None) -> Iterable[Message]:
+        return self.pull_messages(self.push_messages(messages))
+
+
+def run_server(run_config: Mapping[str, Any], num_nodes: int | None = None, **grid_kwargs: Any
+               ) -> tuple[dict[str, Any], InProcessGrid]:
+    """Run the real ServerApp main against an :class:`InProcessGrid`; return (summary, grid)."""
+    from client_apps.app import app as client_app
+    from server_app.app import run_method
+
+    n = int(num_nodes if num_nodes is not None else run_config.get("num-clients", 5))
+    grid = InProcessGrid(client_app, n, run_config, **grid_kwargs)
+    summary = run_method(grid, dict(run_config))
+    return summary, grid
