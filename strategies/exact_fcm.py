@@ -37,13 +37,21 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     for rnd in range(1, cfg["fcm.max-rounds"] + 1):
         sampled = sorted(rng.choice(nodes, size=min(n_sample, len(nodes)), replace=False).tolist())
         content = RecordDict({"centers": arrays(centers=centers), "scaling": sc.record()})
-        ex = send_and_collect(grid, sampled, content, "query.fcm_sums", f"round-{rnd}",
-                              cfg["timeout"], validate=_sums_ok(c, f))
-        sums = [r.array_records["sums"] for r in ex.replies.values()
-                if "sums" in r.array_records]
-        withheld = len(ex.replies) - len(sums)
-        u = np.sum([s["U"].numpy() for s in sums], axis=0) if sums else np.zeros(c)
-        ws = np.sum([s["WS"].numpy() for s in sums], axis=0) if sums else np.zeros((c, f))
+        if cfg["fcm.secure-aggregation"]:
+            # SecAgg+: the server learns only ΣU and ΣWS over the sampled clients.
+            from strategies.secure_fcm import secure_sums
+
+            u, ws, ex, n_contrib = secure_sums(grid, sampled, content, c, f, cfg, rnd)
+            withheld = 0
+            sums = [None] * n_contrib
+        else:
+            ex = send_and_collect(grid, sampled, content, "query.fcm_sums", f"round-{rnd}",
+                                  cfg["timeout"], validate=_sums_ok(c, f))
+            sums = [r.array_records["sums"] for r in ex.replies.values()
+                    if "sums" in r.array_records]
+            withheld = len(ex.replies) - len(sums)
+            u = np.sum([s["U"].numpy() for s in sums], axis=0) if sums else np.zeros(c)
+            ws = np.sum([s["WS"].numpy() for s in sums], axis=0) if sums else np.zeros((c, f))
         new = fcm.update_centers(u, ws, centers)
         shift = float(np.linalg.norm(new - centers))
         centers = new
