@@ -95,8 +95,10 @@ def fedfcm_db(msg: Message, context: Context) -> Message:
         k = centers.shape[0]
         s = db_statistics(x, centers, m, q)
         stats[name] = np.concatenate([[s.n], s.spread_sums, s.membership_sums])
+        local_k_max = cfg["fedfcm.local-k-max"] or cfg["fedfcm.k-max"]
         if cfg["fedfcm.local-index"]:
-            local[name] = np.array([_local_index(x, k, m, p, q, cfg)])
+            local[name] = np.array([_local_index(x, k, m, p, q, cfg) if k <= local_k_max
+                                    else float("nan")])
         if cfg["evaluate"] and data.y_eval is not None:
             evals[name] = _eval_table(data, x, centers)
     arrays = {"db": stats}

@@ -33,6 +33,8 @@ FEDFCM_KEYS: list[Key] = [
     Key("fedfcm.local-max-iter", int, 50, "maximum local FCM iterations per round", low=1),
     Key("fedfcm.local-index", bool, True,
         "clients also report their local (non-federated) fuzzy DB index per K"),
+    Key("fedfcm.local-k-max", int, 0, "largest K of the local index (0 = fedfcm.k-max); paper "
+        "003 Table 1 uses 5", low=0),
     Key("fedfcm.p", float, 2.0, "Minkowski p of the center distances M_ij", low=1.0),
     Key("fedfcm.q", float, 1.0, "power q of the spread S_i", low=1.0),
 ]

@@ -104,7 +104,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     if local_db:
         metrics["local_index"] = local_db
         metrics["local_best_k"] = {nid: int(ks[int(np.nanargmin(v))]) for nid, v in
-                                   local_db.items() if np.isfinite(v).any()}
+                                   local_db.items() if np.isfinite(np.asarray(v)).any()}
     if cfg["evaluate"]:
         metrics["eval_ari"] = {str(k): v for k, v in aris.items()}
         metrics["eval_ari_best_k"] = aris[choice.best_k]

@@ -1,0 +1,14 @@
+# The two commands of the README:  make run  (set up + default job)  and  make test.
+.PHONY: setup run test lint
+
+setup:
+	bash scripts/setup.sh
+
+run: setup
+	bash scripts/run_default.sh
+
+test: setup
+	.venv/bin/python -m pytest -q tests
+
+lint:
+	.venv/bin/ruff check .

@@ -1,0 +1,142 @@
+"""The EMD-CFL model (paper 001, App. D.2) and its local training, evaluation and embedding.
+
+The authors' ``CNN``: ``Conv(in, c1, 3, pad 1) + ReLU → Conv(c1, c2, 3, pad 1) + ReLU +
+MaxPool 2 → Linear(c2·(H/2)·(W/2), 128) + ReLU`` (the **embedding**, penultimate layer) →
+``Linear(128, classes)``, with ``c1 = 64, c2 = 128`` in the paper. Here ``c1``, ``c2`` and the
+embedding width are parameters (the ``cpu`` configuration narrows the convolutions).
+
+Optimiser as in the authors' code: SGD(lr, momentum 0.9, weight decay 1e-6), cross-entropy,
+re-created at every local update (momentum restarts each round). Unlike the authors' code,
+embeddings are computed in ``eval()`` mode under ``torch.no_grad()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape of the CNN: input channels/size, conv widths, embedding width, classes."""
+
+    in_channels: int = 1
+    size: int = 28
+    c1: int = 64
+    c2: int = 128
+    embed_dim: int = 128
+    num_classes: int = 10
+
+
+class CNN(nn.Module):
+    """Two conv layers, a ``embed_dim`` penultimate layer (the embedding), a linear head."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        half = spec.size // 2
+        self.features = nn.Sequential(
+            nn.Conv2d(spec.in_channels, spec.c1, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(spec.c1, spec.c2, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Flatten(), nn.Linear(spec.c2 * half * half, spec.embed_dim), nn.ReLU())
+        self.head = nn.Linear(spec.embed_dim, spec.num_classes)
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        return self.features(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+Weights = list[NDArray[np.float32]]
+
+
+def init_weights(spec: ModelSpec, seed: int) -> Weights:
+    """The shared initial model (PyTorch default init under ``torch.manual_seed(seed)``)."""
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    model = CNN(spec)
+    torch.random.set_rng_state(gen_state)
+    return get_weights(model)
+
+
+def get_weights(model: nn.Module) -> Weights:
+    return [p.detach().cpu().numpy().astype(np.float32, copy=True)
+            for p in model.state_dict().values()]
+
+
+def build(spec: ModelSpec, weights: Weights) -> CNN:
+    model = CNN(spec)
+    keys = list(model.state_dict())
+    if len(keys) != len(weights):
+        raise ValueError(f"expected {len(keys)} weight arrays, got {len(weights)}")
+    model.load_state_dict({k: torch.from_numpy(np.asarray(w)) for k, w in zip(keys, weights)})
+    return model
+
+
+def to_tensor(x: NDArray) -> torch.Tensor:
+    """(N, H, W) or (N, H, W, C) uint8 → normalised float (N, C, H, W) (MNIST mean/std)."""
+    t = torch.from_numpy(np.ascontiguousarray(x)).float().div_(255.0)
+    t = t.unsqueeze(1) if t.ndim == 3 else t.permute(0, 3, 1, 2).contiguous()
+    return t.sub_(0.1307).div_(0.3081)
+
+
+def train_local(spec: ModelSpec, weights: Weights, x: NDArray, y: NDArray, epochs: int,
+                lr: float, batch_size: int, seed: int, momentum: float = 0.9,
+                weight_decay: float = 1e-6) -> tuple[Weights, float]:
+    """ClientUpdate: ``epochs`` passes of minibatch SGD over ``(x, y)``.
+
+    Returns the new weights and the mean training loss of the last epoch.
+    """
+    model = build(spec, weights)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
+                          weight_decay=weight_decay)
+    xt, yt = to_tensor(x), torch.from_numpy(np.asarray(y, dtype=np.int64))
+    gen = torch.Generator().manual_seed(int(seed))
+    loss_fn = nn.CrossEntropyLoss()
+    last = float("nan")
+    for _ in range(int(epochs)):
+        order = torch.randperm(len(xt), generator=gen)
+        total, count = 0.0, 0
+        for start in range(0, len(xt), batch_size):
+            idx = order[start:start + batch_size]
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(xt[idx]), yt[idx])
+            loss.backward()
+            opt.step()
+            total += float(loss.detach()) * len(idx)
+            count += len(idx)
+        last = total / max(count, 1)
+    return get_weights(model), last
+
+
+@torch.no_grad()
+def evaluate(spec: ModelSpec, weights: Weights, x: NDArray, y: NDArray,
+             batch_size: int = 1024) -> tuple[float, float]:
+    """(mean cross-entropy loss, accuracy) of the model on ``(x, y)``; eval mode, no grads."""
+    if len(x) == 0:
+        return float("nan"), float("nan")
+    model = build(spec, weights).eval()
+    xt, yt = to_tensor(x), torch.from_numpy(np.asarray(y, dtype=np.int64))
+    loss, correct = 0.0, 0
+    for s in range(0, len(xt), batch_size):
+        out = model(xt[s:s + batch_size])
+        loss += float(nn.functional.cross_entropy(out, yt[s:s + batch_size], reduction="sum"))
+        correct += int((out.argmax(1) == yt[s:s + batch_size]).sum())
+    return loss / len(xt), correct / len(xt)
+
+
+@torch.no_grad()
+def embed(spec: ModelSpec, weights: Weights, x: NDArray, batch_size: int = 1024
+          ) -> NDArray[np.float32]:
+    """Penultimate-layer embeddings of ``x`` (eval mode, no gradients), shape (N, embed_dim)."""
+    model = build(spec, weights).eval()
+    xt = to_tensor(x)
+    parts = [model.embed(xt[s:s + batch_size]) for s in range(0, len(xt), batch_size)]
+    return torch.cat(parts).numpy().astype(np.float32) if parts else np.zeros(
+        (0, spec.embed_dim), np.float32)

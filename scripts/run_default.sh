@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Run the default job with `flwr run .` on Flower's Simulation Engine and check the run status
+# (`flwr run --stream` exits 0 even when a run fails). Extra arguments go to --run-config.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. .venv/bin/activate
+export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+OUT=${OUT:-$PWD/outputs/default}
+python - "$OUT" "$@" <<'PY'
+import sys
+from fedclust.engine import SimulationSuperLink
+out, extra = sys.argv[1], sys.argv[2:]
+cfg = {"output-dir": out}
+for item in extra:
+    k, _, v = item.partition("=")
+    cfg[k] = v
+n = int(cfg.get("num-clients", 5))
+with SimulationSuperLink() as link:
+    res = link.run(cfg, num_supernodes=n)
+print(res.log)
+print(f"run {res.run_id}: {res.status} in {res.seconds:.1f}s; results in {out}")
+sys.exit(0 if res.ok else 1)
+PY

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Create .venv and install fedclust with its test extras. Torch is installed first, pinned to
+# the CPU build, so that nothing pulls CUDA wheels. Idempotent: quick when already set up.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+python -c "import torch" 2>/dev/null || python -m pip install -q torch==2.13.0
+python -m pip install -q -e ".[test]"

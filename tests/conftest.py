@@ -1,0 +1,28 @@
+"""Shared fixtures: where the real benchmark data live, and a quiet logger."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def find_data_dir() -> Path | None:
+    """``$FEDCLUST_DATA_DIR``, else ``../shared/data`` next to the repository."""
+    candidates = [os.environ.get("FEDCLUST_DATA_DIR", ""), str(ROOT.parent / "shared" / "data"),
+                  "/work/shared/data"]
+    for c in candidates:
+        if c and (Path(c) / "README.md").exists():
+            return Path(c)
+    return None
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    path = find_data_dir()
+    if path is None:
+        pytest.skip("benchmark data not found: set FEDCLUST_DATA_DIR to the shared/data folder")
+    return path

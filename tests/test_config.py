@@ -1,0 +1,60 @@
+"""Bad input stops the run before any work, naming the key, the value, what is allowed, a fix."""
+
+from pathlib import Path
+
+import pytest
+
+from fedclust.config import ConfigError, validate
+from tests.fake_grid import run_server
+
+
+@pytest.mark.parametrize("override, key", [
+    ({"fcm.m": 1.0}, "fcm.m"),
+    ({"fcm.m": 0.5}, "fcm.m"),
+    ({"fcm.fraction": 0.0}, "fcm.fraction"),
+    ({"fcm.fraction": 1.5}, "fcm.fraction"),
+    ({"fcm.max-rounds": 0}, "fcm.max-rounds"),
+    ({"method": "kmeans"}, "method"),
+    ({"fcm.n-clusters": "three"}, "fcm.n-clusters"),
+    ({"method": "fedfcm", "fedfcm.k-min": 5, "fedfcm.k-max": 3}, "fedfcm.k-min"),
+    ({"partition.kind": "random"}, "partition.kind"),
+    ({"num-clients": 0}, "num-clients"),
+])
+def test_out_of_range_values_are_rejected_with_key_value_allowed_and_fix(override, key):
+    with pytest.raises(ConfigError) as err:
+        validate(override)
+    text = str(err.value)
+    assert f"'{key}'" in text and "Allowed" in text and "Fix" in text
+    assert repr(list(override.values())[-1]) in text or str(list(override.values())[-1]) in text
+
+
+def test_unknown_key_is_rejected_with_a_suggestion():
+    with pytest.raises(ConfigError, match=r"'m'.*did you mean.*fcm\.m"):
+        validate({"m": 2})
+
+
+def test_types_are_cast():
+    cfg = validate({"fcm.m": 2, "evaluate": "false", "num-clients": 7.0})
+    assert cfg["fcm.m"] == 2.0 and isinstance(cfg["fcm.m"], float)
+    assert cfg["evaluate"] is False and cfg["num-clients"] == 7
+
+
+@pytest.mark.parametrize("override, match", [
+    ({"fcm.m": 1.0}, "fcm.m"),
+    ({"dataset": "pendigits", "data-dir": "/nonexistent"}, "does not contain"),
+    ({"dataset": "motivational", "partition.kind": "recipe", "num-clients": 4}, "num-clients=3"),
+])
+def test_server_stops_before_any_message_is_sent(tmp_path, override, match):
+    out = tmp_path / "run"
+    sent = []
+    with pytest.raises(ValueError, match=match):
+        run_server({"output-dir": str(out), **override}, num_nodes=3,
+                   inspect=lambda msg, rep: sent.append(msg))
+    assert sent == [] and not out.exists()
+
+
+def test_pyproject_lists_every_run_config_key():
+    from fedclust.config import sync_pyproject
+
+    assert not sync_pyproject(Path(__file__).parents[1] / "pyproject.toml", check=True), (
+        "run `python -m fedclust.config sync`")

@@ -1,0 +1,94 @@
+import numpy as np
+import pytest
+
+from fedclust import fcm
+
+
+def naive_local_sums(x, v, m):
+    """Paper 004 Algorithm 2, literally (per-point loops) — the reference for the vectorised one."""
+    c, f = v.shape
+    ws, u = np.zeros((c, f)), np.zeros(c)
+    for xj in x:
+        numer = np.array([max(np.sum((xj - vc) ** 2), 1e-300) ** (1 / (m - 1)) for vc in v])
+        denom = np.sum(1 / numer)
+        for k in range(c):
+            mu = 1 / (numer[k] * denom)
+            ws[k] += mu**m * xj
+            u[k] += mu**m
+    return u, ws
+
+
+@pytest.mark.parametrize("m", [2.0, 1.5, 3.0])
+def test_local_sums_match_the_papers_loop(m):
+    rng = np.random.default_rng(0)
+    x, v = rng.normal(size=(300, 3)), rng.normal(size=(4, 3))
+    u, ws = fcm.local_sums(x, v, m, chunk_size=64)      # several chunks
+    u_ref, ws_ref = naive_local_sums(x, v, m)
+    np.testing.assert_allclose(u, u_ref, rtol=1e-10)
+    np.testing.assert_allclose(ws, ws_ref, rtol=1e-10)
+
+
+def test_memberships_are_a_partition_of_unity_and_favour_the_nearest_center():
+    rng = np.random.default_rng(1)
+    x, v = rng.normal(size=(500, 5)), rng.normal(size=(6, 5))
+    u = fcm.memberships(x, v, 2.0)
+    np.testing.assert_allclose(u.sum(axis=1), 1.0, atol=1e-12)
+    assert np.all(u >= 0)
+    assert np.array_equal(u.argmax(1), fcm.squared_distances(x, v).argmin(1))
+
+
+def test_point_on_a_center_gets_membership_one_not_nan():
+    v = np.array([[0.0, 0.0], [3.0, 0.0]])
+    u = fcm.memberships(np.array([[0.0, 0.0]]), v)
+    assert np.isfinite(u).all() and u[0, 0] > 0.999999
+
+
+def test_center_update_is_weighted_mean_and_empty_cluster_keeps_its_center():
+    prev = np.array([[1.0, 1.0], [5.0, 5.0]])
+    new = fcm.update_centers(np.array([2.0, 0.0]), np.array([[4.0, 6.0], [0.0, 0.0]]), prev)
+    np.testing.assert_allclose(new, [[2.0, 3.0], [5.0, 5.0]])
+
+
+def test_estimator_api_and_reproducibility():
+    from sklearn.datasets import make_blobs
+
+    x, y = make_blobs(600, centers=3, cluster_std=0.5, random_state=0)
+    a = fcm.FuzzyCMeans(3, init="k-means++", random_state=4, max_iter=100, tol=1e-6).fit(x)
+    b = fcm.FuzzyCMeans(3, init="k-means++", random_state=4, max_iter=100, tol=1e-6).fit(x)
+    np.testing.assert_array_equal(a.cluster_centers_, b.cluster_centers_)
+    proba = a.predict_proba(x)
+    assert proba.shape == (600, 3)
+    assert np.array_equal(a.predict(x), proba.argmax(1))
+    from sklearn.metrics import adjusted_rand_score
+
+    assert adjusted_rand_score(y, a.predict(x)) > 0.95
+    assert a.converged_ and a.shifts_[-1] < 1e-6
+
+
+def test_fcm_objective_does_not_increase():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(400, 2))
+    v = x[:4].copy()
+    last = np.inf
+    for _ in range(15):
+        j = fcm.objective(x, v)
+        assert j <= last + 1e-9
+        last = j
+        v = fcm.update_centers(*fcm.local_sums(x, v), v)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"m": 1.0}, "m must be > 1"),
+    ({"n_clusters": 0}, "n_clusters"),
+    ({"init": "bogus"}, "init must be"),
+])
+def test_estimator_rejects_bad_parameters(kwargs, message):
+    x = np.random.default_rng(0).normal(size=(20, 2))
+    params = {"n_clusters": 2, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        fcm.FuzzyCMeans(**params).fit(x)
+
+
+def test_nan_input_is_rejected_with_a_fix():
+    with pytest.raises(ValueError, match="NaN"):
+        fcm.local_sums(np.array([[np.nan, 1.0]]), np.zeros((2, 2)))
