@@ -35,7 +35,9 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     dropped_all: set[int] = set(sc.exchange.failed)
     converged, shift, rnd = False, float("inf"), 0
     for rnd in range(1, cfg["fcm.max-rounds"] + 1):
-        sampled = sorted(rng.choice(nodes, size=min(n_sample, len(nodes)), replace=False).tolist())
+        # Sample positions, not ids: node ids are uint64 and numpy would turn them into floats.
+        picks = rng.choice(len(nodes), size=min(n_sample, len(nodes)), replace=False)
+        sampled = sorted(nodes[int(i)] for i in picks)
         content = RecordDict({"centers": arrays(centers=centers), "scaling": sc.record()})
         if cfg["fcm.secure-aggregation"]:
             # SecAgg+: the server learns only ΣU and ΣWS over the sampled clients.
