@@ -56,5 +56,12 @@ def test_server_stops_before_any_message_is_sent(tmp_path, override, match):
 def test_pyproject_lists_every_run_config_key():
     from fedclust.config import sync_pyproject
 
-    assert not sync_pyproject(Path(__file__).parents[1] / "pyproject.toml", check=True), (
+    from fedclust.config import sync_method_yamls
+
+    root = Path(__file__).parents[1]
+    assert not sync_pyproject(root / "pyproject.toml", check=True), (
         "run `python -m fedclust.config sync`")
+    assert not sync_method_yamls(root / "conf", check=True), "run `python -m fedclust.config sync`"
+    from fedclust.config import sync_readme
+
+    assert not sync_readme(root / "README.md", check=True), "run `python -m fedclust.config sync`"

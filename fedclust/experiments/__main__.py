@@ -1,0 +1,158 @@
+"""CLI: ``python -m fedclust.experiments {fcm-table1,fedfcm-table1,fedfcm-table3,fedfcm-bank} DIR``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedclust import fcm
+from fedclust.data.tabular import load_dataset
+from fedclust.metrics import matched_center_distance
+
+PAPER_004 = {  # Table 1: ARI(gamma) and ||V_fed - V_sum||_F for gamma = .25 .5 .75 1
+    "xclara": ([0.99269, 0.99279, 0.99289, 0.99289], [0.00893, 0.00545, 0.00250, 0.0]),
+    "s-set1": ([0.90418, 0.90384, 0.89645, 0.89728], [0.11640, 0.09915, 0.04865, 0.0]),
+    "pendigits": ([0.42051, 0.42115, 0.42291, 0.42468], [0.11147, 0.08261, 0.03018, 0.0]),
+    "waveform": ([0.24243, 0.24366, 0.24445, 0.24359], [0.03233, 0.01877, 0.02049, 0.0]),
+}
+PAPER_003_T1 = {"central": [0.8707, 0.5687, 0.4869, 0.4348, 0.5440, 0.6707, 0.5680],
+                "kmeans": [0.8179, 0.6055, 0.4951, 0.4289, 0.6202, 0.5072, 0.6221],
+                "fedavg": [1.0047, 0.9143, 1.1683, 2.9158, 1.5063, 0.9248, 1.2115]}
+PAPER_003_T3 = {"kmeans": {1: 92.9, 2: 91.4, 5: 88.0, 10: 87.2},
+                "fedavg": {2: 90.4, 5: 89.5, 10: 88.9}}
+
+
+def summaries(dirs: list[str]) -> list[tuple[Path, dict[str, Any]]]:
+    out = []
+    for d in dirs:
+        for path in sorted(Path(d).rglob("summary.json")):
+            out.append((path.parent, json.loads(path.read_text())))
+    if not out:
+        raise SystemExit(f"no summary.json under {dirs}")
+    return out
+
+
+def mean_ci(values: list[float]) -> str:
+    v = np.asarray(values, dtype=float)
+    if v.size < 2:
+        return f"{v.mean():.5f}"
+    half = 1.96 * v.std(ddof=1) / np.sqrt(v.size)
+    return f"{v.mean():.5f} ± {half:.5f}"
+
+
+def fcm_table1(dirs: list[str]) -> str:
+    """Paper 004 Table 1 with the centralized reference from the same initial centers."""
+    rows: dict[tuple[str, float], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    pooled: dict[str, np.ndarray] = {}
+    for job, s in summaries(dirs):
+        cfg = s["config"]
+        name = cfg["dataset"]
+        if name not in pooled:
+            x = load_dataset(cfg).x
+            lo, hi = x.min(0), x.max(0)
+            pooled[name] = (x - lo) / np.where(hi > lo, hi - lo, 1.0)
+        init = np.load(job / "initial_centers.npy")
+        central = fcm.fcm_from_centers(pooled[name], init, cfg["fcm.m"], cfg["fcm.epsilon"],
+                                       cfg["fcm.max-rounds"]).centers
+        fed = np.load(job / "centers.npy")
+        r = rows[(name, cfg["fcm.fraction"])]
+        r["ari"].append(s["metrics"]["eval_ari"])
+        r["dist"].append(matched_center_distance(fed, central))
+        r["rounds"].append(s["metrics"]["rounds"])
+    gammas = sorted({g for _, g in rows})
+    lines = ["| dataset | γ | ARI (ours, mean ± 95% CI) | ARI (paper) | ‖V_fed − V_sum‖_F (ours) "
+             "| (paper) | rounds | seeds |", "|---|---|---|---|---|---|---|---|"]
+    for name in PAPER_004:
+        for gi, g in enumerate(gammas):
+            r = rows.get((name, g))
+            if not r:
+                continue
+            pa, pd = PAPER_004[name]
+            lines.append(f"| {name} | {g} | {mean_ci(r['ari'])} | {pa[gi]:.5f} | "
+                         f"{mean_ci(r['dist'])} | {pd[gi]:.5f} | {np.mean(r['rounds']):.1f} | "
+                         f"{len(r['ari'])} |")
+    return "\n".join(lines)
+
+
+def fedfcm_table1(dirs: list[str]) -> str:
+    """Paper 003 Tables 1-2: index per K, federated (ours vs paper) and per client."""
+    by_avg: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for _, s in summaries(dirs):
+        by_avg[s["config"]["fedfcm.averaging"]].append(s["metrics"])
+    out = []
+    for avg, runs in sorted(by_avg.items(), reverse=True):
+        ks = runs[0]["ks"]
+        fed = np.array([r["index"] for r in runs])
+        local = np.array([[v for v in r["local_index"].values()] for r in runs], dtype=float)
+        best = [r["best_k"] for r in runs]
+        lbest = [k for r in runs for k in r["local_best_k"].values()]
+        out.append(f"**{avg} averaging** ({len(runs)} seeds): federated argmin K = "
+                   f"{dict(zip(*np.unique(best, return_counts=True)))}; clients' local argmin K "
+                   f"= {dict(zip(*np.unique(lbest, return_counts=True)))}\n")
+        out.append("| K | federated (ours) | federated (paper) | central (paper) | local client 1 "
+                   "| local client 2 | local client 3 |")
+        out.append("|---|---|---|---|---|---|---|")
+        for i, k in enumerate(ks):
+            loc = [f"{np.nanmean(local[:, c, i]):.4f}" if np.isfinite(local[:, c, i]).any()
+                   else "—" for c in range(local.shape[1])]
+            out.append(f"| {k} | {fed[:, i].mean():.4f} ± {fed[:, i].std():.4f} | "
+                       f"{PAPER_003_T1[avg][i]:.4f} | {PAPER_003_T1['central'][i]:.4f} | "
+                       + " | ".join(loc) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def fedfcm_table3(dirs: list[str], threshold: float = 1.3) -> str:
+    """Paper 003 Table 3: detection rate of K = 2 over runs with FedFuzzDB < threshold."""
+    hits: dict[tuple[str, int], list[bool]] = defaultdict(list)
+    seen: dict[tuple[str, int], int] = defaultdict(int)
+    for _, s in summaries(dirs):
+        cfg, m = s["config"], s["metrics"]
+        key = (cfg["fedfcm.averaging"], cfg["num-clients"])
+        seen[key] += 1
+        if m["fedfuzzdb"][str(m["best_k"])] < threshold:
+            hits[key].append(m["best_k"] == 2)
+    lines = [f"| averaging | clients | correct K (ours) | (paper) | runs with index < {threshold} "
+             f"| runs |", "|---|---|---|---|---|---|"]
+    for (avg, p) in sorted(seen):
+        if p == 1 and avg == "fedavg":
+            continue   # one client: both averagings are the same central FCM
+        h = hits[(avg, p)]
+        paper = PAPER_003_T3.get(avg, {}).get(p)
+        label = "central" if p == 1 else str(p)
+        lines.append(f"| {avg if p > 1 else '—'} | {label} | {100 * np.mean(h):.1f}% | "
+                     f"{'' if paper is None else f'{paper}%'} | {len(h)} | {seen[(avg, p)]} |")
+    return "\n".join(lines)
+
+
+def fedfcm_bank(dirs: list[str]) -> str:
+    lines = ["| run | clients | K range | FedFuzzDB per K | argmin | elbow |",
+             "|---|---|---|---|---|---|"]
+    for job, s in summaries(dirs):
+        m = s["metrics"]
+        lines.append(f"| {job.name} (seed {s['seed']}) | {s['num_clients']} | "
+                     f"{m['ks'][0]}..{m['ks'][-1]} | "
+                     + ", ".join(f"{v:.3f}" for v in m["index"])
+                     + f" | {m['best_k']} | {m['elbow_k']} |")
+    return "\n".join(lines)
+
+
+TABLES = {"fcm-table1": fcm_table1, "fedfcm-table1": fedfcm_table1,
+          "fedfcm-table3": fedfcm_table3, "fedfcm-bank": fedfcm_bank}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("table", choices=sorted(TABLES))
+    parser.add_argument("dirs", nargs="+")
+    args = parser.parse_args()
+    print(TABLES[args.table](args.dirs))
+
+
+if __name__ == "__main__":
+    main()
