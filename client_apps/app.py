@@ -18,7 +18,9 @@ app = ClientApp()
 def _register_handlers() -> None:
     from server_app.registry import METHODS
 
-    for module in sorted({spec.handlers for spec in METHODS.values()}):
+    # secagg_handlers: the default "train" action wrapped by SecAgg+ (exact FCM secure sums).
+    modules = {spec.handlers for spec in METHODS.values()} | {"client_apps.secagg_handlers"}
+    for module in sorted(modules):
         if importlib.util.find_spec(module) is not None:
             importlib.import_module(module)
 
