@@ -1,0 +1,37 @@
+"""The Hydra launcher: composes run configs, shows job i/n, writes one result dir per job."""
+
+import json
+import subprocess
+import sys
+
+from fedclust.sweep import flatten, total_jobs
+
+
+def test_flatten_turns_nested_hydra_config_into_dotted_run_config():
+    assert flatten({"fcm": {"m": 2.0, "max-rounds": 3}, "seed": 1, "x": None}) == {
+        "fcm.m": 2.0, "fcm.max-rounds": 3, "seed": 1}
+
+
+def test_total_jobs_counts_the_sweep():
+    assert total_jobs(["app.seed=0,1,2", "method=fedfcm", "app.fcm.m=1.5,2"], {}) == 6
+    assert total_jobs(["engine=inprocess"], {"app.seed": "range(4)", "dataset": "a,b"}) == 8
+
+
+def test_multirun_inprocess_sweep(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "fedclust.sweep", "-m", "engine=inprocess", "method=fedfcm",
+         "app.seed=0,1", "app.fedfcm.k-max=3", "app.plots=false",
+         f"hydra.sweep.dir={tmp_path}"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "job 2/2" in out.stdout
+    seeds = sorted(json.loads(p.read_text())["seed"] for p in tmp_path.rglob("summary.json"))
+    assert seeds == [0, 1]
+
+
+def test_bad_override_fails_before_running(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "fedclust.sweep", "engine=inprocess", "app.fcm.m=0.5",
+         f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    assert "fcm.m" in out.stderr and "Allowed" in out.stderr
+    assert not list(tmp_path.rglob("summary.json"))
