@@ -1,0 +1,185 @@
+"""ClientApp handlers of FedCRef (paper 000). Replies carry only models, accept bits, counts and
+(when ``evaluate`` is true) per-cluster true-class histograms named ``eval``.
+
+Per-node state (labels, own models, the error cache of received models) lives in
+``context.state`` so it survives between messages in simulation and in deployment.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, Context, Message
+
+from client_apps.app import app
+from client_apps.common import reply, run_config
+from fedclust.fedcref import autoencoder as ae
+from fedclust.fedcref import client as core
+from fedclust.fedcref.initial import initial_clustering
+
+STATE, CACHE = "fedcref.state", "fedcref.cache"
+
+
+# ---------------------------------------------------------------------------------------------
+# data and state
+
+@functools.lru_cache(maxsize=4)
+def _deployment_data(path: str) -> tuple[np.ndarray, np.ndarray | None]:
+    with np.load(path) as d:
+        x = np.asarray(d["x"], dtype=np.float32)
+        y = np.asarray(d["y"], dtype=np.int64) if "y" in d else None
+    x = x.reshape(len(x), -1)
+    if x.max(initial=0) > 1.0:
+        x = x / 255.0
+    return x.astype(np.float32), y
+
+
+def _data(context: Context, cfg: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None, int]:
+    """(x, y or None, K_i given or 0 = estimate)."""
+    node = context.node_config
+    if "data-path" in node:
+        x, y = _deployment_data(str(node["data-path"]))
+        return x, (y if cfg["evaluate"] else None), int(node.get("num-clusters", 0))
+    x, y = core.client_data(cfg, int(node["partition-id"]))
+    # K_i is given in the paper's experiments (the number of classes the client was dealt)
+    return x, y, int(np.unique(y).size)
+
+
+def _load_state(context: Context) -> core.ClientState | None:
+    if STATE not in context.state:
+        return None
+    rec = {k: v.numpy() for k, v in context.state[STATE].items()}
+    models = ae.from_numpy({k[2:]: v for k, v in rec.items() if k.startswith("m.")})
+    st = core.ClientState(labels=rec["labels"].astype(np.int64), k=int(rec["meta"][0]),
+                          models=models, model_clusters=rec["model_clusters"].astype(np.int64),
+                          version=int(rec["meta"][1]),
+                          own_errors=rec.get("own_errors"))
+    if CACHE in context.state:
+        st.cache = {k: v.numpy() for k, v in context.state[CACHE].items()}
+    return st
+
+
+def _save_state(context: Context, st: core.ClientState) -> None:
+    named = {"labels": st.labels, "meta": np.array([st.k, st.version], dtype=np.int64),
+             "model_clusters": st.model_clusters}
+    if st.own_errors is not None:
+        named["own_errors"] = st.own_errors
+    if ae.n_models(st.models):
+        named.update({f"m.{k}": v for k, v in ae.to_numpy(st.models).items()})
+    context.state[STATE] = ArrayRecord({k: Array(np.ascontiguousarray(v))
+                                        for k, v in named.items()})
+    context.state[CACHE] = ArrayRecord({k: Array(np.ascontiguousarray(v))
+                                        for k, v in st.cache.items()})
+
+
+def _init_state(context: Context, cfg: dict[str, Any], x: np.ndarray, y: np.ndarray | None,
+                k: int, seed: int) -> core.ClientState:
+    kind = cfg["fedcref.init"]
+    estimate = cfg["fedcref.estimate-k"] or k == 0
+    if kind == "dirty" and y is None:
+        y = _data(context, {**cfg, "evaluate": True})[1]
+    labels = initial_clustering(
+        kind, x, max(k, 2), y_true=y, dirtiness=cfg["fedcref.dirtiness"],
+        estimate_k=estimate and kind != "dirty", k_max=cfg["fedcref.k-estimate-max"],
+        dec_options={"pretrain_epochs": cfg["fedcref.dec-pretrain-epochs"],
+                     "maxiter": cfg["fedcref.dec-maxiter"]}, random_state=seed)
+    return core.ClientState(labels=labels, k=int(labels.max()) + 1 if kind != "dirty" else k)
+
+
+def _setup(msg: Message, context: Context) -> tuple[dict, np.ndarray, np.ndarray | None,
+                                                    core.ClientState | None, dict]:
+    cfg = run_config(context)
+    torch.set_num_threads(cfg["fedcref.torch-threads"])
+    x, y, k = _data(context, cfg)
+    conf = dict(msg.content.config_records["config"]) if "config" in \
+        msg.content.config_records else {}
+    st = _load_state(context)
+    if st is None:
+        st = _init_state(context, cfg, x, y, k, int(conf.get("init-seed", cfg["seed"])))
+    return cfg, x, (y if cfg["evaluate"] else None), st, conf
+
+
+def _eval(st: core.ClientState, y: np.ndarray | None, cfg: dict) -> dict:
+    if y is None or not cfg["evaluate"]:
+        return {}
+    return {"eval": {"hist": core.class_histograms(st.labels, y, st.k, int(y.max()) + 1)}}
+
+
+def _models_by_key(rec: ArrayRecord) -> dict[str, ae.Params]:
+    grouped: dict[str, dict[str, np.ndarray]] = {}
+    for name, arr in rec.items():
+        key, _, layer = name.rpartition("/")
+        grouped.setdefault(key, {})[layer] = arr.numpy()
+    return {k: ae.from_numpy(v) for k, v in grouped.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# handlers
+
+@app.train("fedcref_local")
+def fedcref_local(msg: Message, context: Context) -> Message:
+    """Algorithm 1 lines 6–8: (re)train one autoencoder per local cluster if active."""
+    cfg, x, y, st, conf = _setup(msg, context)
+    arrays: dict[str, dict[str, np.ndarray]] = {}
+    seconds = 0.0
+    if bool(conf.get("active", True)) or not ae.n_models(st.models):
+        info = core.train_local(st, x, cfg, int(conf.get("seed", 0)))
+        seconds = info["seconds"]
+        arrays["models"] = ae.to_numpy(st.models) if ae.n_models(st.models) else {}
+        arrays["clusters"] = {"clusters": st.model_clusters}
+    arrays.update(_eval(st, y, cfg))
+    arrays = {k: v for k, v in arrays.items() if v}
+    _save_state(context, st)
+    return reply(msg, arrays=arrays, metrics={"seconds": seconds, "k": st.k,
+                                              "version": st.version, "n": len(x)})
+
+
+@app.query("fedcref_assoc")
+def fedcref_assoc(msg: Message, context: Context) -> Message:
+    """Algorithm 1 lines 10–15 on the client: evaluate the received models (errors cached per
+    model version) and report which foreign clusters each local cluster accepts."""
+    cfg, x, y, st, conf = _setup(msg, context)
+    keys = [str(k) for k in conf.get("keys", [])]
+    new = _models_by_key(msg.content.array_records["models"]) \
+        if "models" in msg.content.array_records else {}
+    acc, missing, seconds = core.associate(st, x, keys, new, cfg)
+    _save_state(context, st)
+    if missing:
+        return reply(msg, metrics={"missing": [keys.index(k) for k in missing],
+                                   "seconds": seconds})
+    return reply(msg, arrays={"accept": {"accept": acc.astype(np.uint8)}},
+                 metrics={"missing": [], "seconds": seconds})
+
+
+@app.train("fedcref_comm")
+def fedcref_comm(msg: Message, context: Context) -> Message:
+    """Algorithm 1 line 22: one FedAvg round of every community this client is in, together."""
+    cfg, x, _, st, conf = _setup(msg, context)
+    t0 = time.perf_counter()
+    params = ae.from_numpy({k: v.numpy() for k, v in msg.content.array_records["models"].items()})
+    lens = [int(v) for v in conf["members-len"]]
+    flat = np.asarray(conf["members-flat"], dtype=np.int64)
+    members = np.split(flat, np.cumsum(lens)[:-1])
+    out, counts = core.train_communities(x, st.labels, params, members, cfg,
+                                         int(conf.get("seed", 0)))
+    return reply(msg, arrays={"models": ae.to_numpy(out), "counts": {"counts": counts}},
+                 metrics={"seconds": time.perf_counter() - t0})
+
+
+@app.train("fedcref_refine")
+def fedcref_refine(msg: Message, context: Context) -> Message:
+    """Algorithm 1 lines 26–30: Algorithm 2 with own + community models, and the agreement
+    with the previous labeling (stability test)."""
+    cfg, x, y, st, conf = _setup(msg, context)
+    t0 = time.perf_counter()
+    comm = ae.from_numpy({k: v.numpy() for k, v in msg.content.array_records["models"].items()}) \
+        if "models" in msg.content.array_records else []
+    agreement = core.refine(st, x, comm)
+    _save_state(context, st)
+    return reply(msg, arrays=_eval(st, y, cfg),
+                 metrics={"agreement": agreement, "seconds": time.perf_counter() - t0})
+

@@ -1,0 +1,119 @@
+"""Cluster association (paper 000 §4.2, Algorithm 1 lines 10–16) and communities (§4.3).
+
+Association test, run by client i for its cluster q and a received model AE_jp (eq. 2)::
+
+    D = Normalize_[0,1] |E_iq→iq − E_jp→iq|,     accept  ⇔  Pr{D ≤ θ} ≥ α
+
+where E_m→iq is the vector of per-sample reconstruction errors of model m on the samples of
+cluster q and Normalize_[0,1] is min–max scaling over those samples. The client reports only
+the accept bits; the server links Q_iq and Q_jp when *both* directions accept (line 13).
+Communities are the connected components with ≥ 2 clusters; the others are isolated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+
+import networkx as nx
+import numpy as np
+from numpy.typing import NDArray
+
+
+def normalized_gap(e_own: NDArray, e_foreign: NDArray) -> NDArray[np.float64]:
+    """``Normalize_[0,1] |e_own − e_foreign|`` along the last axis (all zeros if constant)."""
+    d = np.abs(np.asarray(e_own, dtype=np.float64) - np.asarray(e_foreign, dtype=np.float64))
+    lo = d.min(axis=-1, keepdims=True)
+    span = d.max(axis=-1, keepdims=True) - lo
+    return np.where(span > 0, (d - lo) / np.where(span > 0, span, 1.0), 0.0)
+
+
+def accepts(e_own: NDArray, e_foreign: NDArray, theta: float, alpha: float) -> NDArray[np.bool_]:
+    """Eq. (2): ``Pr{Normalize|e_own − e_foreign| ≤ θ} ≥ α``.
+
+    Parameters
+    ----------
+    e_own : (n,) errors of the cluster's own model on its n samples
+    e_foreign : (..., n) errors of one or more foreign models on the same samples
+    theta : association threshold θ (paper: 0.2)
+    alpha : required probability α in (0, 1] (paper: the 75th percentile, 0.75)
+
+    Returns
+    -------
+    bool array of shape ``e_foreign.shape[:-1]``
+    """
+    e_foreign = np.asarray(e_foreign)
+    if e_foreign.shape[-1] == 0:
+        return np.zeros(e_foreign.shape[:-1], dtype=bool)
+    d = normalized_gap(np.broadcast_to(e_own, e_foreign.shape), e_foreign)
+    return (d <= theta).mean(axis=-1) >= alpha
+
+
+def accept_matrix(labels: NDArray[np.int64], own_errors: NDArray, foreign_errors: NDArray,
+                  theta: float, alpha: float, min_size: int = 2) -> NDArray[np.bool_]:
+    """Client-side association: which foreign models each local cluster accepts.
+
+    Parameters
+    ----------
+    labels : (n,) current local clustering (0..K−1)
+    own_errors : (K, n) errors of the K local models on all local samples
+        (row q is E_iq→·; a cluster with no model may hold NaNs)
+    foreign_errors : (F, n) errors of F received models on all local samples
+    theta, alpha : see :func:`accepts`
+    min_size : clusters smaller than this accept nothing
+
+    Returns
+    -------
+    (K, F) bool
+    """
+    k = own_errors.shape[0]
+    out = np.zeros((k, foreign_errors.shape[0]), dtype=bool)
+    for q in range(k):
+        mask = labels == q
+        if mask.sum() < min_size or not np.all(np.isfinite(own_errors[q, mask])):
+            continue
+        out[q] = accepts(own_errors[q, mask], foreign_errors[:, mask], theta, alpha)
+    return out
+
+
+def mutual_edges(accept: dict[Hashable, set[Hashable]]) -> list[tuple[Hashable, Hashable]]:
+    """Edges (a, b) such that a accepts b **and** b accepts a (Algorithm 1 line 13)."""
+    edges = []
+    for a, targets in accept.items():
+        for b in targets:
+            if a < b and a in accept.get(b, ()):  # type: ignore[operator]
+                edges.append((a, b))
+    return edges
+
+
+def communities(nodes: Iterable[Hashable], edges: Iterable[tuple[Hashable, Hashable]]
+                ) -> tuple[list[list[Hashable]], list[Hashable]]:
+    """Connected components of the cluster graph Γ (networkx).
+
+    Returns
+    -------
+    communities : components with ≥ 2 clusters (eq. 3), each sorted, ordered by first member
+    isolated : clusters in no community (the set I)
+    """
+    g = nx.Graph()
+    g.add_nodes_from(nodes)
+    g.add_edges_from(edges)
+    comps = [sorted(c) for c in nx.connected_components(g)]
+    groups = sorted([c for c in comps if len(c) >= 2], key=lambda c: c[0])
+    isolated = sorted(c[0] for c in comps if len(c) == 1)
+    return groups, isolated
+
+
+def perfect_edges(majority: dict[Hashable, int]) -> list[tuple[Hashable, Hashable]]:
+    """Baseline "perfect associations": link clusters of different clients whose true majority
+    class is the same (evaluation path only; nodes are ``(client, cluster)``)."""
+    by_class: dict[int, list[Hashable]] = {}
+    for node, c in majority.items():
+        by_class.setdefault(int(c), []).append(node)
+    edges = []
+    for members in by_class.values():
+        members = sorted(members)
+        for a_i, a in enumerate(members):
+            for b in members[a_i + 1:]:
+                if a[0] != b[0]:  # type: ignore[index]
+                    edges.append((a, b))
+    return edges

@@ -1,0 +1,227 @@
+"""Stacked fully connected autoencoders (paper 000 §5.2: d-100-64-32 and mirrored).
+
+A client owns several small autoencoders (one per local cluster, one per community it takes
+part in). They are trained *together*: the weights of M models are stacked into tensors of shape
+``(M, in, out)`` and every layer is one batched matmul (``torch.baddbmm``). Each model still
+sees only its own data, takes its own mini-batch steps and has its own Adam state and early
+stopping, exactly as if it were trained alone (a per-model step mask keeps models with fewer
+batches, or stopped early, untouched).
+
+Architecture: ReLU hidden layers, sigmoid output, MSE loss, Adam (lr 1e-3 by default).
+Reconstruction error of a sample = mean squared error over its features (the reference code's
+``mean((pred - x)^2, axis=1)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+Params = list[torch.Tensor]   # [W0, b0, W1, b1, ...]; W_l (M, in, out), b_l (M, 1, out)
+
+
+def layer_sizes(n_features: int, hidden: Sequence[int]) -> list[int]:
+    """``[d, h1, ..., hk, ..., h1, d]`` — the encoder and its mirrored decoder."""
+    hidden = list(hidden)
+    return [n_features, *hidden, *hidden[-2::-1], n_features]
+
+
+def init_params(n_models: int, sizes: Sequence[int], seed: int) -> Params:
+    """Independent PyTorch-``nn.Linear``-style init (U(±1/√fan_in)) for each stacked model."""
+    gen = torch.Generator().manual_seed(int(seed) & 0x7FFF_FFFF_FFFF_FFFF)
+    params: Params = []
+    for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=False):
+        bound = 1.0 / float(np.sqrt(fan_in))
+        params.append((torch.rand(n_models, fan_in, fan_out, generator=gen) * 2 - 1) * bound)
+        params.append((torch.rand(n_models, 1, fan_out, generator=gen) * 2 - 1) * bound)
+    return params
+
+
+def forward(params: Params, x: torch.Tensor) -> torch.Tensor:
+    """Reconstruct ``x`` of shape ``(M, B, d)`` with the M stacked models."""
+    h = x
+    n_layers = len(params) // 2
+    for layer in range(n_layers):
+        h = torch.baddbmm(params[2 * layer + 1], h, params[2 * layer])
+        h = torch.sigmoid(h) if layer == n_layers - 1 else torch.relu(h)
+    return h
+
+
+def to_numpy(params: Params) -> dict[str, NDArray[np.float32]]:
+    """Named float32 arrays ``W0, b0, ...`` (stacked over models) for messages."""
+    return {f"{'W' if i % 2 == 0 else 'b'}{i // 2}": p.detach().cpu().numpy().astype(np.float32)
+            for i, p in enumerate(params)}
+
+
+def from_numpy(arrays: dict[str, NDArray]) -> Params:
+    """Inverse of :func:`to_numpy`."""
+    n_layers = sum(1 for k in arrays if k.startswith("W"))
+    out: Params = []
+    for layer in range(n_layers):
+        out.append(torch.as_tensor(np.asarray(arrays[f"W{layer}"], dtype=np.float32)))
+        out.append(torch.as_tensor(np.asarray(arrays[f"b{layer}"], dtype=np.float32)))
+    return out
+
+
+def select(params: Params, index: Sequence[int] | NDArray[np.int64]) -> Params:
+    """The stacked models at positions ``index``."""
+    idx = torch.as_tensor(np.asarray(index, dtype=np.int64))
+    return [p.index_select(0, idx).clone() for p in params]
+
+
+def concat(parts: Sequence[Params]) -> Params:
+    """Stack several model stacks into one."""
+    parts = [p for p in parts if p and p[0].shape[0] > 0]
+    return [torch.cat([p[i] for p in parts], 0) for i in range(len(parts[0]))]
+
+
+def n_models(params: Params) -> int:
+    return int(params[0].shape[0]) if params else 0
+
+
+def fedavg(stacks: Sequence[Params], weights: Sequence[float]) -> Params:
+    """FedAvg: the weighted mean of the same model(s) trained by several clients.
+
+    ``stacks[c]`` holds client c's version of the M models (shape ``(M, ...)``); ``weights[c]``
+    its sample count. Returns the aggregate ``Σ_c w_c θ_c / Σ_c w_c``.
+    """
+    w = torch.as_tensor(np.asarray(weights, dtype=np.float64), dtype=torch.float64)
+    w = w / w.sum()
+    return [sum(float(w[c]) * stacks[c][i].double() for c in range(len(stacks))).float()
+            for i in range(len(stacks[0]))]
+
+
+@dataclass
+class TrainInfo:
+    epochs: NDArray[np.int64]        # epochs actually run per model
+    final_loss: NDArray[np.float64]  # last epoch's mean training loss per model
+    steps: int                       # stacked optimizer steps taken
+
+
+def train(params: Params, datasets: Sequence[NDArray[np.float32]], epochs: int,
+          batch_size: int = 128, lr: float = 1e-3, patience: int = 0, seed: int = 0,
+          ) -> tuple[Params, TrainInfo]:
+    """Train M stacked autoencoders, model m on ``datasets[m]`` only (MSE, Adam).
+
+    Each epoch model m visits a fresh permutation of its own samples in ⌈n_m / B⌉ mini-batches
+    (model m's shuffling stream depends only on ``seed`` and m).
+    Early stopping (``patience > 0``, Keras ``EarlyStopping(monitor="loss")``): a model whose
+    epoch loss has not improved for ``patience`` epochs stops and keeps its current weights.
+
+    Parameters
+    ----------
+    params : stacked parameters (modified copies are returned; inputs untouched)
+    datasets : M arrays ``(n_m, d)`` in [0, 1]
+    epochs, batch_size, lr, patience, seed
+
+    Returns
+    -------
+    params, TrainInfo
+    """
+    m_count = n_models(params)
+    assert len(datasets) == m_count, "one dataset per stacked model"
+    params = [p.detach().clone().requires_grad_(True) for p in params]
+    m1 = [torch.zeros_like(p) for p in params]
+    m2 = [torch.zeros_like(p) for p in params]
+    t_step = torch.zeros(m_count)
+    beta1, beta2, eps = 0.9, 0.999, 1e-7   # Keras Adam defaults
+    sizes = np.array([len(d) for d in datasets], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    xcat = torch.as_tensor(np.concatenate([np.asarray(d, dtype=np.float32) for d in datasets]))
+    rngs = [np.random.default_rng([int(seed) & 0xFFFF_FFFF, m]) for m in range(m_count)]
+    bsz = int(batch_size)
+    steps_m = np.maximum(1, -(-sizes // bsz))
+    best = np.full(m_count, np.inf)
+    wait = np.zeros(m_count, dtype=np.int64)
+    running = np.ones(m_count, dtype=bool) & (sizes > 0)
+    ran = np.zeros(m_count, dtype=np.int64)
+    last = np.full(m_count, np.nan)
+    n_steps = 0
+    for _epoch in range(int(epochs)):
+        if not running.any():
+            break
+        s_max = int(steps_m[running].max())
+        idx = np.zeros((m_count, s_max * bsz), dtype=np.int64)
+        wts = np.zeros((m_count, s_max * bsz), dtype=np.float32)
+        for m in np.flatnonzero(running):
+            perm = rngs[m].permutation(sizes[m]) + offsets[m]
+            idx[m, :sizes[m]] = perm
+            wts[m, :sizes[m]] = 1.0
+        idx_t, wts_t = torch.as_tensor(idx), torch.as_tensor(wts)
+        ep_loss = np.zeros(m_count)
+        for s in range(s_max):
+            sl = slice(s * bsz, (s + 1) * bsz)
+            w = wts_t[:, sl]
+            cnt = w.sum(1)
+            active = (cnt > 0) & torch.as_tensor(running)
+            if not bool(active.any()):
+                break
+            xb = xcat[idx_t[:, sl]]
+            rec = forward(params, xb)
+            per_sample = ((rec - xb) ** 2).mean(2)                     # (M, B)
+            per_model = (per_sample * w).sum(1) / cnt.clamp(min=1)      # (M,)
+            loss = per_model[active].sum()
+            grads = torch.autograd.grad(loss, params)
+            ep_loss += (per_sample.detach() * w).sum(1).double().numpy()
+            with torch.no_grad():
+                a = active.float()
+                t_step += a
+                tt = t_step.clamp(min=1)
+                c1 = (1 - beta1 ** tt)
+                c2 = (1 - beta2 ** tt)
+                for p, g, mm, vv in zip(params, grads, m1, m2, strict=False):
+                    shape = (m_count,) + (1,) * (p.dim() - 1)
+                    af = a.view(shape)
+                    mm.mul_(1 - af * (1 - beta1)).add_(af * (1 - beta1) * g)
+                    vv.mul_(1 - af * (1 - beta2)).add_(af * (1 - beta2) * g * g)
+                    step = lr * (mm / c1.view(shape)) / ((vv / c2.view(shape)).sqrt() + eps)
+                    p.sub_(af * step)
+            n_steps += 1
+        ep_loss = ep_loss / np.maximum(sizes, 1)
+        for m in np.flatnonzero(running):
+            ran[m] += 1
+            last[m] = ep_loss[m]
+            if ep_loss[m] < best[m]:
+                best[m], wait[m] = ep_loss[m], 0
+            else:
+                wait[m] += 1
+                if patience > 0 and wait[m] >= patience:
+                    running[m] = False
+    out = [p.detach() for p in params]
+    return out, TrainInfo(ran, last, n_steps)
+
+
+@torch.no_grad()
+def errors(params: Params, x: NDArray[np.float32] | torch.Tensor, max_elems: int = 1 << 24
+           ) -> NDArray[np.float32]:
+    """Per-sample reconstruction error of every stacked model on every sample: ``(M, N)``.
+
+    One forward pass per model over all samples; the first layer of all M models is a single
+    GEMM ``x @ [W0_1 | ... | W0_M]``. Processed in chunks of models/samples so that the
+    ``M × N × d`` reconstruction never exceeds ``max_elems`` floats.
+    """
+    xt = torch.as_tensor(np.asarray(x, dtype=np.float32))
+    m_count, (n, d) = n_models(params), xt.shape
+    out = np.empty((m_count, n), dtype=np.float32)
+    if m_count == 0 or n == 0:
+        return out
+    m_chunk = max(1, min(m_count, max_elems // max(n * d, 1)))
+    n_chunk = n if m_chunk > 1 or n * d <= max_elems else max(1, max_elems // d)
+    n_layers = len(params) // 2
+    for m0 in range(0, m_count, m_chunk):
+        sub = [p[m0:m0 + m_chunk] for p in params]
+        mc = sub[0].shape[0]
+        w0 = sub[0].permute(1, 0, 2).reshape(d, -1)                  # (d, mc*h1)
+        for n0 in range(0, n, n_chunk):
+            xb = xt[n0:n0 + n_chunk]
+            h = (xb @ w0).view(xb.shape[0], mc, -1).permute(1, 0, 2) + sub[1]
+            h = torch.relu(h) if n_layers > 1 else torch.sigmoid(h)
+            for layer in range(1, n_layers):
+                h = torch.baddbmm(sub[2 * layer + 1], h, sub[2 * layer])
+                h = torch.sigmoid(h) if layer == n_layers - 1 else torch.relu(h)
+            out[m0:m0 + mc, n0:n0 + xb.shape[0]] = ((h - xb) ** 2).mean(2).numpy()
+    return out

@@ -1,0 +1,207 @@
+"""Client-side steps of FedCRef, Flower-free (the ClientApp handlers are thin wrappers).
+
+A client holds its samples ``x`` (n, d) in [0, 1], its current labels (0..K_i−1), its cluster
+autoencoders, and a cache of per-sample reconstruction errors of every received model version
+(so that an unchanged model is neither re-sent nor re-evaluated).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fedclust.fedcref import autoencoder as ae
+from fedclust.fedcref.association import accept_matrix
+from fedclust.fedcref.refine import cluster_refine, label_agreement
+from fedclust.fedcref.system import ClientSlice, generate_system
+
+SYSTEM_KEYS = ("dataset", "data-dir", "num-clients", "seed", "fedcref.samples-per-cluster",
+               "fedcref.k-min", "fedcref.k-max", "fedcref.overlap", "fedcref.split",
+               "fedcref.k49-min-count")
+
+
+def samples_per_cluster(cfg: dict[str, Any]) -> int:
+    """S: the configured value, or the automatic default (500; 30 for the small 'digits')."""
+    s = int(cfg["fedcref.samples-per-cluster"])
+    return s if s > 0 else (30 if cfg["dataset"] == "digits" else 500)
+
+
+def hidden_sizes(cfg: dict[str, Any]) -> list[int]:
+    return [int(v) for v in str(cfg["fedcref.ae-hidden"]).split(",")]
+
+
+def derive_seed(*parts: int) -> int:
+    """A 63-bit seed from integers (master seed, client, iteration, phase ...)."""
+    return int(np.random.SeedSequence([int(p) & 0xFFFF_FFFF for p in parts]).generate_state(
+        2, dtype=np.uint32).view(np.uint64)[0] >> 1)
+
+
+@functools.lru_cache(maxsize=2)
+def _labels_and_system(items: tuple[tuple[str, Any], ...]) -> tuple[list[ClientSlice], int]:
+    cfg = dict(items)
+    _, y = _dataset(cfg["dataset"], cfg["data-dir"], cfg["fedcref.split"],
+                    int(cfg["fedcref.k49-min-count"]))
+    system = generate_system(y, int(cfg["num-clients"]), samples_per_cluster(cfg),
+                             int(cfg["fedcref.k-min"]), int(cfg["fedcref.k-max"]),
+                             float(cfg["fedcref.overlap"]), int(cfg["seed"]))
+    return system, int(np.unique(y).size)
+
+
+@functools.lru_cache(maxsize=2)
+def _dataset(name: str, data_dir: str, split: str, k49_min: int) -> tuple[NDArray, NDArray]:
+    from fedclust.data.images import keep_frequent_classes, load_image_dataset
+
+    x, y = load_image_dataset(name, data_dir, split)
+    if name == "k49":
+        _, y_train = load_image_dataset(name, data_dir, "train")
+        x, y, _ = keep_frequent_classes(x, y, k49_min, reference_y=y_train
+                                        if split != "all" else None)
+    return x, y
+
+
+def build_system(cfg: dict[str, Any]) -> tuple[list[ClientSlice], int]:
+    """The whole system (indices and true classes only), regenerated from the run config."""
+    return _labels_and_system(tuple((k, cfg[k]) for k in SYSTEM_KEYS))
+
+
+@functools.lru_cache(maxsize=4)
+def _client_data(items: tuple[tuple[str, Any], ...], client: int) -> tuple[NDArray, NDArray]:
+    from fedclust.data.images import flatten_unit
+
+    cfg = dict(items)
+    system, _ = build_system(cfg)
+    x, _ = _dataset(cfg["dataset"], cfg["data-dir"], cfg["fedcref.split"],
+                    int(cfg["fedcref.k49-min-count"]))
+    sl = system[client]
+    return flatten_unit(x[sl.indices]), sl.y.copy()
+
+
+def client_data(cfg: dict[str, Any], client: int) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
+    """Samples (flattened, [0, 1]) and true classes of simulated client ``client`` (cached)."""
+    return _client_data(tuple((k, cfg[k]) for k in SYSTEM_KEYS), int(client))
+
+
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class ClientState:
+    """Everything a client keeps between messages (stored in Flower's ``context.state``)."""
+
+    labels: NDArray[np.int64]
+    k: int
+    models: ae.Params = field(default_factory=list)   # own cluster models, stacked
+    model_clusters: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    version: int = 0
+    own_errors: NDArray[np.float32] | None = None      # (K, n), NaN rows for clusters w/o model
+    cache: dict[str, NDArray[np.float32]] = field(default_factory=dict)
+
+
+def own_error_matrix(state: ClientState, x: NDArray) -> NDArray[np.float32]:
+    """(K, n) errors of the client's own cluster models (NaN for clusters without a model)."""
+    out = np.full((state.k, len(x)), np.nan, dtype=np.float32)
+    if ae.n_models(state.models):
+        out[state.model_clusters] = ae.errors(state.models, x)
+    return out
+
+
+def train_local(state: ClientState, x: NDArray, cfg: dict[str, Any], seed: int) -> dict:
+    """Algorithm 1 lines 6–8: one fresh autoencoder per local cluster, trained together."""
+    t0 = time.perf_counter()
+    sizes = np.bincount(state.labels, minlength=state.k)
+    clusters = np.flatnonzero(sizes >= cfg["fedcref.min-cluster-size"])
+    layer = ae.layer_sizes(x.shape[1], hidden_sizes(cfg))
+    params = ae.init_params(len(clusters), layer, seed)
+    if len(clusters):
+        params, _ = ae.train(params, [x[state.labels == q] for q in clusters],
+                             cfg["fedcref.ae-epochs"], cfg["fedcref.batch-size"], cfg["fedcref.lr"],
+                             cfg["fedcref.ae-patience"], seed)
+    state.models, state.model_clusters = params, clusters.astype(np.int64)
+    state.version += 1
+    state.own_errors = own_error_matrix(state, x)
+    return {"seconds": time.perf_counter() - t0, "sizes": sizes}
+
+
+def associate(state: ClientState, x: NDArray, keys: list[str], new_models: dict[str, ae.Params],
+              cfg: dict[str, Any]) -> tuple[NDArray[np.bool_], list[str], float]:
+    """Algorithm 1 lines 10–15, client side.
+
+    Evaluates every newly received model once on all local samples (cached by key), drops
+    cached entries no longer current, and tests eq. (2) for each local cluster against each
+    current foreign model ``keys``. Returns the (K, F) accept matrix, the keys it lacks (cache
+    lost: the server must send them) and the compute seconds.
+    """
+    t0 = time.perf_counter()
+    if new_models:
+        names = list(new_models)
+        errs = ae.errors(ae.concat([new_models[k] for k in names]), x)
+        for i, k in enumerate(names):
+            state.cache[k] = errs[i]
+    current = set(keys)
+    for k in list(state.cache):
+        if k not in current:
+            del state.cache[k]
+    missing = [k for k in keys if k not in state.cache]
+    if missing:
+        return np.zeros((state.k, 0), dtype=bool), missing, time.perf_counter() - t0
+    if state.own_errors is None:
+        state.own_errors = own_error_matrix(state, x)
+    foreign = (np.stack([state.cache[k] for k in keys]) if keys
+               else np.zeros((0, len(x)), dtype=np.float32))
+    acc = accept_matrix(state.labels, state.own_errors, foreign, cfg["fedcref.theta"],
+                        cfg["fedcref.alpha"], cfg["fedcref.min-cluster-size"])
+    return acc, [], time.perf_counter() - t0
+
+
+def train_communities(x: NDArray, labels: NDArray, params: ae.Params,
+                      members: list[NDArray[np.int64]], cfg: dict[str, Any], seed: int
+                      ) -> tuple[ae.Params, NDArray[np.int64]]:
+    """One FedAvg round for all the communities this client takes part in (one message).
+
+    ``members[g]`` lists the local clusters in community g (usually one); the community model
+    is trained on their union. Returns the updated models and the sample counts (FedAvg weights).
+    """
+    data = [x[np.isin(labels, m)] for m in members]
+    out, _ = ae.train(params, data, cfg["fedcref.fl-local-epochs"], cfg["fedcref.batch-size"],
+                      cfg["fedcref.lr"], 0, seed)
+    return out, np.array([len(d) for d in data], dtype=np.int64)
+
+
+def refine(state: ClientState, x: NDArray, community_models: ae.Params) -> float:
+    """Algorithm 2 with the client's own models and all community models; returns ACC between
+    the previous and the new labeling (eq. 4), used for the stability test."""
+    own = state.own_errors if state.own_errors is not None else own_error_matrix(state, x)
+    rows = [own[state.model_clusters]] if len(state.model_clusters) else []
+    if ae.n_models(community_models):
+        rows.append(ae.errors(community_models, x))
+    if not rows:
+        return 1.0
+    labels, _ = cluster_refine(np.concatenate(rows), state.k)
+    labels = align_labels(state.labels, labels, state.k)
+    agreement = label_agreement(state.labels, labels)
+    state.labels = labels
+    return agreement
+
+
+def align_labels(old: NDArray, new: NDArray, k: int) -> NDArray[np.int64]:
+    """Rename the new clusters to the old ids they overlap most (Hungarian), so that a client
+    that stops retraining keeps model q matched with cluster q. Labels stay in 0..k−1."""
+    from scipy.optimize import linear_sum_assignment
+
+    table = np.zeros((k, k), dtype=np.int64)
+    np.add.at(table, (new, old), 1)
+    rows, cols = linear_sum_assignment(-table)
+    mapping = np.empty(k, dtype=np.int64)
+    mapping[rows] = cols
+    return mapping[new]
+
+
+def class_histograms(labels: NDArray, y: NDArray, k: int, n_classes: int) -> NDArray[np.int64]:
+    """(K, C) true-class counts per cluster (evaluation path only)."""
+    table = np.zeros((k, n_classes), dtype=np.int64)
+    np.add.at(table, (labels, y), 1)
+    return table

@@ -1,0 +1,70 @@
+"""Pluggable initial local clustering (paper 000 Algorithm 1 line 3, §5.2).
+
+- ``dirty``: the true split with each sample moved to a uniformly random other cluster with
+  probability ``dirtiness`` (simulation; uses the client's true classes to build the split).
+- ``kmeans``: k-means on the client's own data (cheap real option).
+- ``dec``: Deep Embedded Clustering on the client's own data only (:mod:`fedclust.fedcref.dec`).
+
+For ``kmeans``/``dec``, K_i is given, or estimated by the silhouette score over a range.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+from sklearn.cluster import KMeans
+from sklearn.metrics import silhouette_score
+
+from fedclust.fedcref.system import dirty_clustering
+
+
+def silhouette_k(z: NDArray, k_range: range, random_state: int = 0,
+                 sample_size: int = 2000) -> int:
+    """K with the highest silhouette score of k-means on ``z`` over ``k_range``."""
+    best_k, best_s = k_range.start, -np.inf
+    rng = np.random.RandomState(random_state)
+    for k in k_range:
+        if k >= len(z):
+            break
+        lab = KMeans(k, n_init=10, random_state=random_state).fit_predict(z)
+        s = silhouette_score(z, lab, sample_size=min(sample_size, len(z)), random_state=rng)
+        if s > best_s:
+            best_k, best_s = k, s
+    return best_k
+
+
+def initial_clustering(kind: str, x: NDArray[np.float32], k: int, *, y_true: NDArray | None = None,
+                       dirtiness: float = 0.0, estimate_k: bool = False, k_max: int = 10,
+                       dec_options: dict | None = None, random_state: int = 0
+                       ) -> NDArray[np.int64]:
+    """Initial labels (0..K−1) of one client's samples.
+
+    Parameters
+    ----------
+    kind : {"dirty", "kmeans", "dec"}
+    x : (n, d) the client's samples in [0, 1]
+    k : K_i (ignored when ``estimate_k``)
+    y_true : true classes, required by ``dirty`` only (simulation)
+    dirtiness : probability of moving a sample (``dirty``)
+    estimate_k : estimate K_i by silhouette over 2..k_max
+    dec_options : keyword arguments of :class:`fedclust.fedcref.dec.DEC`
+    """
+    if kind == "dirty":
+        if y_true is None:
+            raise ValueError("dirty initial clustering is a simulation: it needs the true classes")
+        return dirty_clustering(y_true, dirtiness, random_state)
+    if kind == "kmeans":
+        if estimate_k:
+            k = silhouette_k(x, range(2, k_max + 1), random_state)
+        return KMeans(k, n_init=10, random_state=random_state).fit_predict(x).astype(np.int64)
+    if kind == "dec":
+        from fedclust.fedcref.dec import DEC
+
+        opts = dict(dec_options or {})
+        dec = DEC(n_clusters=k, random_state=random_state, **opts)
+        if estimate_k:
+            dec.pretrain(x)
+            z = dec.embed(x)
+            dec.n_clusters = silhouette_k(z, range(2, k_max + 1), random_state)
+        return dec.fit_predict(x).astype(np.int64)
+    raise ValueError(f"unknown initial clustering {kind!r}; allowed: dirty, kmeans, dec")

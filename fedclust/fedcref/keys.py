@@ -1,0 +1,84 @@
+"""Run-config keys of FedCRef (paper 000), prefix ``fedcref.``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedclust.config import Key, require
+
+IMAGE_DATASETS = ("digits", "mnist", "fashion-mnist", "emnist-digits", "kmnist", "k49", "local")
+
+
+def _hidden(value: str) -> str | None:
+    try:
+        sizes = [int(v) for v in value.split(",")]
+    except ValueError:
+        return "expected comma-separated ints, e.g. '100,64,32'"
+    return None if sizes and min(sizes) > 0 else "expected positive layer sizes"
+
+
+KEYS: list[Key] = [
+    # system generator (§5.2)
+    Key("fedcref.samples-per-cluster", int, 0, "S, samples per client cluster (0 = auto: 500, "
+        "or 30 for the small embedded 'digits')", low=0),
+    Key("fedcref.k-min", int, 2, "smallest K_i (classes per client)", low=1),
+    Key("fedcref.k-max", int, 0, "largest K_i (0 = |U|/2)", low=0),
+    Key("fedcref.overlap", float, 0.0, "O, fraction of a cluster's samples shared with the other "
+        "clients' clusters of the same class", low=0.0, high=1.0, high_open=True),
+    Key("fedcref.split", str, "train", "dataset split the system is drawn from",
+        choices=("train", "test", "all")),
+    Key("fedcref.k49-min-count", int, 6000, "k49: keep classes with at least this many "
+        "training samples (paper: 31 classes)", low=0),
+    # initial clustering
+    Key("fedcref.init", str, "dirty", "initial local clustering",
+        choices=("dirty", "kmeans", "dec")),
+    Key("fedcref.dirtiness", float, 0.3, "dirty init: probability a sample starts in a wrong "
+        "cluster (0 = oracle split)", low=0.0, high=1.0),
+    Key("fedcref.estimate-k", bool, False, "kmeans/dec init: estimate K_i by silhouette over "
+        "2..fedcref.k-estimate-max instead of using the given K_i"),
+    Key("fedcref.k-estimate-max", int, 8, "largest K_i tried by the silhouette estimate", low=2),
+    Key("fedcref.dec-pretrain-epochs", int, 50, "DEC autoencoder pretraining epochs", low=1),
+    Key("fedcref.dec-maxiter", int, 2000, "DEC KL-refinement iterations", low=0),
+    # algorithm (§4, defaults of §5.2)
+    Key("fedcref.alpha", float, 0.75, "alpha: required Pr{D <= theta} (the 75th percentile)",
+        low=0.0, high=1.0, low_open=True),
+    Key("fedcref.theta", float, 0.2, "theta: association threshold on the normalised error gap",
+        low=0.0, high=1.0),
+    Key("fedcref.tau", float, 0.8, "tau: a client whose labels agree (ACC) >= tau with the "
+        "previous iteration becomes inactive", low=0.0, high=1.0),
+    Key("fedcref.association", str, "mutual", "cluster graph: 'mutual' (the algorithm), "
+        "'perfect' (baseline: graph from ground truth), 'none' (local-only baseline)",
+        choices=("mutual", "perfect", "none")),
+    Key("fedcref.max-iterations", int, 10, "maximum FedCRef iterations", low=1),
+    Key("fedcref.stop-window", int, 3, "stop when communities and isolated counts change by at "
+        "most stop-change for this many consecutive iterations", low=1),
+    Key("fedcref.stop-change", float, 0.1, "relative change regarded as 'unchanged'", low=0.0),
+    Key("fedcref.fl-rounds", int, 15, "FedAvg rounds per community per iteration", low=1),
+    Key("fedcref.fl-local-epochs", int, 1, "local epochs per FedAvg round", low=1),
+    Key("fedcref.ae-hidden", str, "100,64,32", "autoencoder encoder sizes (decoder mirrored)",
+        check=_hidden),
+    Key("fedcref.ae-epochs", int, 20, "epochs of local cluster autoencoder training", low=1),
+    Key("fedcref.ae-patience", int, 4, "early stopping patience on the epoch loss (0 = off)",
+        low=0),
+    Key("fedcref.batch-size", int, 64, "mini-batch size of all autoencoder training", low=1),
+    Key("fedcref.lr", float, 1e-3, "Adam learning rate", low=0.0, low_open=True),
+    Key("fedcref.min-cluster-size", int, 5, "clusters smaller than this get no model", low=1),
+    Key("fedcref.torch-threads", int, 1, "torch threads per client process (1 is fastest on a "
+        "busy 2-core machine)", low=1),
+]
+
+
+def check(cfg: dict[str, Any]) -> None:
+    """Cross-key rules of FedCRef."""
+    require(cfg["dataset"] in IMAGE_DATASETS, "dataset", cfg["dataset"],
+            "an image dataset for method=fedcref: " + ", ".join(IMAGE_DATASETS),
+            "pass dataset=digits (embedded) or dataset=mnist with data-dir=<folder>")
+    require(cfg["fedcref.k-max"] == 0 or cfg["fedcref.k-max"] >= cfg["fedcref.k-min"],
+            "fedcref.k-max", cfg["fedcref.k-max"], f">= fedcref.k-min ({cfg['fedcref.k-min']})",
+            "raise fedcref.k-max or set it to 0 (= |U|/2)")
+    require(cfg["fedcref.association"] != "perfect" or cfg["evaluate"], "fedcref.association",
+            cfg["fedcref.association"], "'perfect' only with evaluate=true (it is a ground-truth "
+            "baseline)", "set evaluate=true or use fedcref.association=mutual")
+    require(cfg["dataset"] in ("digits", "local") or cfg["data-dir"] != "", "data-dir",
+            cfg["data-dir"], f"the folder holding the {cfg['dataset']} files",
+            "pass data-dir=/path/to/data (e.g. ../shared/data)")

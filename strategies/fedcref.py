@@ -1,0 +1,349 @@
+"""Server loop of FedCRef (paper 000, Algorithm 1).
+
+One iteration t:
+
+1. ``train.fedcref_local`` — active clients (re)train one autoencoder per local cluster and send
+   it; inactive clients keep theirs (the server still relays their last version).
+2. ``query.fedcref_assoc`` — the server relays the cluster models; every client receives only
+   the model versions it has not evaluated yet (it caches their errors), tests eq. (2) for each
+   of its clusters against each foreign model and returns the accept bits. A node whose cache
+   was lost lists the missing keys and gets them in a second message.
+3. Graph Γ: an edge when both sides accept (line 13); communities = connected components with
+   ≥ 2 clusters (networkx), the rest isolated.
+4. ``train.fedcref_comm`` × ``fl-rounds`` — FedAvg of all community models in parallel; a client
+   trains all of its communities in one message; the community model is the aggregate.
+5. ``train.fedcref_refine`` — active clients run Algorithm 2 with their own models and all
+   community models and report ACC(previous, new) for the stability test (τ).
+
+Stop when no client is active, when communities and isolated counts changed by at most
+``stop-change`` for ``stop-window`` consecutive iterations, or after ``max-iterations``.
+Clients that do not answer are left out of that step and recorded (``dropped_nodes``).
+Evaluation metrics (``eval_*``) come from per-cluster true-class histograms sent by the
+clients only when ``evaluate`` is true; the algorithm never uses them (except the explicit
+``association=perfect`` baseline).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.serverapp import Grid
+
+from fedclust.fedcref import autoencoder as ae
+from fedclust.fedcref.association import communities, mutual_edges, perfect_edges
+from fedclust.fedcref.client import derive_seed, hidden_sizes
+from fedclust.fedcref.evaluation import majority_classes, mean_accuracy, wrong_associations
+from fedclust.results import Progress, RunRecorder
+from strategies.common import Exchange, send_and_collect, wait_for_nodes
+
+LOG = logging.getLogger("fedclust")
+Node = tuple[int, int]   # (client index, local cluster)
+
+
+def _arrays(named: dict[str, np.ndarray]) -> ArrayRecord:
+    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in named.items()})
+
+
+def _has(name: str):
+    def _check(content: RecordDict) -> str | None:
+        return None if name in content.array_records else f"missing array record '{name}'"
+    return _check
+
+
+class _Traffic:
+    def __init__(self) -> None:
+        self.sent = self.received = 0
+        self.seconds: dict[str, float] = {}
+        self.client_seconds: dict[str, float] = {}
+
+    def add(self, phase: str, ex: Exchange) -> None:
+        self.sent += ex.bytes_sent
+        self.received += ex.bytes_received
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + ex.seconds
+        cs = sum(float(r.metric_records["metrics"].get("seconds", 0.0))
+                 for r in ex.replies.values() if "metrics" in r.metric_records)
+        self.client_seconds[phase] = self.client_seconds.get(phase, 0.0) + cs
+
+
+def _hist(content: RecordDict) -> np.ndarray | None:
+    if "eval" in content.array_records:
+        return content.array_records["eval"]["hist"].numpy()
+    return None
+
+
+def _pad(tables: list[np.ndarray]) -> list[np.ndarray]:
+    width = max((t.shape[1] for t in tables), default=0)
+    return [np.pad(t, ((0, 0), (0, width - t.shape[1]))) for t in tables]
+
+
+def preflight(cfg: dict[str, Any]) -> None:
+    """Fail before any work if the dataset is missing or cannot supply the system."""
+    if cfg["dataset"] != "local":
+        from fedclust.fedcref.client import build_system
+
+        build_system(cfg)
+
+
+def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any]:
+    preflight(cfg)
+    nodes = wait_for_nodes(grid, cfg["min-clients"] or cfg["num-clients"], cfg["timeout"])
+    index = {nid: i for i, nid in enumerate(nodes)}
+    seed, timeout = cfg["seed"], cfg["timeout"]
+    mode = cfg["fedcref.association"]
+    evaluate = cfg["evaluate"]
+    active = set(nodes)
+    store: dict[Node, tuple[int, dict[str, Array]]] = {}   # (client, q) -> (version, arrays)
+    evaluated: dict[int, set[str]] = {nid: set() for nid in nodes}
+    ks: dict[int, int] = {}
+    hists: dict[int, np.ndarray] = {}        # eval: per client (K, C) at association time
+    traffic = _Traffic()
+    dropped: set[int] = set()
+    prev_counts: tuple[int, int] | None = None
+    calm = 0
+    acc_start = float("nan")
+    iso_start: int | None = None
+    progress = Progress(cfg["fedcref.max-iterations"], "fedcref iteration")
+    last: dict[str, Any] = {}
+    stop_reason = "max-iterations"
+    layer = None
+    t = 0
+    for t in range(1, cfg["fedcref.max-iterations"] + 1):
+        rec: dict[str, Any] = {"iteration": t, "active_clients": len(active)}
+        dropped_now: dict[str, list[int]] = {}
+
+        # 1. local cluster models ------------------------------------------------------------
+        def local_content(nid: int, t: int = t) -> RecordDict:
+            return RecordDict({"config": ConfigRecord({
+                "active": nid in active, "iteration": t,
+                "seed": derive_seed(seed, index[nid], t, 1),
+                "init-seed": derive_seed(seed, index[nid], 0, 0)})})
+
+        ex = send_and_collect(grid, nodes, local_content, "train.fedcref_local", f"local-{t}",
+                              timeout)
+        traffic.add("local_training", ex)
+        dropped_now["local"] = sorted(ex.failed)
+        for nid, content in ex.replies.items():
+            met = content.metric_records["metrics"]
+            ks[nid] = int(met["k"])
+            if "models" in content.array_records:
+                version = int(met["version"])
+                clusters = content.array_records["clusters"]["clusters"].numpy()
+                mrec = content.array_records["models"]
+                for key in [k for k in store if k[0] == index[nid]]:
+                    del store[key]
+                for i, q in enumerate(clusters):
+                    store[(index[nid], int(q))] = (version, {
+                        name: Array(mrec[name].numpy()[i:i + 1]) for name in mrec})
+                if layer is None and len(clusters):
+                    layer = ae.layer_sizes(mrec["W0"].numpy().shape[1], hidden_sizes(cfg))
+            h = _hist(content)
+            if h is not None:
+                hists[nid] = h
+        if t == 1 and evaluate and hists:
+            acc_start = mean_accuracy(_pad([hists[n] for n in sorted(hists)]))
+        responding = [n for n in nodes if n in ex.replies]
+        graph_nodes: list[Node] = [key for key in store if nodes[key[0]] in ex.replies]
+
+        # 2. association on the clients --------------------------------------------------------
+        accept: dict[Node, set[Node]] = {n: set() for n in graph_nodes}
+        if mode == "mutual":
+            keys_all = {key: f"{key[0]}:{key[1]}:{store[key][0]}" for key in graph_nodes}
+
+            def foreign(nid: int, graph_nodes: list[Node] = graph_nodes) -> list[Node]:
+                return [key for key in graph_nodes if key[0] != index[nid]]
+
+            def assoc_content(nid: int, only: set[str] | None = None,
+                              keys_all: dict[Node, str] = keys_all) -> RecordDict:
+                fk = foreign(nid)
+                names = [keys_all[k] for k in fk]
+                send = [k for k in fk if keys_all[k] not in evaluated[nid]
+                        and (only is None or keys_all[k] in only)]
+                arrs = {f"{keys_all[k]}/{name}": arr for k in send
+                        for name, arr in store[k][1].items()}
+                content = RecordDict({"config": ConfigRecord(
+                    {"keys": names} if names else {"no-keys": True})})
+                if arrs:
+                    content["models"] = ArrayRecord(arrs)
+                return content
+
+            ex = send_and_collect(grid, responding, assoc_content, "query.fedcref_assoc",
+                                  f"assoc-{t}", timeout)
+            traffic.add("cross_evaluation", ex)
+            retry = {}
+            for nid, content in ex.replies.items():
+                miss = list(content.metric_records["metrics"].get("missing", []))
+                if miss:
+                    fk = foreign(nid)
+                    retry[nid] = {keys_all[fk[int(i)]] for i in miss}
+                    evaluated[nid] -= retry[nid]
+            replies = dict(ex.replies)
+            failed = dict(ex.failed)
+            if retry:
+                ex2 = send_and_collect(grid, list(retry),
+                                       lambda nid, retry=retry: assoc_content(nid, retry[nid]),
+                                       "query.fedcref_assoc", f"assoc-{t}-resend", timeout)
+                traffic.add("cross_evaluation", ex2)
+                replies.update(ex2.replies)
+                failed.update(ex2.failed)
+            dropped_now["assoc"] = sorted(failed)
+            for nid, content in replies.items():
+                if "accept" not in content.array_records:
+                    continue
+                fk = foreign(nid)
+                evaluated[nid] = {keys_all[k] for k in fk}
+                mat = content.array_records["accept"]["accept"].numpy().astype(bool)
+                for q in range(mat.shape[0]):
+                    src = (index[nid], q)
+                    if src in accept:
+                        accept[src] = {fk[j] for j in np.flatnonzero(mat[q])}
+            alive = {index[n] for n in replies if "accept" in replies[n].array_records}
+            graph_nodes = [k for k in graph_nodes if k[0] in alive]
+            edges = mutual_edges({k: v for k, v in accept.items() if k[0] in alive})
+        elif mode == "perfect":
+            node_hist = {(index[n], q): hists[n][q] for n in hists for q in range(len(hists[n]))}
+            major = majority_classes({k: node_hist[k] for k in graph_nodes if k in node_hist})
+            edges = perfect_edges(major)
+        else:
+            edges = []
+
+        # 3. communities -----------------------------------------------------------------------
+        groups, isolated = communities(graph_nodes, edges) if mode != "none" else ([], graph_nodes)
+        rec.update({"communities": len(groups), "isolated": len(isolated),
+                    "edges": len(edges), "clusters": len(graph_nodes)})
+        if iso_start is None:
+            iso_start = len(isolated)
+        if evaluate and hists:
+            node_hist = {(index[n], q): hists[n][q] for n in hists for q in range(len(hists[n]))}
+            w, tot, pct = wrong_associations(groups, node_hist)
+            rec.update({"eval_wrong_associations": w, "eval_associated_clusters": tot,
+                        "eval_wrong_associations_pct": pct})
+            present = _pad([hists[n] for n in sorted(hists)])
+            holders = (np.stack([(h.sum(0) > 0) for h in present]).sum(0)
+                       if present else np.zeros(0))
+            rec["eval_global_k"] = int((holders > 0).sum())
+            rec["eval_ideal_communities"] = int((holders >= 2).sum())
+
+        # 4. community models (FedAvg, all communities in parallel) ----------------------------
+        comm_params: ae.Params = []
+        if groups and layer is not None:
+            comm_params = ae.init_params(len(groups), layer, derive_seed(seed, 7, t, 2))
+            by_client: dict[int, list[tuple[int, list[int]]]] = {}
+            for g, members in enumerate(groups):
+                per: dict[int, list[int]] = {}
+                for ci, q in members:
+                    per.setdefault(ci, []).append(q)
+                for ci, qs in per.items():
+                    by_client.setdefault(ci, []).append((g, qs))
+            for rnd in range(1, cfg["fedcref.fl-rounds"] + 1):
+                np_params = ae.to_numpy(comm_params)
+
+                def comm_content(nid: int, t: int = t, rnd: int = rnd, np_params: dict = np_params,
+                                 by_client: dict = by_client) -> RecordDict:
+                    mine = by_client[index[nid]]
+                    gs = [g for g, _ in mine]
+                    return RecordDict({
+                        "models": _arrays({k: v[gs] for k, v in np_params.items()}),
+                        "config": ConfigRecord({
+                            "communities": gs, "members-len": [len(qs) for _, qs in mine],
+                            "members-flat": [q for _, qs in mine for q in qs],
+                            "seed": derive_seed(seed, index[nid], t, 100 + rnd)})})
+
+                targets = [nodes[ci] for ci in sorted(by_client)]
+                ex = send_and_collect(grid, targets, comm_content, "train.fedcref_comm",
+                                      f"comm-{t}-{rnd}", timeout, validate=_has("models"))
+                traffic.add("community_training", ex)
+                if ex.failed:
+                    dropped_now.setdefault("comm", [])
+                    dropped_now["comm"] = sorted(set(dropped_now["comm"]) | set(ex.failed))
+                contributions: dict[int, list[tuple[ae.Params, float]]] = {}
+                for nid, content in ex.replies.items():
+                    got = ae.from_numpy({k: v.numpy() for k, v in
+                                         content.array_records["models"].items()})
+                    counts = content.array_records["counts"]["counts"].numpy()
+                    for i, (g, _) in enumerate(by_client[index[nid]]):
+                        if counts[i] > 0:
+                            contributions.setdefault(g, []).append(
+                                ([p[i:i + 1] for p in got], float(counts[i])))
+                new = []
+                for g in range(len(groups)):
+                    if g in contributions:
+                        stacks, weights = zip(*contributions[g], strict=False)
+                        new.append(ae.fedavg(list(stacks), list(weights)))
+                    else:
+                        new.append([p[g:g + 1] for p in comm_params])
+                comm_params = ae.concat(new)
+
+        # 5. refinement on the active clients ------------------------------------------------
+        refine_targets = [n for n in nodes if n in active]
+        content = RecordDict({"config": ConfigRecord({"iteration": t})})
+        if ae.n_models(comm_params):
+            content["models"] = _arrays(ae.to_numpy(comm_params))
+        ex = send_and_collect(grid, refine_targets, content, "train.fedcref_refine",
+                              f"refine-{t}", timeout)
+        traffic.add("refinement", ex)
+        dropped_now["refine"] = sorted(ex.failed)
+        agreements = {}
+        for nid, rep in ex.replies.items():
+            agreements[nid] = float(rep.metric_records["metrics"]["agreement"])
+            if agreements[nid] >= cfg["fedcref.tau"]:
+                active.discard(nid)
+            h = _hist(rep)
+            if h is not None:
+                hists[nid] = h
+        if evaluate and hists:
+            rec["eval_acc"] = mean_accuracy(_pad([hists[n] for n in sorted(hists)]))
+        rec["active_after"] = len(active)
+        rec["mean_agreement"] = float(np.mean(list(agreements.values()))) if agreements else None
+        rec["dropped_nodes"] = {k: v for k, v in dropped_now.items() if v}
+        for v in dropped_now.values():
+            dropped |= set(v)
+        rec["bytes_sent"], rec["bytes_received"] = traffic.sent, traffic.received
+        rec["seconds"] = dict(traffic.seconds)
+        rec["client_seconds"] = dict(traffic.client_seconds)
+        rec["sizes"] = [len(g) for g in groups]
+        recorder.log_round(rec)
+        last = rec
+        progress.step(t, f"communities {len(groups)} isolated {len(isolated)} active "
+                         f"{len(active)}" + (f" acc {rec['eval_acc']:.3f}"
+                                             if "eval_acc" in rec else ""))
+
+        # stopping (§4.5) -----------------------------------------------------------------------
+        counts = (len(groups), len(isolated))
+        if prev_counts is not None and all(
+                abs(c - p) <= cfg["fedcref.stop-change"] * max(p, 1)
+                for c, p in zip(counts, prev_counts, strict=False)):
+            calm += 1
+        else:
+            calm = 0
+        prev_counts = counts
+        if not active:
+            stop_reason = "no active clients"
+            break
+        if calm >= cfg["fedcref.stop-window"]:
+            stop_reason = "communities and isolated counts stable"
+            break
+
+    if cfg["plots"]:
+        try:
+            from fedclust.fedcref.plots import figure4
+
+            figure4(recorder.path("fedcref_figure4.png"), [recorder.history])
+        except Exception as exc:  # plots never fail a run
+            LOG.warning("plot failed: %s", exc)
+    out: dict[str, Any] = {
+        "iterations": t, "stop_reason": stop_reason,
+        "communities": last.get("communities"), "isolated_start": iso_start,
+        "isolated_end": last.get("isolated"), "active_clients": len(active),
+        "bytes_sent": traffic.sent, "bytes_received": traffic.received,
+        "seconds": traffic.seconds, "client_seconds": traffic.client_seconds,
+        "dropped_nodes": sorted(dropped), "association": mode,
+    }
+    if evaluate:
+        out.update({"eval_acc_start": acc_start, "eval_acc_end": last.get("eval_acc"),
+                    "eval_wrong_associations_pct": last.get("eval_wrong_associations_pct"),
+                    "eval_global_k": last.get("eval_global_k"),
+                    "eval_ideal_communities": last.get("eval_ideal_communities")})
+    return out

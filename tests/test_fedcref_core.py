@@ -1,0 +1,208 @@
+"""FedCRef core (paper 000): association test, communities, Algorithm 2, ACC, generator, AEs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fedclust.fedcref import autoencoder as ae
+from fedclust.fedcref.association import (
+    accept_matrix,
+    accepts,
+    communities,
+    mutual_edges,
+    normalized_gap,
+    perfect_edges,
+)
+from fedclust.fedcref.evaluation import mean_ci, wrong_associations
+from fedclust.fedcref.refine import cluster_refine, label_agreement, table_accuracy
+from fedclust.fedcref.system import SystemSizeError, dirty_clustering, generate_system
+
+# --- association (eq. 2) -----------------------------------------------------------------------
+
+
+def test_normalized_gap_is_minmax_of_abs_difference() -> None:
+    d = normalized_gap(np.array([1.0, 2.0, 3.0]), np.array([1.0, 3.0, 6.0]))
+    np.testing.assert_allclose(d, [0.0, 1 / 3, 1.0])
+    assert np.all(normalized_gap(np.ones(4), np.ones(4) * 2) == 0)   # constant gap
+
+
+def test_accepts_threshold_and_percentile() -> None:
+    own = np.zeros(100)
+    close = np.r_[np.full(80, 0.1), np.full(20, 1.0)]   # 80% of gaps normalise to 0
+    far = np.linspace(0, 1, 100)                        # gaps spread uniformly
+    assert accepts(own, close, theta=0.2, alpha=0.75)
+    assert not accepts(own, far, theta=0.2, alpha=0.75)
+    assert accepts(own, far, theta=0.8, alpha=0.75)      # 81% ≤ 0.8
+    assert not accepts(own, close, theta=0.2, alpha=0.85)
+    both = accepts(own, np.stack([close, far]), 0.2, 0.75)
+    assert both.tolist() == [True, False]
+
+
+def test_edges_need_both_directions() -> None:
+    a, b, c = (0, 0), (1, 0), (2, 0)
+    accept = {a: {b, c}, b: {a}, c: set()}          # a→c is not reciprocated
+    assert mutual_edges(accept) == [(a, b)]
+    accept[c] = {a}
+    assert sorted(mutual_edges(accept)) == [(a, b), (a, c)]
+
+
+def test_accept_matrix_per_cluster() -> None:
+    rng = np.random.default_rng(0)
+    labels = np.r_[np.zeros(50, int), np.ones(50, int)]
+    own = np.stack([rng.random(100), rng.random(100)])
+    foreign = np.stack([own[0] + 0.001 * rng.random(100), rng.random(100) * 5])
+    foreign[0, :3] += 10          # a few outliers: the rest of the gaps normalise to ~0
+    acc = accept_matrix(labels, own, foreign, theta=0.2, alpha=0.75)
+    assert acc.shape == (2, 2)
+    assert acc[0, 0] and not acc[0, 1]
+    empty = accept_matrix(np.zeros(100, int), own, foreign, 0.2, 0.75)
+    assert not empty[1].any()     # cluster 1 has no samples
+
+
+def test_components_and_isolated() -> None:
+    nodes = [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (3, 0)]
+    edges = [((0, 0), (1, 0)), ((1, 0), (2, 0)), ((0, 1), (1, 1))]
+    groups, isolated = communities(nodes, edges)
+    assert groups == [[(0, 0), (1, 0), (2, 0)], [(0, 1), (1, 1)]]
+    assert isolated == [(3, 0)]
+
+
+def test_perfect_edges_link_same_majority_across_clients() -> None:
+    major = {(0, 0): 3, (0, 1): 3, (1, 0): 3, (1, 1): 5, (2, 0): 5}
+    e = perfect_edges(major)
+    assert sorted(e) == [((0, 0), (1, 0)), ((0, 1), (1, 0)), ((1, 1), (2, 0))]
+
+
+def test_wrong_associations_counts_minority_members() -> None:
+    hist = {(0, 0): np.array([9, 1]), (1, 0): np.array([8, 2]), (2, 0): np.array([1, 9]),
+            (3, 0): np.array([0, 5])}
+    groups = [[(0, 0), (1, 0), (2, 0)]]
+    wrong, total, pct = wrong_associations(groups, hist)
+    assert (wrong, total) == (1, 3) and pct == pytest.approx(100 / 3)
+
+
+# --- Algorithm 2 ---------------------------------------------------------------------------
+
+
+def test_cluster_refine_hand_made() -> None:
+    # models: A, B, C; 7 samples. A is best for 3, B for 2, C for 2.
+    e = np.array([
+        [0.1, 0.1, 0.1, 0.9, 0.9, 0.5, 0.9],   # A
+        [0.5, 0.9, 0.9, 0.1, 0.1, 0.9, 0.3],   # B
+        [0.9, 0.5, 0.9, 0.9, 0.9, 0.2, 0.2],   # C
+    ])
+    labels, sel = cluster_refine(e, 2)
+    # pick 1: A takes samples 0-2; pick 2: among B, C on {3..6}: B wins 3,4; C wins 5,6 — tie
+    # of 2 votes resolved to the lower index (B). Leftovers 5, 6 → best selected model:
+    # sample 5: A 0.5 < B 0.9 → A; sample 6: B 0.3 < A 0.9 → B.
+    assert sel.tolist() == [0, 1]
+    assert labels.tolist() == [0, 0, 0, 1, 1, 0, 1]
+
+
+def test_cluster_refine_fewer_clusters_when_samples_run_out() -> None:
+    e = np.array([[0.1, 0.1, 0.1], [0.5, 0.5, 0.5], [0.9, 0.9, 0.9]])
+    labels, sel = cluster_refine(e, 3)
+    assert sel.tolist() == [0] and labels.tolist() == [0, 0, 0]
+
+
+def test_cluster_refine_ignores_nan_models() -> None:
+    e = np.array([[np.nan] * 4, [0.1, 0.9, 0.1, 0.9], [0.9, 0.1, 0.9, 0.1]])
+    labels, sel = cluster_refine(e, 2)
+    assert set(sel.tolist()) == {1, 2} and len(set(labels.tolist())) == 2
+
+
+# --- ACC (eq. 4) ----------------------------------------------------------------------------
+
+
+def test_acc_permuted_labels() -> None:
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 5, 300)
+    perm = rng.permutation(5)
+    assert label_agreement(y, perm[y]) == 1.0
+    noisy = perm[y].copy()
+    noisy[:30] = (noisy[:30] + 1) % 5
+    assert label_agreement(y, noisy) == pytest.approx(0.9, abs=0.01)
+    assert table_accuracy(np.array([[5, 0], [1, 4]])) == 0.9
+
+
+# --- system generator and dirty clustering ------------------------------------------------
+
+
+def test_dirty_clustering_rate() -> None:
+    y = np.repeat([3, 7, 8], 4000)
+    lab = dirty_clustering(y, 0.3, random_state=0)
+    true = np.unique(y, return_inverse=True)[1]
+    assert abs(np.mean(lab != true) - 0.3) < 0.015
+    moved = lab[lab != true]
+    assert set(np.unique(moved)) == {0, 1, 2}
+    assert np.array_equal(dirty_clustering(y, 0.0), true)
+
+
+def test_generator_invariants() -> None:
+    y = np.repeat(np.arange(10), 1000)
+    system = generate_system(y, 12, 50, random_state=3)
+    assert len(system) == 12
+    all_idx = np.concatenate([c.indices for c in system])
+    assert len(np.unique(all_idx)) == len(all_idx)            # no sample on two clients
+    for c in system:
+        assert 2 <= c.k <= 5                                     # K_i ~ U{2..|U|/2}
+        assert np.array_equal(np.unique(c.y), c.classes)
+        assert np.all(np.bincount(c.y)[c.classes] == 50)        # S per class
+        assert np.array_equal(y[c.indices], c.y)
+    ks = [c.k for c in generate_system(y, 400, 2, random_state=0)]
+    assert set(ks) == {2, 3, 4, 5}
+
+
+def test_generator_overlap_fraction() -> None:
+    y = np.repeat(np.arange(6), 1000)
+    system = generate_system(y, 8, 40, overlap=0.25, random_state=1)
+    for cls in range(6):
+        parts = [set(c.indices[c.y == cls]) for c in system if cls in c.classes]
+        for i in range(len(parts)):
+            for j in range(i + 1, len(parts)):
+                assert len(parts[i] & parts[j]) == 10            # 25% of 40 shared
+
+
+def test_generator_refuses_to_duplicate() -> None:
+    y = np.repeat(np.arange(4), 30)
+    with pytest.raises(SystemSizeError, match=r"needs \d+, has 30"):
+        generate_system(y, 10, 20, random_state=0)
+
+
+# --- stacked autoencoders -------------------------------------------------------------------
+
+
+def test_stacked_training_equals_separate_training() -> None:
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(0)
+    data = [rng.random((37, 16)).astype(np.float32), rng.random((70, 16)).astype(np.float32)]
+    sizes = ae.layer_sizes(16, [8, 4])
+    p0 = ae.init_params(2, sizes, seed=5)
+    together, info = ae.train(p0, data, epochs=3, batch_size=16, seed=1)
+    # model 1 alone, with the same permutations: replay the rng draws of the joint run
+    alone, _ = ae.train(ae.select(p0, [0]), data[:1], epochs=3, batch_size=16, seed=1)
+    assert info.epochs.tolist() == [3, 3]
+    for a, b in zip(ae.select(together, [0]), alone, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    e = ae.errors(together, np.concatenate(data))
+    assert e.shape == (2, 107) and np.all(e >= 0)
+
+
+def test_errors_match_forward_and_fedavg_weights() -> None:
+    rng = np.random.default_rng(2)
+    p = ae.init_params(3, ae.layer_sizes(10, [6, 3]), seed=0)
+    x = rng.random((20, 10)).astype(np.float32)
+    ref = ((ae.forward(p, torch.as_tensor(x).expand(3, -1, -1)) - torch.as_tensor(x)) ** 2
+           ).mean(2).numpy()
+    np.testing.assert_allclose(ae.errors(p, x, max_elems=50), ref, rtol=1e-5, atol=1e-6)
+    a, b = ae.select(p, [0]), ae.select(p, [1])
+    avg = ae.fedavg([a, b], [1.0, 3.0])
+    torch.testing.assert_close(avg[0], 0.25 * a[0] + 0.75 * b[0])
+
+
+def test_mean_ci() -> None:
+    m, h = mean_ci([1.0, 2.0, 3.0])
+    assert m == 2.0 and h == pytest.approx(2.4841, abs=1e-3)
+    assert mean_ci([4.0]) == (4.0, 0.0)

@@ -1,0 +1,137 @@
+"""FedCRef end to end through the in-process Grid (real ServerApp main + ClientApp handlers) on a
+tiny planted image dataset generated in the released .npz layout, plus one `flwr run` smoke."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedclust.config import ConfigError
+from fedclust.fedcref import client as core
+from fedclust.fedcref.system import SystemSizeError
+from tests.fake_grid import run_server
+
+FAST = {"fedcref.fl-rounds": 4, "fedcref.fl-local-epochs": 3, "fedcref.batch-size": 16,
+        "fedcref.ae-epochs": 30, "fedcref.ae-patience": 0, "fedcref.max-iterations": 3,
+        "fedcref.k-max": 3, "fedcref.samples-per-cluster": 30, "plots": False}
+
+
+def planted(root: Path, n_classes: int = 6, per_class: int = 200, seed: int = 0) -> Path:
+    """8×8 'images': each class is a fixed random binary pattern plus Gaussian pixel noise,
+    saved as data-dir/mnist/mnist-train.npz (keys x, y) like shared/data."""
+    rng = np.random.default_rng(seed)
+    protos = rng.random((n_classes, 8, 8)) < 0.35
+    x = np.concatenate([np.clip(p * 200.0 + 20 + rng.normal(0, 30, (per_class, 8, 8)), 0, 255)
+                        for p in protos]).astype(np.uint8)
+    y = np.repeat(np.arange(n_classes), per_class).astype(np.uint8)
+    (root / "mnist").mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(root / "mnist" / "mnist-train.npz", x=x, y=y)
+    return root
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return planted(tmp_path_factory.mktemp("planted"))
+
+
+def _cfg(root: Path, out: Path, **extra: object) -> dict:
+    return {"method": "fedcref", "dataset": "mnist", "data-dir": str(root), "num-clients": 5,
+            "seed": 1, "output-dir": str(out), "fedcref.dirtiness": 0.2, **FAST, **extra}
+
+
+def test_recovers_planted_clusters(data_root: Path, tmp_path: Path) -> None:
+    seen: list[tuple[str, list[str]]] = []
+    summary, grid = run_server(
+        _cfg(data_root, tmp_path, plots=True),
+        inspect=lambda m, r: seen.append((m.metadata.message_type,
+                                          list(r.content.array_records) if not r.has_error()
+                                          else ["ERROR"])))
+    m = summary["metrics"]
+    assert m["eval_acc_start"] < 0.9
+    assert m["eval_acc_end"] >= 0.95 and m["eval_acc_end"] > m["eval_acc_start"] + 0.1
+    hist = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
+    first = hist[0]
+    assert first["communities"] >= 3 and first["eval_wrong_associations_pct"] == 0.0
+    assert first["communities"] <= first["eval_ideal_communities"]
+    for key in ("isolated", "active_clients", "bytes_sent", "bytes_received", "seconds"):
+        assert key in first
+    assert (tmp_path / "fedcref_figure4.png").stat().st_size > 0
+    # clients send only models, accept bits, counts and (evaluation path) histograms
+    allowed = {"models", "clusters", "eval", "accept", "counts"}
+    assert all(set(names) <= allowed for _, names in seen)
+
+
+def test_received_models_are_never_resent(data_root: Path, tmp_path: Path) -> None:
+    _, grid = run_server(_cfg(data_root, tmp_path, **{"fedcref.max-iterations": 3}))
+    per_node: dict[int, list[str]] = {}
+    for msg in grid.sent:
+        if msg.metadata.message_type == "query.fedcref_assoc" and \
+                "models" in msg.content.array_records:
+            keys = {n.rpartition("/")[0] for n in msg.content.array_records["models"]}
+            per_node.setdefault(msg.metadata.dst_node_id, []).extend(keys)
+    assert per_node
+    for keys in per_node.values():
+        assert len(keys) == len(set(keys))
+
+
+def test_survives_a_dropped_client(data_root: Path, tmp_path: Path) -> None:
+    def drop(nid: int, msg) -> bool:
+        return nid == 1002 and msg.metadata.message_type in ("query.fedcref_assoc",
+                                                             "train.fedcref_comm")
+    summary, _ = run_server(_cfg(data_root, tmp_path), drop=drop)
+    assert 1002 in summary["metrics"]["dropped_nodes"]
+    hist = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
+    assert 1002 in hist[0]["dropped_nodes"]["assoc"]
+    assert summary["metrics"]["eval_acc_end"] > 0.8
+
+
+@pytest.mark.parametrize("mode", ["perfect", "none"])
+def test_baselines_run(data_root: Path, tmp_path: Path, mode: str) -> None:
+    summary, _ = run_server(_cfg(data_root, tmp_path, **{"fedcref.association": mode,
+                                                         "fedcref.max-iterations": 2}))
+    m = summary["metrics"]
+    if mode == "none":
+        assert m["communities"] == 0
+    else:
+        assert m["communities"] >= 3 and m["eval_wrong_associations_pct"] == 0.0
+
+
+def test_no_eval_statistics_when_evaluate_false(data_root: Path, tmp_path: Path) -> None:
+    summary, grid = run_server(_cfg(data_root, tmp_path, evaluate=False,
+                                    **{"fedcref.max-iterations": 1}))
+    assert "eval_acc_end" not in summary["metrics"]
+
+
+def test_bad_input_fails_before_any_work(data_root: Path, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="dataset"):
+        run_server({"method": "fedcref", "dataset": "blobs", "output-dir": str(tmp_path)})
+    with pytest.raises(SystemSizeError, match="needs"):
+        run_server(_cfg(data_root, tmp_path, **{"num-clients": 40,
+                                                "fedcref.samples-per-cluster": 100}))
+
+
+def test_client_cache_reports_missing_models() -> None:
+    st = core.ClientState(labels=np.array([0, 0, 1, 1]), k=2)
+    st.own_errors = np.random.default_rng(0).random((2, 4)).astype(np.float32)
+    cfg = {"fedcref.theta": 0.2, "fedcref.alpha": 0.75, "fedcref.min-cluster-size": 1}
+    acc, missing, _ = core.associate(st, np.zeros((4, 3), np.float32), ["1:0:1"], {}, cfg)
+    assert missing == ["1:0:1"]
+    st.cache["1:0:1"] = st.own_errors[0]
+    st.cache["9:9:9"] = st.own_errors[1]            # stale: no longer current, dropped
+    acc, missing, _ = core.associate(st, np.zeros((4, 3), np.float32), ["1:0:1"], {}, cfg)
+    assert missing == [] and acc.shape == (2, 1) and acc[0, 0] and "9:9:9" not in st.cache
+
+
+@pytest.mark.slow
+def test_flwr_run_smoke(tmp_path: Path) -> None:
+    from tests.flwr_smoke import run_flwr
+
+    cfg = {"method": "fedcref", "dataset": "digits", "num-clients": 3, "seed": 0,
+           "output-dir": str(tmp_path), "fedcref.split": "all", **FAST,
+           "fedcref.max-iterations": 1}
+    outcome, summary = run_flwr(cfg, num_supernodes=3, timeout=300)
+    assert summary is not None, outcome
+    assert summary["metrics"]["iterations"] == 1
