@@ -1,0 +1,103 @@
+"""The real app on Flower's Deployment Engine: SuperLink + 3 SuperNodes on loopback.
+
+Each SuperNode owns its own data file (``data-path`` = one simulation partition written to an
+.npz), the run uses ``dataset="local"``; the result must equal the in-process run of the same
+seed (exact FCM: the same centers to 1e-9; the in-process grid equals the Simulation Engine,
+see ``tests/test_flwr_smoke_fcm.py``). Run status is read with ``flwr ls`` (``flwr run`` exits 0
+on failed runs). Ports are free ports chosen at start; every process is torn down in
+``LoopbackDeployment.__exit__`` even when an assertion fails.
+
+A deployment round trip costs ~6 s idle (3-s polling + one fresh ClientApp process per
+message), so jobs are tiny: exact FCM with 2 rounds (4 round trips), FedFCM K∈{2,3} with one
+round (3 round trips).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fedclust.deploy import LoopbackDeployment, write_partitions
+from tests.fake_grid import run_server
+
+pytestmark = pytest.mark.slow
+
+BASE = {"num-clients": 3, "seed": 5, "timeout": 120.0, "plots": False}
+JOBS: dict[str, dict[str, Any]] = {
+    "exact-fcm": {"method": "exact-fcm", "fcm.max-rounds": 2, "fcm.epsilon": 0.0},
+    "fedfcm": {"method": "fedfcm", "fedfcm.k-min": 2, "fedfcm.k-max": 3,
+               "fedfcm.max-rounds": 1},
+}
+
+
+def read_run(out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    summary = json.loads((out / "summary.json").read_text())
+    history = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()
+               if line.strip()]
+    return summary, history
+
+
+def assert_same_result(dep_out: Path, ref_out: Path, method: str) -> None:
+    """A deployment run and the in-process run of the same seed give the same result."""
+    a, _ = read_run(dep_out)
+    b, _ = read_run(ref_out)
+    np.testing.assert_allclose(np.load(dep_out / "centers.npy"), np.load(ref_out / "centers.npy"),
+                               atol=1e-9, rtol=0)
+    ma, mb = a["metrics"], b["metrics"]
+    assert a["dataset"] == "local" and a["seed"] == b["seed"] and a["num_clients"] == 3
+    if method == "exact-fcm":
+        assert ma["rounds"] == mb["rounds"]
+        assert abs(ma["objective"] - mb["objective"]) <= 1e-9 * max(1.0, abs(mb["objective"]))
+        assert ma["eval_ari"] == pytest.approx(mb["eval_ari"], abs=1e-12)
+    elif method == "fedfcm":
+        assert ma["best_k"] == mb["best_k"]
+        for k, v in mb["fedfuzzdb"].items():
+            assert abs(ma["fedfuzzdb"][k] - v) <= 1e-9 * max(1.0, abs(v))
+    assert ma["dropped_nodes"] == [] and mb["dropped_nodes"] == []
+
+
+def run_methods_on_deployment(tmp_path: Path, tls: bool) -> None:
+    data = write_partitions({**BASE, "method": "exact-fcm"}, tmp_path / "data")
+    nodes = [{"data-path": str(p)} for p in data]
+    with LoopbackDeployment(nodes, tls=tls, auth=tls, workdir=tmp_path / "flwr") as dep:
+        assert len({n.node_id for n in dep.nodes}) == 3
+        for name, job in JOBS.items():
+            out = tmp_path / f"{name}-deploy"
+            res = dep.run({**BASE, **job, "dataset": "local", "output-dir": str(out)}, timeout=600)
+            assert res.ok, f"{name}: run {res.run_id} {res.status}\n{res.log[-3000:]}\n{dep.logs()}"
+            ref = tmp_path / f"{name}-ref"
+            run_server({**BASE, **job, "output-dir": str(ref)})
+            assert_same_result(out, ref, name)
+    if tls:
+        log = (tmp_path / "flwr" / "superlink.log").read_text(errors="replace")
+        assert "--insecure" not in log.split("\n", 1)[0]
+
+
+def test_deployment_insecure_matches_simulation(tmp_path):
+    run_methods_on_deployment(tmp_path, tls=False)
+
+
+def test_deployment_tls_and_supernode_auth_matches_simulation(tmp_path):
+    run_methods_on_deployment(tmp_path, tls=True)
+
+
+def test_unregistered_supernode_is_refused_with_auth(tmp_path):
+    """With SuperNode authentication a node whose key was not registered never joins."""
+    from fedclust.deploy import make_credentials
+
+    data = write_partitions({**BASE, "method": "exact-fcm", "num-clients": 1}, tmp_path / "d")
+    with LoopbackDeployment([{"data-path": str(data[0])}], tls=True, auth=True,
+                            workdir=tmp_path / "flwr") as dep:
+        stranger = make_credentials(tmp_path / "stranger", 1)
+        dep.creds.node_keys.append(stranger.node_keys[0])
+        dep.node_configs.append({"data-path": str(data[0])})
+        node = dep._start_node(1)
+        dep.nodes.append(node)
+        with pytest.raises(RuntimeError):
+            dep.wait_for_nodes(timeout=20)
+        assert node.node_id is None or node.node_id not in dep.online_node_ids()
+        assert dep.nodes[0].node_id in dep.online_node_ids()

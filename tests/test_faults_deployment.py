@@ -1,0 +1,81 @@
+"""A SuperNode killed mid-run (SIGTERM and SIGKILL) on the real Deployment Engine.
+
+The run must finish with the remaining clients, name the dropped node (by its SuperNode ID)
+in ``history.jsonl`` and ``summary.json``, and no phase may wait longer than the configured
+reply ``timeout`` (plus scheduling slack).
+
+What Flower does (flwr 1.41/1.42, notes §4.4): after SIGTERM the SuperNode deregisters and the
+next message to it comes back at once as an error reply ("Node Unavailable"); after SIGKILL the
+SuperLink only notices after the heartbeat expires (~30-60 s), so the next phases get *no*
+reply and wait the full ``timeout`` — ``send_and_collect`` records both as dropouts.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from fedclust.deploy import LoopbackDeployment, write_partitions
+
+pytestmark = pytest.mark.slow
+
+TIMEOUT = 20.0
+SLACK = 20.0     # process start-up + 3-s polling on a loaded 2-core CI box
+
+
+def _history(out: Path) -> list[dict]:
+    path = out / "history.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def kill_mid_run(tmp_path: Path, sig: int) -> None:
+    cfg = {"method": "exact-fcm", "num-clients": 3, "seed": 2, "fcm.max-rounds": 4,
+           "fcm.epsilon": 0.0, "timeout": TIMEOUT, "plots": False}
+    data = write_partitions(cfg, tmp_path / "data")
+    out = tmp_path / "out"
+    with LoopbackDeployment([{"data-path": str(p)} for p in data],
+                            workdir=tmp_path / "flwr") as dep:
+        t0 = time.perf_counter()
+        run_id = dep.submit({**cfg, "dataset": "local", "min-clients": 3,
+                             "output-dir": str(out)})
+        deadline = time.monotonic() + 600
+        while not _history(out) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _history(out), f"round 1 never finished\n{dep.logs()}"
+        victim = dep.kill_node(2, sig)
+        assert victim is not None and not dep.nodes[2].alive
+        res = dep.wait(run_id, timeout=900, t0=t0)
+        assert res.ok, f"run {run_id}: {res.status}\n{res.log[-3000:]}\n{dep.logs()}"
+    history = _history(out)
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(history) == 4, history
+    assert history[0]["contributed"] == 3 and history[0]["dropped_nodes"] == {}
+    # The killed node is named (with a reason) from the first round after the kill on …
+    named = [h for h in history[1:] if str(victim) in h["dropped_nodes"]]
+    assert named, history
+    assert all(h["contributed"] == 2 for h in named)
+    # … the run finished with the other two …
+    assert history[-1]["contributed"] == 2 and str(victim) in history[-1]["dropped_nodes"]
+    assert victim in summary["metrics"]["dropped_nodes"]
+    assert summary["metrics"]["rounds"] == 4
+    # … and no phase waited past the reply timeout.
+    assert max(h["seconds"] for h in history) <= TIMEOUT + SLACK, history
+    return history
+
+
+def test_supernode_sigterm_mid_run(tmp_path):
+    history = kill_mid_run(tmp_path, signal.SIGTERM)
+    reasons = [r for h in history[1:] for r in h["dropped_nodes"].values()]
+    assert reasons and all(r for r in reasons)
+
+
+def test_supernode_sigkill_mid_run(tmp_path):
+    history = kill_mid_run(tmp_path, signal.SIGKILL)
+    reasons = [r for h in history[1:] for r in h["dropped_nodes"].values()]
+    assert reasons and all(r for r in reasons)
