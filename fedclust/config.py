@@ -79,7 +79,8 @@ class Key:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if isinstance(value, float) and not math.isfinite(value):
                 problem = "not a finite number"
-            elif self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            elif self.low is not None and (
+                    value < self.low or (self.low_open and value == self.low)):
                 problem = "below the allowed range"
             elif self.high is not None and (
                 value > self.high or (self.high_open and value == self.high)
@@ -162,7 +163,8 @@ COMMON_KEYS: list[Key] = [
         "compute ground-truth metrics (eval_*) on the evaluation path; false in real deployments"),
     Key("timeout", float, 600.0, "seconds to wait for client replies per step", low=0.0,
         low_open=True),
-    Key("min-clients", int, 0, "wait for at least this many nodes before starting (0 = num-clients)",
+    Key("min-clients", int, 0,
+        "wait for at least this many nodes before starting (0 = num-clients)",
         low=0),
     Key("partition.kind", str, "iid", "how the dataset is split across clients (simulation)",
         choices=("iid", "stratified", "column", "recipe", "dirichlet")),

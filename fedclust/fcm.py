@@ -182,7 +182,8 @@ def fcm_until_stable(x: ArrayLike, centers: ArrayLike, m: float = 2.0, tol: floa
     v = _as_2d(centers, "centers").copy()
     u = _memberships_from_d2(squared_distances(x, v), m)
     n_iter = 0
-    for n_iter in range(1, max_iter + 1):
+    while n_iter < max_iter:
+        n_iter += 1
         w = u**m
         mass = w.sum(axis=0)
         v = update_centers(mass, w.T @ x, v)

@@ -21,12 +21,7 @@ def plot_series(path: Path, series: Mapping[str, Sequence[float]], xlabel: str, 
     if log:
         ax.set_yscale("log")
     ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return Path(path)
+    return _save(fig, ax, path, 8)
 
 
 def plot_index_vs_k(path: Path, ks: Sequence[int], federated: Sequence[float],
@@ -41,8 +36,12 @@ def plot_index_vs_k(path: Path, ks: Sequence[int], federated: Sequence[float],
         ax.plot(ks, values, marker=".", lw=1, alpha=0.6, label=f"local client {name}")
     ax.set(xlabel="number of clusters K", ylabel="fuzzy DB index (lower is better)", title=title)
     ax.set_xticks(list(ks))
+    return _save(fig, ax, path, 7)
+
+
+def _save(fig: plt.Figure, ax: plt.Axes, path: Path, legend_size: int) -> Path:
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=legend_size)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

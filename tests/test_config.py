@@ -54,9 +54,7 @@ def test_server_stops_before_any_message_is_sent(tmp_path, override, match):
 
 
 def test_pyproject_lists_every_run_config_key():
-    from fedclust.config import sync_pyproject
-
-    from fedclust.config import sync_method_yamls
+    from fedclust.config import sync_method_yamls, sync_pyproject
 
     root = Path(__file__).parents[1]
     assert not sync_pyproject(root / "pyproject.toml", check=True), (

@@ -42,8 +42,9 @@ def _need(data_dir: str, *relative: str) -> Path:
     """First existing ``data_dir/relative`` path, or a DatasetError that says what is missing."""
     if not data_dir:
         raise DatasetError(
-            f"this dataset is read from files but run config 'data-dir' is empty. Allowed: a folder "
-            f"holding {' or '.join(relative)}. Fix: --run-config 'data-dir=\"/path/to/data\"' "
+            f"this dataset is read from files but run config 'data-dir' is empty. "
+            f"Allowed: a folder holding {' or '.join(relative)}. "
+            f"Fix: --run-config 'data-dir=\"/path/to/data\"' "
             f"(this repository's CI uses ../shared/data).")
     root = Path(data_dir).expanduser()
     for rel in relative:

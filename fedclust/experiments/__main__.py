@@ -1,4 +1,4 @@
-"""CLI: ``python -m fedclust.experiments {fcm-table1,fedfcm-table1,fedfcm-table3,fedfcm-bank} DIR``."""
+"""CLI: ``python -m fedclust.experiments <table> DIR...`` (tables: see ``TABLES``)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,105 @@
+"""EMD-CFL server loop end to end through the in-process grid, privacy, baselines, bad input."""
+
+import json
+
+import numpy as np
+import pytest
+
+from fedclust.config import ConfigError, validate
+from tests.fake_grid import run_server
+
+# Rotated sklearn digits (no files), rotation group "two": sets {-3, 3} and {177, 183}
+# form two planted groups; 4 clients = one client per rotation.
+TINY = {"method": "emdcfl", "dataset": "rotdigits", "emdcfl.rotation": "two",
+        "num-clients": 4, "emdcfl.samples": 300, "emdcfl.test-samples": 60,
+        "emdcfl.rounds": 2, "emdcfl.local-epochs": 4, "emdcfl.conv1": 8, "emdcfl.conv2": 16,
+        "emdcfl.embed-dim": 32, "emdcfl.lr": 0.05, "emdcfl.workers": 1, "seed": 0}
+
+
+def test_end_to_end_separates_two_planted_groups_and_never_leaks_the_pair_seed(tmp_path):
+    seen: list[bytes] = []
+
+    def inspect(instruction, reply):
+        for msg in (instruction, reply):
+            if msg.has_content():
+                for rec in msg.content.values():
+                    for v in rec.values():
+                        if hasattr(v, "data"):
+                            seen.append(bytes(v.data))
+                        elif isinstance(v, (bytes, str)):
+                            seen.append(v if isinstance(v, bytes) else v.encode())
+
+    summary, grid = run_server({**TINY, "output-dir": str(tmp_path)}, inspect=inspect)
+    m = summary["metrics"]
+    assert m["eval_ari"] == 1.0 and m["num_clusters"] == 2, m
+    assert m["eval_acc_mean"] > 0.5
+    assert m["bytes_sent"] > 0 and m["emd_s"] > 0 and 0 < m["emd_share_of_run"] < 1
+    emd = np.load(tmp_path / "emd_matrix.npy")
+    assert emd.shape == (4, 4) and np.isfinite(emd).all()
+    assert (tmp_path / "emd_heatmap.png").stat().st_size > 1000
+    hist = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
+    assert len(hist) == 2 and hist[0]["reclustered"]
+
+    # Privacy: rebuild every pair's secret and seed from the clients' private keys and check
+    # that no message to or from the server contains either (nor the private keys).
+    from fedclust.emdcfl.privacy import pair_seed, shared_secret
+
+    keys = {nid: ctx.state.config_records["emdcfl_keys"] for nid, ctx in grid.contexts.items()}
+    blob = b"\x00".join(seen)
+    nodes = sorted(keys)
+    secrets = []
+    for i, a in enumerate(nodes):
+        assert bytes(keys[a]["private"]) not in blob
+        assert bytes(keys[a]["public"]) in blob              # public keys are relayed
+        for b in nodes[i + 1:]:
+            s = shared_secret(bytes(keys[a]["private"]), bytes(keys[b]["public"]))
+            assert s == shared_secret(bytes(keys[b]["private"]), bytes(keys[a]["public"]))
+            secrets += [s, pair_seed(s, a, b)]
+    for s in secrets:
+        assert s not in blob and s[:16] not in blob and s[16:] not in blob
+
+
+@pytest.mark.parametrize("override, key", [
+    ({"emdcfl.epsilon": -0.1}, "emdcfl.epsilon"),
+    ({"emdcfl.proj-ratio": 0.0}, "emdcfl.proj-ratio"),
+    ({"emdcfl.proj-ratio": 1.2}, "emdcfl.proj-ratio"),
+    ({"emdcfl.clients-per-round": 5}, "emdcfl.clients-per-round"),
+    ({"dataset": "xclara"}, "dataset"),
+    ({"emdcfl.algorithm": "oracle", "evaluate": False}, "emdcfl.algorithm"),
+    ({"emdcfl.metric": "manhattan"}, "emdcfl.metric"),
+])
+def test_bad_input_is_rejected_before_any_work(override, key, tmp_path):
+    cfg = {**TINY, **override, "output-dir": str(tmp_path / "x")}
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    text = str(err.value)
+    assert f"'{key}'" in text and "Allowed" in text and "Fix" in text
+    with pytest.raises(ConfigError):
+        run_server(cfg)
+    assert not (tmp_path / "x").exists()
+
+
+def test_partial_participation_keeps_unseen_clients_singletons(tmp_path):
+    cfg = {**TINY, "emdcfl.clients-per-round": 2, "emdcfl.rounds": 2,
+           "emdcfl.local-epochs": 1, "output-dir": str(tmp_path)}
+    summary, _ = run_server(cfg)
+    hist = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
+    assert [h["participants"] for h in hist] == [2, 2]
+    assert hist[0]["reclustered"]
+    assert hist[0]["num_clusters"] >= 3               # 2 clustered + 2 unseen singletons
+    assert summary["metrics"]["num_clusters"] >= 1
+
+
+@pytest.mark.parametrize("algorithm", ["oracle", "fedavg", "local", "ifca", "cfl"])
+def test_baselines_run_on_the_same_data_and_model(algorithm, tmp_path):
+    cfg = {**TINY, "emdcfl.algorithm": algorithm, "emdcfl.local-epochs": 1,
+           "output-dir": str(tmp_path)}
+    m = run_server(cfg)[0]["metrics"]
+    assert 0.0 <= m["eval_acc_worst"] <= m["eval_acc_mean"] <= 1.0
+    expected = {"oracle": 2, "fedavg": 1, "local": 4}
+    if algorithm in expected:
+        assert m["num_clusters"] == expected[algorithm]
+    if algorithm == "oracle":
+        assert m["eval_ari"] == 1.0
+    if algorithm == "ifca":
+        assert m["num_clusters"] <= 2                 # k = 2 ground-truth groups
