@@ -41,7 +41,8 @@ def output_dir(cfg: dict[str, Any]) -> Path:
     if cfg["output-dir"]:
         return Path(cfg["output-dir"]).expanduser()
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path.home() / "fedclust-runs" / cfg["method"] / f"{cfg['dataset']}-seed{cfg['seed']}-{stamp}"
+    name = f"{cfg['dataset']}-seed{cfg['seed']}-{stamp}"
+    return Path.home() / "fedclust-runs" / cfg["method"] / name
 
 
 def run_method(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
