@@ -3,8 +3,9 @@
 Each method runs end to end through the real ServerApp loop and ClientApp handlers on the
 in-process grid; ``inspect`` sees every reply. A reply fails the test if any array (or bytes
 value) contains one of the sending client's samples as a row (float64 or float32), or its
-ground-truth label vector (or a 16+-long prefix of it with at least 3 distinct labels). Exact FCM under SecAgg+ must, in addition,
-send no plain arrays at all: only SecAgg+ key material and masked integer vectors.
+ground-truth label vector (or a 16+-long prefix of it with at least 3 distinct labels).
+Exact FCM under SecAgg+ must, in addition, send no plain arrays at all: only SecAgg+ key
+material and masked integer vectors.
 """
 
 from __future__ import annotations
