@@ -1,0 +1,200 @@
+"""ClientApp handlers of EMD-CFL (paper 001) and its clustered-FL baselines.
+
+Actions (message type → what the client does → what it sends back):
+
+- ``train.emdcfl_local``: trains the received model for ``emdcfl.local-epochs`` on its train
+  split → the new weights and its train-set size; on request it first makes its X25519 key
+  pair (private key kept in ``context.state``) and sends the **public** key.
+- ``query.emdcfl_embed``: receives every participant's model and public key; for each peer
+  ``c`` derives the pair projection ``R`` from the X25519 shared secret (HKDF; the server never
+  sees it) and sends projected, subsampled embeddings: its own train (``src``) and val
+  (``ref``) under its own model, and its val under ``c``'s model (``tgt``). One message for all
+  pairs.
+- ``train.emdcfl_ifca``: IFCA — picks the cluster model with the lowest validation loss, trains
+  it → weights, choice.
+- ``evaluate.emdcfl_eval``: test accuracy of the received model (ground truth returned only
+  when ``evaluate=true``).
+- ``query.emdcfl_group``: ground-truth cluster (Oracle baseline; only when ``evaluate=true``).
+
+Clients never send samples or labels; only models, projected embeddings, counts and metrics.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message
+
+from client_apps.app import app
+from client_apps.common import reply, run_config
+
+SPLIT_KEYS = ("dataset", "emdcfl.rotation", "emdcfl.samples", "emdcfl.test-samples",
+              "emdcfl.val-fraction", "seed", "data-dir")
+
+
+def _torch_threads() -> None:
+    import torch
+
+    torch.set_num_threads(1)   # 2 threads thrash on a shared 2-core box
+
+
+@lru_cache(maxsize=64)
+def _simulated(items: tuple[tuple[str, Any], ...], partition: int, num_parts: int):
+    from fedclust.emdcfl.data import client_split
+    from fedclust.emdcfl.keys import dataset_name
+
+    cfg = dict(items)
+    return client_split(dataset_name(cfg), cfg["emdcfl.rotation"], partition, num_parts,
+                        cfg["emdcfl.samples"], cfg["emdcfl.test-samples"],
+                        cfg["emdcfl.val-fraction"], cfg["seed"], cfg["data-dir"])
+
+
+@lru_cache(maxsize=4)
+def _from_file(path: str):
+    """Deployment: an ``.npz`` with x_train, y_train, x_val, y_val, x_test, y_test
+    (optional ``cluster`` for the evaluation path)."""
+    from fedclust.emdcfl.data import ClientSplit
+
+    d = np.load(path)
+    return ClientSplit(d["x_train"], d["y_train"].astype(np.int64), d["x_val"],
+                       d["y_val"].astype(np.int64), d["x_test"], d["y_test"].astype(np.int64),
+                       -1, int(d["cluster"]) if "cluster" in d else -1)
+
+
+def client_data(context: Context, cfg: dict[str, Any]):
+    node = context.node_config
+    if "data-path" in node:
+        return _from_file(str(node["data-path"]))
+    return _simulated(tuple((k, cfg[k]) for k in SPLIT_KEYS), int(node["partition-id"]),
+                      int(node["num-partitions"]))
+
+
+def model_spec(cfg: dict[str, Any]):
+    from fedclust.emdcfl.data import image_shape
+    from fedclust.emdcfl.keys import dataset_name
+    from fedclust.emdcfl.model import ModelSpec
+
+    channels, side = image_shape(dataset_name(cfg))
+    return ModelSpec(channels, side, cfg["emdcfl.conv1"], cfg["emdcfl.conv2"],
+                     cfg["emdcfl.embed-dim"], 10)
+
+
+def weights_of(record: ArrayRecord) -> list[np.ndarray]:
+    return [record[str(i)].numpy() for i in range(len(record))]
+
+
+def _train_seed(cfg: dict[str, Any], context: Context, rnd: int) -> int:
+    return int(np.random.SeedSequence([cfg["seed"], rnd, int(context.node_id) % (2**31)])
+               .generate_state(1)[0])
+
+
+def _train(cfg, context, weights, rnd):
+    from fedclust.emdcfl.model import train_local
+
+    data = client_data(context, cfg)
+    return train_local(model_spec(cfg), weights, data.x_train, data.y_train,
+                       cfg["emdcfl.local-epochs"], cfg["emdcfl.lr"], cfg["emdcfl.batch-size"],
+                       _train_seed(cfg, context, rnd)), len(data.y_train)
+
+
+KEY_STATE = "emdcfl_keys"
+
+
+def _ensure_keys(context: Context) -> bytes:
+    """Public key of this node's per-run X25519 pair (created on first use)."""
+    from fedclust.emdcfl.privacy import generate_keypair
+
+    if KEY_STATE not in context.state.config_records:
+        private, public = generate_keypair()
+        context.state[KEY_STATE] = ConfigRecord({"private": private, "public": public})
+    return bytes(context.state.config_records[KEY_STATE]["public"])
+
+
+@app.train("emdcfl_local")
+def train_local_handler(msg: Message, context: Context) -> Message:
+    _torch_threads()
+    cfg = run_config(context)
+    conf = msg.content.config_records["config"]
+    (weights, loss), n = _train(cfg, context, weights_of(msg.content.array_records["model"]),
+                                int(conf["round"]))
+    arrays = {"model": {str(i): w for i, w in enumerate(weights)}}
+    if bool(conf.get("keygen", False)):
+        arrays["pub"] = {"key": np.frombuffer(_ensure_keys(context), dtype=np.uint8)}
+    return reply(msg, arrays=arrays, metrics={"num-examples": n, "train-loss": loss})
+
+
+@app.query("emdcfl_embed")
+def embed_handler(msg: Message, context: Context) -> Message:
+    from fedclust.emdcfl.model import embed
+    from fedclust.emdcfl.privacy import PairContext
+
+    _torch_threads()
+    cfg = run_config(context)
+    spec, data = model_spec(cfg), client_data(context, cfg)
+    peers = msg.content.array_records["peers"]
+    ids = peers["ids"].numpy().astype(np.int64)
+    pubs = peers["pub"].numpy().astype(np.uint8)
+    me = int(context.node_id)
+    if KEY_STATE not in context.state.config_records:
+        raise RuntimeError("no X25519 key pair: train.emdcfl_local with keygen must come first")
+    private = bytes(context.state.config_records[KEY_STATE]["private"])
+    own = weights_of(msg.content.array_records[f"m:{me}"])
+    e_train, e_val = embed(spec, own, data.x_train), embed(spec, own, data.x_val)
+    cap, ratio = cfg["emdcfl.max-samples"], cfg["emdcfl.proj-ratio"]
+    src, ref, tgt = {}, {}, {}
+    for peer, pub in zip(ids.tolist(), pubs):
+        if peer == me:
+            continue
+        pair = PairContext(private, me, peer, pub.tobytes(), spec.embed_dim, ratio)
+        src[str(peer)] = pair.project(e_train, cap)        # W(train_me, ·) source cloud
+        ref[str(peer)] = pair.project(e_val, cap)          # reference W(train_me, val_me)
+        peer_model = weights_of(msg.content.array_records[f"m:{peer}"])
+        tgt[str(peer)] = pair.project(embed(spec, peer_model, data.x_val), cap)
+    return reply(msg, arrays={"src": src, "ref": ref, "tgt": tgt},
+                 metrics={"num-pairs": len(src)})
+
+
+@app.train("emdcfl_ifca")
+def ifca_handler(msg: Message, context: Context) -> Message:
+    from fedclust.emdcfl.model import evaluate
+
+    _torch_threads()
+    cfg = run_config(context)
+    spec, data = model_spec(cfg), client_data(context, cfg)
+    conf = msg.content.config_records["config"]
+    k = int(conf["k"])
+    models = [weights_of(msg.content.array_records[f"c:{j}"]) for j in range(k)]
+    losses = np.array([evaluate(spec, w, data.x_val, data.y_val)[0] for w in models])
+    choice = int(np.argmin(losses))
+    (weights, loss), n = _train(cfg, context, models[choice], int(conf["round"]))
+    return reply(msg, arrays={"model": {str(i): w for i, w in enumerate(weights)}},
+                 metrics={"num-examples": n, "train-loss": loss, "choice": choice,
+                          "val-losses": losses.tolist()})
+
+
+@app.evaluate("emdcfl_eval")
+def eval_handler(msg: Message, context: Context) -> Message:
+    from fedclust.emdcfl.model import evaluate
+
+    _torch_threads()
+    cfg = run_config(context)
+    spec, data = model_spec(cfg), client_data(context, cfg)
+    weights = weights_of(msg.content.array_records["model"])
+    metrics: dict[str, Any] = {"num-test": len(data.y_test)}
+    if cfg["evaluate"]:
+        loss, acc = evaluate(spec, weights, data.x_test, data.y_test)
+        metrics.update({"test-loss": loss, "test-acc": acc, "cluster": data.cluster,
+                        "set": data.set_id})
+        if data.x_test_bd is not None and data.set_id == 0:
+            metrics["backdoor-acc"] = evaluate(spec, weights, data.x_test_bd, data.y_test)[1]
+    return reply(msg, metrics=metrics)
+
+
+@app.query("emdcfl_group")
+def group_handler(msg: Message, context: Context) -> Message:
+    cfg = run_config(context)
+    if not cfg["evaluate"]:
+        raise RuntimeError("ground truth is only available with evaluate=true")
+    return reply(msg, metrics={"cluster": client_data(context, cfg).cluster})

@@ -1,0 +1,77 @@
+"""Run-config keys of EMD-CFL (``method=emdcfl``) and its clustered-FL baselines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fedclust.config import Key, require
+from fedclust.emdcfl.data import DATASETS, ROTATIONS
+
+ALGORITHMS = ("emdcfl", "oracle", "fedavg", "local", "ifca", "cfl")
+
+KEYS: list[Key] = [
+    Key("emdcfl.algorithm", str, "emdcfl",
+        "emdcfl, or a baseline on the same data/model/budget: oracle (ground-truth clusters; "
+        "needs evaluate=true), fedavg, local, ifca, cfl", choices=ALGORITHMS),
+    Key("emdcfl.rotation", str, "max", "rotation group of rotmnist/rotfmnist/rotdigits "
+        "(max 0/90/180/270, min -3/-1/1/3, two -3/3/177/183, no 0/0/0/0)",
+        choices=tuple(ROTATIONS)),
+    Key("emdcfl.samples", int, 150, "images per client (train + validation)", low=2),
+    Key("emdcfl.test-samples", int, 100, "test images per client", low=1),
+    Key("emdcfl.val-fraction", float, 0.1, "share of a client's images used for validation",
+        low=0.0, high=0.9, low_open=True),
+    Key("emdcfl.rounds", int, 3, "global rounds (epochs) including round 0 (local training "
+        "before clustering)", low=1),
+    Key("emdcfl.local-epochs", int, 1, "local epochs per round", low=1),
+    Key("emdcfl.lr", float, 0.01, "SGD learning rate (momentum 0.9, weight decay 1e-6)",
+        low=0.0, low_open=True),
+    Key("emdcfl.batch-size", int, 32, "local minibatch size", low=1),
+    Key("emdcfl.conv1", int, 64, "channels of the first conv layer (paper: 64)", low=1),
+    Key("emdcfl.conv2", int, 128, "channels of the second conv layer (paper: 128)", low=1),
+    Key("emdcfl.embed-dim", int, 128, "width of the penultimate (embedding) layer", low=2),
+    Key("emdcfl.epsilon", float, 0.1, "tolerance ε: edge c→o when W(train_c,val_o) - "
+        "W(train_c,val_c) < ε", low=0.0),
+    Key("emdcfl.proj-ratio", float, 0.9, "random projection dimension / embedding dimension",
+        low=0.0, high=1.0, low_open=True),
+    Key("emdcfl.max-samples", int, 512, "points per embedding cloud (subsample)", low=2),
+    Key("emdcfl.metric", str, "cosine", "ground cost of the EMD",
+        choices=("cosine", "euclidean", "sqeuclidean")),
+    Key("emdcfl.solver", str, "emd", "exact EMD (ot.emd2) or entropic Sinkhorn",
+        choices=("emd", "sinkhorn")),
+    Key("emdcfl.sinkhorn-reg", float, 0.1, "Sinkhorn regularisation (relative to max cost)",
+        low=0.0, low_open=True),
+    Key("emdcfl.num-itermax", int, 1_000_000, "OT solver iteration limit (non-convergence is "
+        "an error)", low=1000),
+    Key("emdcfl.workers", int, 2, "server processes computing the EMD matrix", low=1),
+    Key("emdcfl.clients-per-round", int, 0, "partial participation: clients sampled per round "
+        "(0 = all)", low=0),
+    Key("emdcfl.num-clusters", int, 0, "k for IFCA (0 = max(2, ground-truth clusters of the "
+        "simulated dataset))", low=0),
+    Key("emdcfl.cfl-eps1", float, 0.4, "CFL EPS_1 (split when mean update norm < EPS_1)",
+        low=0.0),
+    Key("emdcfl.cfl-eps2", float, 1.6, "CFL EPS_2 (and max update norm > EPS_2)", low=0.0),
+]
+
+
+def check(cfg: dict[str, Any]) -> None:
+    """Cross-key rules; raise ConfigError before any work."""
+    require(cfg["dataset"] in DATASETS + ("blobs",), "dataset", cfg["dataset"],
+            "for method=emdcfl one of " + ", ".join(DATASETS)
+            + " ('blobs', the project default, means rotdigits)",
+            "pass dataset=\"rotdigits\" (no files) or dataset=\"rotmnist\" with data-dir")
+    require(cfg["num-clients"] >= 2, "num-clients", cfg["num-clients"], ">= 2 clients",
+            "pass num-clients=8 or more")
+    p = cfg["emdcfl.clients-per-round"]
+    require(p <= cfg["num-clients"], "emdcfl.clients-per-round", p,
+            f"0 (all) or 1..num-clients ({cfg['num-clients']})",
+            "lower emdcfl.clients-per-round or raise num-clients")
+    require(cfg["evaluate"] or cfg["emdcfl.algorithm"] != "oracle", "emdcfl.algorithm",
+            "oracle", "oracle only with evaluate=true (it reads the ground-truth clusters)",
+            "pass evaluate=true or choose another algorithm")
+    require(cfg["emdcfl.max-samples"] >= 2, "emdcfl.max-samples", cfg["emdcfl.max-samples"],
+            ">= 2", "pass emdcfl.max-samples=512")
+
+
+def dataset_name(cfg: dict[str, Any]) -> str:
+    """The EMD-CFL dataset of a run (the project default 'blobs' maps to 'rotdigits')."""
+    return "rotdigits" if cfg["dataset"] == "blobs" else cfg["dataset"]

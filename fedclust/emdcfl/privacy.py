@@ -1,0 +1,91 @@
+"""Pairwise key agreement and the private random projection of EMD-CFL (paper 001, §3).
+
+Each pair of clients ``(c, o)`` must agree on a projection matrix ``R_co`` that the server never
+learns. Each client makes an X25519 key pair per run and the server relays only the public keys.
+Both members of a pair compute the same X25519 shared secret. Its HKDF-SHA256 expansion, with
+``info = b"fedclust-emdcfl|<min id>|<max id>|<purpose>"``, seeds a numpy ``Generator`` that
+draws ``R_co`` and the subsample indices. The server sees public keys and projected embeddings
+only, never the secret or the seed. A server that swaps public keys (an active attacker) is out
+of scope: the keys would then need authentication.
+
+The projection follows the authors' code: ``R = randn(d, k) / sqrt(d)`` with ``k = int(ratio·d)``,
+then each *row* scaled to unit norm (``F.normalize(R, dim=1)``). One matrix per pair is used for
+both the pair distance and the source client's reference distance (unlike the authors' code).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from numpy.typing import NDArray
+
+PURPOSE = "projection"
+
+
+def generate_keypair() -> tuple[bytes, bytes]:
+    """A fresh X25519 key pair as raw bytes ``(private 32 B, public 32 B)``."""
+    key = X25519PrivateKey.generate()
+    private = key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                                serialization.NoEncryption())
+    public = key.public_key().public_bytes(serialization.Encoding.Raw,
+                                           serialization.PublicFormat.Raw)
+    return private, public
+
+
+def shared_secret(private: bytes, peer_public: bytes) -> bytes:
+    """X25519 Diffie–Hellman shared secret (32 B); equal for both members of a pair."""
+    return X25519PrivateKey.from_private_bytes(private).exchange(
+        X25519PublicKey.from_public_bytes(peer_public))
+
+
+def pair_seed(secret: bytes, id_a: int, id_b: int, purpose: str = PURPOSE) -> bytes:
+    """HKDF-SHA256(secret, info = sorted ids + purpose) → 32-byte pair seed."""
+    lo, hi = sorted((int(id_a), int(id_b)))
+    info = f"fedclust-emdcfl|{lo}|{hi}|{purpose}".encode()
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(secret)
+
+
+def pair_generators(seed: bytes) -> dict[str, np.random.Generator]:
+    """Independent generators derived from a pair seed: ``projection``, ``sub-a``, ``sub-b``.
+
+    ``sub-a``/``sub-b`` subsample the data of the lower/higher client id of the pair.
+    """
+    entropy = int.from_bytes(seed, "big")
+    children = np.random.SeedSequence(entropy).spawn(3)
+    return {name: np.random.default_rng(ch)
+            for name, ch in zip(("projection", "sub-a", "sub-b"), children)}
+
+
+def projection_matrix(rng: np.random.Generator, dim: int, ratio: float) -> NDArray[np.float32]:
+    """``R`` of shape ``(dim, int(ratio·dim))``: Gaussian / sqrt(dim), rows scaled to unit norm."""
+    if not 0.0 < ratio <= 1.0:
+        raise ValueError(f"projection ratio must be in (0, 1], got {ratio}")
+    k = max(1, int(ratio * dim))
+    r = rng.standard_normal((dim, k)) / np.sqrt(dim)
+    r /= np.maximum(np.linalg.norm(r, axis=1, keepdims=True), 1e-12)
+    return r.astype(np.float32)
+
+
+def subsample(rng: np.random.Generator, n: int, max_samples: int) -> NDArray[np.int64]:
+    """Indices of at most ``max_samples`` of ``n`` points, without replacement (sorted)."""
+    if n <= max_samples:
+        return np.arange(n)
+    return np.sort(rng.choice(n, size=max_samples, replace=False))
+
+
+class PairContext:
+    """What one client derives for its pair with ``peer``: ``R`` and its own subsample rng."""
+
+    def __init__(self, private: bytes, own_id: int, peer_id: int, peer_public: bytes,
+                 dim: int, ratio: float) -> None:
+        seed = pair_seed(shared_secret(private, peer_public), own_id, peer_id)
+        gens = pair_generators(seed)
+        self.R = projection_matrix(gens["projection"], dim, ratio)
+        self.rng = gens["sub-a"] if int(own_id) < int(peer_id) else gens["sub-b"]
+
+    def project(self, emb: NDArray, max_samples: int) -> NDArray[np.float32]:
+        """Subsample (≤ ``max_samples``) then project ``emb`` with ``R``."""
+        idx = subsample(self.rng, len(emb), max_samples)
+        return (emb[idx] @ self.R).astype(np.float32)

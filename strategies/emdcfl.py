@@ -1,0 +1,289 @@
+"""Server loop of EMD-CFL (paper 001, Alg. 1) — and the entry point of its baselines.
+
+Rounds (global epochs) ``r = 0 … R−1``:
+
+1. The round's clients (all, or ``emdcfl.clients-per-round`` sampled without replacement)
+   train their current cluster model locally (``train.emdcfl_local``); before they have been
+   clustered every client is a singleton holding the shared initial model. On first contact a
+   client creates its X25519 key pair and returns the public key.
+2. When clients joined for the first time (round 0 under full participation: one-shot), the
+   server relays every participant's model and all public keys (``query.emdcfl_embed``, one
+   message per client), receives projected embeddings, and computes in parallel
+   ``W(train_c, val_o)`` and the reference ``W(train_c, val_c)`` (same projection ``R_co``).
+   ``A[c,o] = [W(train_c,val_o) − W(train_c,val_c) < ε] AND [same for (o,c)]``; equal closed
+   neighbourhoods form a cluster; clients not yet seen stay singletons. Cluster models are
+   reset to the FedAvg of their members' latest local models.
+3. Otherwise each cluster's model is the FedAvg (weighted by train size) of this round's
+   members.
+
+Finally every client evaluates its cluster model on its test split (evaluation path).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.serverapp import Grid
+
+from fedclust.emdcfl.cluster import (
+    Participation,
+    cluster_fedavg,
+    neighbourhood_clusters,
+    threshold_adjacency,
+)
+from fedclust.emdcfl.distance import pairwise_wasserstein
+from fedclust.emdcfl.model import init_weights
+from fedclust.metrics import adjusted_rand
+from fedclust.results import Progress, RunRecorder
+from strategies.common import Exchange, arrays, send_and_collect, wait_for_nodes
+
+LOG = logging.getLogger("fedclust")
+Weights = list[np.ndarray]
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers shared with strategies/emdcfl_baselines.py
+
+class Traffic:
+    """Bytes and seconds of every exchange, split into clustering and training."""
+
+    def __init__(self) -> None:
+        self.sent = self.received = 0
+        self.seconds = {"training": 0.0, "clustering": 0.0, "evaluation": 0.0}
+
+    def add(self, ex: Exchange, kind: str) -> None:
+        self.sent += ex.bytes_sent
+        self.received += ex.bytes_received
+        self.seconds[kind] += ex.seconds
+
+
+def model_record(weights: Weights) -> ArrayRecord:
+    return arrays(**{str(i): np.asarray(w) for i, w in enumerate(weights)})
+
+
+def read_model(record: ArrayRecord) -> Weights:
+    return [record[str(i)].numpy() for i in range(len(record))]
+
+
+def spec_of(cfg: dict[str, Any]):
+    from client_apps.emdcfl_handlers import model_spec
+
+    return model_spec(cfg)
+
+
+def train_round(grid: Grid, cfg: dict[str, Any], models: dict[int, Weights], rnd: int,
+                keygen: bool, traffic: Traffic) -> tuple[dict[int, Weights], dict[int, int],
+                                                         dict[int, float], dict[int, bytes],
+                                                         Exchange]:
+    """Each node in ``models`` trains its model; returns new models, sizes, losses, pub keys."""
+    conf = ConfigRecord({"round": rnd, "keygen": keygen})
+
+    def content(nid: int) -> RecordDict:
+        return RecordDict({"model": model_record(models[nid]), "config": conf})
+
+    def check(rd: RecordDict) -> str | None:
+        if "model" not in rd.array_records:
+            return "no model"
+        if keygen and "pub" not in rd.array_records:
+            return "no public key"
+        return None
+
+    ex = send_and_collect(grid, sorted(models), content, "train.emdcfl_local", f"train-{rnd}",
+                          cfg["timeout"], validate=check)
+    traffic.add(ex, "training")
+    new, counts, losses, pubs = {}, {}, {}, {}
+    for nid, rd in ex.replies.items():
+        new[nid] = read_model(rd.array_records["model"])
+        counts[nid] = int(rd.metric_records["metrics"]["num-examples"])
+        losses[nid] = float(rd.metric_records["metrics"]["train-loss"])
+        if keygen:
+            pubs[nid] = rd.array_records["pub"]["key"].numpy().astype(np.uint8).tobytes()
+    return new, counts, losses, pubs, ex
+
+
+def evaluate_models(grid: Grid, cfg: dict[str, Any], models: dict[int, Weights],
+                    found: dict[int, int], traffic: Traffic) -> dict[str, Any]:
+    """Test every node's final model; ARI of ``found`` vs the ground truth (evaluation only)."""
+    out: dict[str, Any] = {"num_clusters": len(set(found.values())),
+                           "clusters": [found[n] for n in sorted(found)]}
+    if not cfg["evaluate"]:
+        return out
+    ex = send_and_collect(grid, sorted(models),
+                          lambda nid: RecordDict({"model": model_record(models[nid])}),
+                          "evaluate.emdcfl_eval", "evaluate", cfg["timeout"])
+    traffic.add(ex, "evaluation")
+    accs = {n: float(rd.metric_records["metrics"]["test-acc"]) for n, rd in ex.replies.items()}
+    truth = {n: int(rd.metric_records["metrics"]["cluster"]) for n, rd in ex.replies.items()}
+    bd = [float(rd.metric_records["metrics"]["backdoor-acc"]) for rd in ex.replies.values()
+          if "backdoor-acc" in rd.metric_records["metrics"]]
+    nodes = sorted(set(truth) & set(found))
+    out.update({
+        "eval_acc_mean": float(np.mean(list(accs.values()))) if accs else float("nan"),
+        "eval_acc_worst": float(np.min(list(accs.values()))) if accs else float("nan"),
+        "eval_ari": adjusted_rand([truth[n] for n in nodes], [found[n] for n in nodes]),
+        "eval_truth": [truth.get(n, -1) for n in sorted(found)],
+        "eval_acc_per_client": [accs.get(n, float("nan")) for n in sorted(found)],
+    })
+    if bd:
+        out["eval_backdoor_acc_targets"] = float(np.mean(bd))
+    return out
+
+
+def finish_metrics(out: dict[str, Any], traffic: Traffic, t_start: float) -> dict[str, Any]:
+    total = time.perf_counter() - t_start
+    out.update({"bytes_sent": traffic.sent, "bytes_received": traffic.received,
+                "training_s": traffic.seconds["training"],
+                "clustering_s": traffic.seconds["clustering"],
+                "evaluation_s": traffic.seconds["evaluation"], "total_s": total})
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# EMD-CFL
+
+def emd_matrix(replies: dict[int, RecordDict], order: list[int], cfg: dict[str, Any]
+               ) -> tuple[np.ndarray, np.ndarray, float]:
+    """``W[c,o] = W(train_c, val_o)``, ``excess[c,o] = W[c,o] − W(train_c, val_c)`` (NaN if not
+    measured), both with the pair's projection; and the solve time in seconds."""
+    index = {n: i for i, n in enumerate(order)}
+    jobs, where = [], []
+    for c in order:
+        if c not in replies:
+            continue
+        src, ref = replies[c].array_records["src"], replies[c].array_records["ref"]
+        for o in order:
+            if o == c or o not in replies or str(o) not in src:
+                continue
+            tgt = replies[o].array_records["tgt"]
+            if str(c) not in tgt:
+                continue
+            s = src[str(o)].numpy()
+            jobs += [(s, tgt[str(c)].numpy()), (s, ref[str(o)].numpy())]
+            where.append((index[c], index[o]))
+    t0 = time.perf_counter()
+    values = pairwise_wasserstein(jobs, cfg["emdcfl.metric"], cfg["emdcfl.solver"],
+                                  cfg["emdcfl.num-itermax"], cfg["emdcfl.sinkhorn-reg"],
+                                  cfg["emdcfl.workers"])
+    seconds = time.perf_counter() - t0
+    n = len(order)
+    w, ref_w = np.full((n, n), np.nan), np.full((n, n), np.nan)
+    for k, (i, j) in enumerate(where):
+        w[i, j], ref_w[i, j] = values[2 * k], values[2 * k + 1]
+    excess = w - ref_w
+    with np.errstate(all="ignore"):
+        diag = np.nanmean(ref_w, axis=1) if np.isfinite(ref_w).any() else np.full(n, np.nan)
+    np.fill_diagonal(w, diag)          # diagonal: mean reference distance W(train_c, val_c)
+    np.fill_diagonal(excess, 0.0)
+    return w, excess, seconds
+
+
+def cluster_step(grid: Grid, cfg: dict[str, Any], seen: list[int], latest: dict[int, Weights],
+                 pubs: dict[int, bytes], rnd: int, traffic: Traffic
+                 ) -> tuple[dict[int, int], dict[str, Any]]:
+    """Embedding exchange among ``seen`` clients, EMD matrix, adjacency, neighbourhood clusters."""
+    members = [n for n in seen if n in latest and n in pubs]
+    content = RecordDict({f"m:{n}": model_record(latest[n]) for n in members})
+    content["peers"] = arrays(ids=np.array(members, dtype=np.int64),
+                              pub=np.stack([np.frombuffer(pubs[n], np.uint8) for n in members]))
+    ex = send_and_collect(grid, members, content, "query.emdcfl_embed", f"embed-{rnd}",
+                          cfg["timeout"])
+    embed_s = ex.seconds
+    t0 = time.perf_counter()
+    w, excess, emd_s = emd_matrix(ex.replies, members, cfg)
+    adj = threshold_adjacency(excess, cfg["emdcfl.epsilon"])
+    for i, n in enumerate(members):          # a client that did not answer stays a singleton
+        if n not in ex.replies:
+            adj[i, :] = adj[:, i] = False
+            adj[i, i] = True
+    labels = neighbourhood_clusters(adj)
+    ex.seconds += time.perf_counter() - t0
+    traffic.add(ex, "clustering")
+    info = {"emd": w, "excess": excess, "adjacency": adj, "members": members,
+            "emd_s": emd_s, "embed_s": embed_s,
+            "dropped": sorted(ex.failed)}
+    return {n: int(labels[i]) for i, n in enumerate(members)}, info
+
+
+def run_emdcfl(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any]:
+    t_start, traffic = time.perf_counter(), Traffic()
+    nodes = wait_for_nodes(grid, cfg["min-clients"] or cfg["num-clients"], cfg["timeout"])
+    init = init_weights(spec_of(cfg), cfg["seed"])
+    per_round = cfg["emdcfl.clients-per-round"] or len(nodes)
+    part = Participation(nodes, min(per_round, len(nodes)), cfg["seed"])
+    labels = {n: i for i, n in enumerate(nodes)}            # everyone starts a singleton
+    cluster_models: dict[int, Weights] = {i: init for i in range(len(nodes))}
+    latest: dict[int, Weights] = {}
+    counts: dict[int, int] = {}
+    pubs: dict[int, bytes] = {}
+    clustered: dict[int, int] = {}
+    emd_s = embed_s = 0.0
+    last_info: dict[str, Any] | None = None
+    progress = Progress(cfg["emdcfl.rounds"], "emdcfl round")
+    for rnd in range(cfg["emdcfl.rounds"]):
+        picked, grew = part.sample()
+        todo = {n: cluster_models[labels[n]] for n in picked}
+        new, cnt, losses, keys, ex = train_round(grid, cfg, todo, rnd, True, traffic)
+        latest.update(new)
+        counts.update(cnt)
+        pubs.update(keys)
+        record: dict[str, Any] = {"round": rnd, "participants": len(picked),
+                                  "train_loss": float(np.mean(list(losses.values())))
+                                  if losses else None, "train_s": ex.seconds,
+                                  "dropped_nodes": sorted(ex.failed)}
+        if grew:
+            clustered, info = cluster_step(grid, cfg, part.seen, latest, pubs, rnd, traffic)
+            emd_s += info["emd_s"]
+            embed_s += info["embed_s"]
+            last_info = info
+            labels = part.labels(clustered)
+            seen_models = {n: latest[n] for n in clustered if n in latest}
+            cluster_models = {labels[n]: init for n in nodes}
+            cluster_models.update(cluster_fedavg({n: labels[n] for n in seen_models},
+                                                 seen_models, counts))
+            record.update({"reclustered": True, "emd_s": info["emd_s"],
+                           "embed_s": info["embed_s"],
+                           "dropped_nodes": sorted(set(ex.failed) | set(info["dropped"]))})
+        else:
+            cluster_models.update(cluster_fedavg({n: labels[n] for n in new}, new, counts))
+        record["num_clusters"] = len(set(labels.values()))
+        record["clusters"] = [labels[n] for n in nodes]
+        recorder.log_round(record)
+        progress.step(rnd + 1, f"clusters={record['num_clusters']} loss={record['train_loss']}")
+    out = evaluate_models(grid, cfg, {n: cluster_models[labels[n]] for n in nodes}, labels,
+                          traffic)
+    out = finish_metrics(out, traffic, t_start)
+    out.update({"emd_s": emd_s, "embed_s": embed_s,
+                "emd_share_of_run": emd_s / out["total_s"] if out["total_s"] else 0.0,
+                "clustering_share_of_run": out["clustering_s"] / out["total_s"]
+                if out["total_s"] else 0.0})
+    if last_info is not None:
+        recorder.save_array("emd_matrix", last_info["emd"])
+        recorder.save_array("emd_excess", last_info["excess"])
+        recorder.save_array("adjacency", last_info["adjacency"].astype(np.int8))
+        recorder.save_array("clusters", np.array([labels[n] for n in last_info["members"]]))
+        if cfg["plots"]:
+            from fedclust.emdcfl.plots import emd_heatmap
+
+            emd_heatmap(recorder.path("emd_heatmap.png"), last_info["emd"],
+                        np.array([labels[n] for n in last_info["members"]]),
+                        f"EMD-CFL {cfg['dataset']} ({cfg['emdcfl.rotation']}), seed {cfg['seed']}")
+    return out
+
+
+def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any]:
+    """``method=emdcfl``: EMD-CFL, or the baseline named by ``emdcfl.algorithm``."""
+    if cfg["dataset"] == "blobs":
+        LOG.warning("method=emdcfl: dataset 'blobs' (project default) means 'rotdigits'")
+    algorithm = cfg["emdcfl.algorithm"]
+    if algorithm == "emdcfl":
+        out = run_emdcfl(grid, cfg, recorder)
+    else:
+        from strategies.emdcfl_baselines import run_baseline
+
+        out = run_baseline(algorithm, grid, cfg, recorder)
+    out["algorithm"] = algorithm
+    return out

@@ -1,0 +1,158 @@
+"""Clustered-FL baselines of paper 001 on the same data, model, rounds and local epochs.
+
+All run through the same ClientApp actions as EMD-CFL (``train.emdcfl_local``,
+``train.emdcfl_ifca``, ``evaluate.emdcfl_eval``), so data, model and budget are identical:
+
+- ``oracle``: FedAvg inside the ground-truth clusters (read on the evaluation path).
+- ``fedavg``: one model for everyone.
+- ``local``: every client trains alone.
+- ``ifca``: ``k`` cluster models (distinct random inits); each round every client picks the
+  model with the lowest validation loss, trains it; FedAvg per picked model (an empty cluster
+  keeps its model).
+- ``cfl``: Sattler's recursive bi-partitioning (EPS_1/EPS_2 on update norms, complete linkage
+  on update cosine similarity), starting from one cluster.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+from flwr.app import ConfigRecord, RecordDict
+from flwr.serverapp import Grid
+
+from fedclust.emdcfl.baselines import cfl_bipartition, cfl_should_split, flatten, update_norms
+from fedclust.emdcfl.cluster import cluster_fedavg
+from fedclust.emdcfl.data import GROUND_TRUTH
+from fedclust.emdcfl.keys import dataset_name
+from fedclust.emdcfl.model import init_weights
+from fedclust.results import Progress, RunRecorder
+from strategies.common import send_and_collect, wait_for_nodes
+from strategies.emdcfl import (
+    Traffic,
+    evaluate_models,
+    finish_metrics,
+    model_record,
+    read_model,
+    spec_of,
+    train_round,
+)
+
+
+def _truth(grid: Grid, nodes: list[int], cfg: dict[str, Any], traffic: Traffic
+           ) -> dict[int, int]:
+    ex = send_and_collect(grid, nodes, RecordDict(), "query.emdcfl_group", "oracle-groups",
+                          cfg["timeout"])
+    traffic.add(ex, "clustering")
+    truth = {n: int(rd.metric_records["metrics"]["cluster"]) for n, rd in ex.replies.items()}
+    nxt = max(truth.values(), default=-1) + 1
+    for n in nodes:                         # no answer: a singleton
+        if n not in truth:
+            truth[n], nxt = nxt, nxt + 1
+    return truth
+
+
+def _fixed(grid, cfg, recorder, nodes, labels, traffic, progress, name):
+    init = init_weights(spec_of(cfg), cfg["seed"])
+    models = {k: init for k in set(labels.values())}
+    for rnd in range(cfg["emdcfl.rounds"]):
+        new, counts, losses, _, ex = train_round(
+            grid, cfg, {n: models[labels[n]] for n in nodes}, rnd, False, traffic)
+        models.update(cluster_fedavg({n: labels[n] for n in new}, new, counts))
+        recorder.log_round({"round": rnd, "train_loss": float(np.mean(list(losses.values()))),
+                            "train_s": ex.seconds, "num_clusters": len(models),
+                            "dropped_nodes": sorted(ex.failed)})
+        progress.step(rnd + 1, name)
+    return {n: models[labels[n]] for n in nodes}, labels
+
+
+def _ifca(grid, cfg, recorder, nodes, traffic, progress):
+    k = cfg["emdcfl.num-clusters"]
+    if k == 0:
+        table = GROUND_TRUTH["backdoor" if dataset_name(cfg) == "backdoor-mnist"
+                             else cfg["emdcfl.rotation"]]
+        k = max(2, len(set(table)))
+    spec = spec_of(cfg)
+    models = {j: init_weights(spec, cfg["seed"] + 7919 * j) for j in range(k)}
+    choice: dict[int, int] = {n: 0 for n in nodes}
+    for rnd in range(cfg["emdcfl.rounds"]):
+        content = RecordDict({f"c:{j}": model_record(models[j]) for j in range(k)})
+        content["config"] = ConfigRecord({"k": k, "round": rnd})
+        ex = send_and_collect(grid, nodes, content, "train.emdcfl_ifca", f"ifca-{rnd}",
+                              cfg["timeout"])
+        traffic.add(ex, "training")
+        new, counts = {}, {}
+        for n, rd in ex.replies.items():
+            met = rd.metric_records["metrics"]
+            choice[n] = int(met["choice"])
+            new[n], counts[n] = read_model(rd.array_records["model"]), int(met["num-examples"])
+        models.update(cluster_fedavg({n: choice[n] for n in new}, new, counts))
+        recorder.log_round({"round": rnd, "k": k, "choices": [choice[n] for n in nodes],
+                            "train_s": ex.seconds, "dropped_nodes": sorted(ex.failed)})
+        progress.step(rnd + 1, f"ifca k={k}")
+    return {n: models[choice[n]] for n in nodes}, dict(choice)
+
+
+def _cfl(grid, cfg, recorder, nodes, traffic, progress):
+    init = init_weights(spec_of(cfg), cfg["seed"])
+    clusters: list[list[int]] = [list(nodes)]
+    models = [init]
+    for rnd in range(cfg["emdcfl.rounds"]):
+        owner = {n: i for i, members in enumerate(clusters) for n in members}
+        new, counts, losses, _, ex = train_round(
+            grid, cfg, {n: models[owner[n]] for n in nodes}, rnd, False, traffic)
+        norms, next_clusters, next_models = [], [], []
+        for i, members in enumerate(clusters):
+            got = [n for n in members if n in new]
+            if not got:
+                next_clusters.append(members)
+                next_models.append(models[i])
+                continue
+            avg = cluster_fedavg({n: 0 for n in got}, new, counts)[0]
+            base = flatten(models[i])
+            updates = np.stack([flatten(new[n]) - base for n in got])
+            mean_norm, max_norm = update_norms(updates)
+            norms.append({"cluster": i, "mean_norm": mean_norm, "max_norm": max_norm})
+            if cfl_should_split(updates, cfg["emdcfl.cfl-eps1"], cfg["emdcfl.cfl-eps2"], rnd):
+                halves = cfl_bipartition(updates)
+                missing = [n for n in members if n not in new]
+                for h in (0, 1):
+                    part = [n for n, lab in zip(got, halves) if lab == h]
+                    next_clusters.append(part + (missing if h == 0 else []))
+                    next_models.append(cluster_fedavg({n: 0 for n in part}, new, counts)[0])
+            else:
+                next_clusters.append(members)
+                next_models.append(avg)
+        clusters, models = next_clusters, next_models
+        recorder.log_round({"round": rnd, "train_loss": float(np.mean(list(losses.values()))),
+                            "norms": norms, "num_clusters": len(clusters),
+                            "train_s": ex.seconds, "dropped_nodes": sorted(ex.failed)})
+        progress.step(rnd + 1, f"cfl clusters={len(clusters)}")
+    owner = {n: i for i, members in enumerate(clusters) for n in members}
+    return {n: models[owner[n]] for n in nodes}, owner
+
+
+def run_baseline(algorithm: str, grid: Grid, cfg: dict[str, Any], recorder: RunRecorder
+                 ) -> dict[str, Any]:
+    """Run baseline ``algorithm`` and return the same metrics as EMD-CFL."""
+    t_start, traffic = time.perf_counter(), Traffic()
+    nodes = wait_for_nodes(grid, cfg["min-clients"] or cfg["num-clients"], cfg["timeout"])
+    progress = Progress(cfg["emdcfl.rounds"], f"{algorithm} round")
+    if algorithm == "oracle":
+        final, labels = _fixed(grid, cfg, recorder, nodes, _truth(grid, nodes, cfg, traffic),
+                               traffic, progress, "oracle")
+    elif algorithm == "fedavg":
+        final, labels = _fixed(grid, cfg, recorder, nodes, {n: 0 for n in nodes}, traffic,
+                               progress, "fedavg")
+    elif algorithm == "local":
+        final, labels = _fixed(grid, cfg, recorder, nodes, {n: i for i, n in enumerate(nodes)},
+                               traffic, progress, "local")
+    elif algorithm == "ifca":
+        final, labels = _ifca(grid, cfg, recorder, nodes, traffic, progress)
+    elif algorithm == "cfl":
+        final, labels = _cfl(grid, cfg, recorder, nodes, traffic, progress)
+    else:
+        raise ValueError(f"unknown baseline {algorithm!r}")
+    out = evaluate_models(grid, cfg, final, labels, traffic)
+    return finish_metrics(out, traffic, t_start)

@@ -1,0 +1,175 @@
+"""EMD-CFL core (paper 001): distances, threshold rule, neighbourhood clusters, privacy, data."""
+
+import numpy as np
+import pytest
+
+from fedclust.emdcfl.baselines import cfl_bipartition, cfl_should_split, ifca_assign
+from fedclust.emdcfl.cluster import (
+    Participation,
+    cluster_fedavg,
+    neighbourhood_clusters,
+    threshold_adjacency,
+    weighted_average,
+)
+from fedclust.emdcfl.data import client_split, ground_truth, rotate
+from fedclust.emdcfl.distance import EMDError, pairwise_wasserstein, wasserstein
+from fedclust.emdcfl.privacy import (
+    PairContext,
+    generate_keypair,
+    pair_seed,
+    projection_matrix,
+    shared_secret,
+)
+
+
+def test_wasserstein_is_zero_on_identical_clouds_and_the_shift_length_under_translation():
+    rng = np.random.default_rng(0)
+    p = rng.normal(size=(80, 5))
+    assert wasserstein(p, p, metric="euclidean") == pytest.approx(0.0, abs=1e-12)
+    assert wasserstein(p, p, metric="cosine") == pytest.approx(0.0, abs=1e-9)
+    shift = np.array([3.0, 0, 0, 0, 0])
+    # W1 between a cloud and its translate is exactly the translation length.
+    assert wasserstein(p, p + shift, metric="euclidean") == pytest.approx(3.0, rel=1e-9)
+    far = wasserstein(p, p + 10 * shift, metric="euclidean")
+    assert far == pytest.approx(30.0, rel=1e-9)
+    q = p + np.array([20.0, 0, 0, 0, 0])                   # all near direction +e1
+    assert wasserstein(q, -q, metric="cosine") > 1.9       # opposite directions: cos dist ~2
+
+
+def test_sinkhorn_is_close_to_exact_and_non_convergence_is_an_error():
+    rng = np.random.default_rng(1)
+    p, q = rng.normal(size=(60, 4)), rng.normal(size=(50, 4)) + 1.0
+    exact = wasserstein(p, q, metric="euclidean")
+    approx = wasserstein(p, q, metric="euclidean", solver="sinkhorn", reg=0.01)
+    assert approx == pytest.approx(exact, rel=0.1)
+    big = rng.normal(size=(300, 4))
+    with pytest.raises(EMDError, match="num-itermax"):
+        wasserstein(big, big + 0.1, metric="euclidean", num_itermax=5)
+
+
+def test_pairwise_parallel_equals_serial():
+    rng = np.random.default_rng(2)
+    pairs = [(rng.normal(size=(30, 3)), rng.normal(size=(20, 3)) + i) for i in range(6)]
+    serial = pairwise_wasserstein(pairs, "euclidean", workers=1)
+    parallel = pairwise_wasserstein(pairs, "euclidean", workers=2)
+    np.testing.assert_allclose(parallel, serial, rtol=1e-12)
+    assert np.all(np.diff(serial) > 0)
+
+
+def test_threshold_rule_needs_both_directions():
+    # excess[c, o] = W(train_c, val_o) - W(train_c, val_c)
+    e = np.array([[0.0, 0.05, 0.50],
+                  [0.02, 0.0, 0.01],
+                  [0.01, 0.30, 0.0]])
+    adj = threshold_adjacency(e, 0.1)
+    assert adj[0, 1] and adj[1, 0]                  # both directions under eps
+    assert not adj[0, 2] and not adj[2, 0]          # 0 refuses 2 (0.50), although 2 accepts 0
+    assert not adj[1, 2] and not adj[2, 1]          # 1 accepts 2 but 2 refuses 1 (0.30)
+    assert adj.diagonal().all()
+    assert threshold_adjacency(e, 1.0).all()
+    assert not threshold_adjacency(e, 0.0)[0, 1]    # strict inequality
+    with pytest.raises(ValueError, match="epsilon"):
+        threshold_adjacency(e, -0.1)
+
+
+def test_neighbourhood_clusters_are_identical_neighbourhoods_not_components():
+    # two cliques {0,1,2} and {3,4}: two clusters
+    adj = np.zeros((5, 5), bool)
+    adj[np.ix_([0, 1, 2], [0, 1, 2])] = True
+    adj[np.ix_([3, 4], [3, 4])] = True
+    assert neighbourhood_clusters(adj).tolist() == [0, 0, 0, 1, 1]
+    # path 0-1-2: one connected component, three different neighbourhoods
+    path = np.eye(3, dtype=bool)
+    path[0, 1] = path[1, 0] = path[1, 2] = path[2, 1] = True
+    assert neighbourhood_clusters(path).tolist() == [0, 1, 2]
+    # a missing diagonal is treated as a self-loop
+    assert neighbourhood_clusters(np.array([[0, 1], [1, 0]], bool)).tolist() == [0, 0]
+
+
+def test_cluster_fedavg_is_weighted_by_sample_counts():
+    models = {1: [np.zeros(2, np.float32)], 2: [np.ones(2, np.float32)],
+              3: [np.full(2, 5, np.float32)]}
+    out = cluster_fedavg({1: 0, 2: 0, 3: 1}, models, {1: 1, 2: 3, 3: 7})
+    np.testing.assert_allclose(out[0][0], [0.75, 0.75])
+    np.testing.assert_allclose(out[1][0], [5, 5])
+    with pytest.raises(ValueError):
+        weighted_average([], [])
+
+
+def test_partial_participation_bookkeeping():
+    part = Participation([10, 11, 12, 13], 2, seed=0)
+    seen = set()
+    for _ in range(6):
+        picked, grew = part.sample()
+        assert len(picked) == 2 and grew == bool(set(picked) - seen)
+        seen |= set(picked)
+        assert part.seen == sorted(seen)
+    labels = Participation([1, 2, 3], 1, 0).labels({1: 0})
+    assert labels[1] == 0 and len(set(labels.values())) == 3        # unseen: singletons
+    with pytest.raises(ValueError, match="clients per round"):
+        Participation([1, 2], 3, 0)
+
+
+def test_pair_members_derive_the_same_projection_and_the_seed_needs_a_private_key():
+    a_priv, a_pub = generate_keypair()
+    b_priv, b_pub = generate_keypair()
+    assert shared_secret(a_priv, b_pub) == shared_secret(b_priv, a_pub)
+    ra = PairContext(a_priv, 5, 9, b_pub, 128, 0.9).R
+    rb = PairContext(b_priv, 9, 5, a_pub, 128, 0.9).R
+    np.testing.assert_array_equal(ra, rb)
+    assert ra.shape == (128, 115)                       # int(0.9 * 128), as the authors
+    np.testing.assert_allclose(np.linalg.norm(ra, axis=1), 1.0, rtol=1e-5)
+    c_priv, c_pub = generate_keypair()
+    rc = PairContext(a_priv, 5, 7, c_pub, 128, 0.9).R
+    assert not np.allclose(ra, rc)
+    secret = shared_secret(a_priv, b_pub)
+    assert pair_seed(secret, 5, 9) == pair_seed(secret, 9, 5) != pair_seed(secret, 5, 9, "x")
+    for bad in (0.0, 1.5, -0.2):
+        with pytest.raises(ValueError, match="projection ratio"):
+            projection_matrix(np.random.default_rng(0), 10, bad)
+
+
+def test_rotations_are_exact_for_quarter_turns_and_interpolated_otherwise():
+    img = np.zeros((1, 28, 28), np.uint8)
+    img[0, 2, 5] = 255
+    np.testing.assert_array_equal(rotate(img, 90), np.rot90(img, 1, axes=(1, 2)))
+    np.testing.assert_array_equal(rotate(img, 270), np.rot90(img, 3, axes=(1, 2)))
+    np.testing.assert_array_equal(rotate(rotate(img, 180), 180), img)
+    np.testing.assert_array_equal(rotate(img, 0), img)
+    rng = np.random.default_rng(0)
+    blob = np.zeros((2, 28, 28), np.uint8)
+    blob[:, 10:18, 12:16] = rng.integers(100, 255, size=(2, 8, 4))
+    small = rotate(blob, 3)
+    assert small.shape == blob.shape and small.dtype == np.uint8
+    assert not np.array_equal(small, blob)
+    assert abs(int(small.astype(int).sum()) - int(blob.astype(int).sum())) < 0.05 * blob.sum()
+    # a +3 degree turn moves mass counter-clockwise: same direction as np.rot90 for 90
+    line = np.zeros((1, 29, 29), np.uint8)
+    line[0, 14, 14:] = 255                              # ray to the right of the centre
+    assert rotate(line, 90)[0, :14, 14].sum() > 0       # rot90 sends it up
+    assert rotate(line, 10)[0, :14, 20:].sum() > 0      # small positive angle: upwards too
+
+
+def test_rotated_clients_and_ground_truth(data_dir):
+    n = 8
+    a = client_split("rotmnist", "max", 1, n, 50, 20, 0.1, 0, str(data_dir))
+    b = client_split("rotmnist", "max", 5, n, 50, 20, 0.1, 0, str(data_dir))
+    assert a.set_id == b.set_id == 1 and a.cluster == b.cluster == 1
+    assert len(a.y_train) == 45 and len(a.y_val) == 5 and len(a.y_test) == 20
+    assert ground_truth("rotmnist", "two", 8).tolist() == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert set(ground_truth("rotmnist", "min", 8)) == {0}
+    bd = client_split("backdoor-mnist", "max", 0, 6, 40, 10, 0.1, 0, str(data_dir))
+    assert bd.x_train.shape[-1] == 3 and len(bd.y_train) + len(bd.y_val) == 20   # x0.5
+    assert bd.x_test_bd is not None and bd.x_test_bd.shape == bd.x_test.shape
+
+
+def test_cfl_split_rule_and_ifca_choice():
+    rng = np.random.default_rng(0)
+    d = rng.normal(size=50)
+    updates = np.vstack([d + 0.1 * rng.normal(size=(4, 50)), -d + 0.1 * rng.normal(size=(4, 50))])
+    assert cfl_should_split(updates, eps1=0.4 * np.linalg.norm(d), eps2=0.5, round_idx=1)
+    assert not cfl_should_split(updates, 0.4 * np.linalg.norm(d), 0.5, round_idx=0)
+    assert not cfl_should_split(updates[:2], 100, 0.0, round_idx=3)      # size <= 2
+    halves = cfl_bipartition(updates)
+    assert len(set(halves[:4])) == 1 and len(set(halves[4:])) == 1 and halves[0] != halves[4]
+    assert ifca_assign(np.array([[0.3, 0.1], [0.2, 0.9]])).tolist() == [1, 0]
