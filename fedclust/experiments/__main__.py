@@ -94,6 +94,11 @@ def central_index(cfg: dict[str, Any], ks: list[int], seeds: int = 10) -> list[f
     return out
 
 
+def _counts(values: list[int]) -> dict[int, int]:
+    keys, counts = np.unique(values, return_counts=True)
+    return {int(k): int(c) for k, c in zip(keys, counts)}
+
+
 def fedfcm_table1(dirs: list[str], plot: str = "") -> str:
     """Paper 003 Tables 1-2: index per K, federated (ours vs paper), central and per client."""
     by_avg: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -110,11 +115,10 @@ def fedfcm_table1(dirs: list[str], plot: str = "") -> str:
         ks = runs[0]["ks"]
         fed = np.array([r["index"] for r in runs])
         local = np.array([[v for v in r["local_index"].values()] for r in runs], dtype=float)
-        best = [r["best_k"] for r in runs]
-        lbest = [k for r in runs for k in r["local_best_k"].values()]
+        best = [int(r["best_k"]) for r in runs]
+        lbest = [int(k) for r in runs for k in r["local_best_k"].values()]
         out.append(f"**{avg} averaging** ({len(runs)} seeds): federated argmin K = "
-                   f"{dict(zip(*np.unique(best, return_counts=True)))}; clients' local argmin K "
-                   f"= {dict(zip(*np.unique(lbest, return_counts=True)))}\n")
+                   f"{_counts(best)}; clients' local argmin K = {_counts(lbest)}\n")
         out.append("| K | federated (ours) | federated (paper) | central (ours) | central (paper) "
                    "| local client 1 "
                    "| local client 2 | local client 3 |")
@@ -129,7 +133,7 @@ def fedfcm_table1(dirs: list[str], plot: str = "") -> str:
         if plot:
             from fedclust.plots import plot_index_vs_k
 
-            names = ["client 1", "client 2", "client 3"]
+            names = ["1", "2", "3"]
             plot_index_vs_k(Path(f"{plot}_{avg}.png"), ks, fed.mean(0), central,
                             {n: np.nanmean(local[:, c], axis=0) for c, n in enumerate(names)},
                             title=f"Motivational example, {avg} averaging ({len(runs)} seeds)")
