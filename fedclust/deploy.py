@@ -368,6 +368,14 @@ class LoopbackDeployment:
             raise RuntimeError(f"flwr run failed to submit: {out.stdout}{out.stderr}")
         return int(json.loads(out.stdout[out.stdout.index("{"):])["run-id"])
 
+    def status(self, run_id: int) -> str:
+        """The run's status string from ``flwr ls`` (``"unknown"`` if it cannot be read)."""
+        ls = self.flwr(["ls", CONNECTION, "--run-id", str(run_id), "--format", "json"])
+        try:
+            return str(json.loads(ls.stdout[ls.stdout.index("{"):])["runs"][0]["status"])
+        except (ValueError, IndexError, KeyError):
+            return "unknown"
+
     def wait(self, run_id: int, timeout: float = 900, t0: float | None = None) -> RunOutcome:
         """Poll ``flwr ls --run-id`` until the run is finished; return status and log."""
         t0 = time.perf_counter() if t0 is None else t0

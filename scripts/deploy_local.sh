@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# The docker/compose.yml topology as plain processes on one machine (no Docker engine needed):
+# 1 SuperLink + 1 SuperExec (ServerApps) + N x (SuperNode + SuperExec (ClientApps)), all with
+# --isolation process, each SuperNode pointed at its own data file; then one `flwr run`, the
+# run's status check (not just the exit code), and teardown of every process, even on failure.
+#
+#   scripts/deploy_local.sh [--tls] [--keep] DATA_0 DATA_1 ... [-- run-config overrides]
+#   scripts/deploy_local.sh --tls /data/c0.npz /data/c1.npz /data/c2.npz -- \
+#       method=\"exact-fcm\" fcm.max-rounds=5
+#
+# No data at hand? `scripts/deploy_local.sh --demo` writes 3 blob partitions first.
+# --tls: TLS on the SuperLink (self-made CA, docker/make_certs.sh) + SuperNode authentication.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+TLS=0 KEEP=0 DATA=() OVERRIDES=()
+while (($#)); do
+  case $1 in
+    --tls) TLS=1 ;;
+    --keep) KEEP=1 ;;
+    --demo) DEMO=1 ;;
+    --) shift; OVERRIDES=("$@"); break ;;
+    *) DATA+=("$(realpath "$1")") ;;
+  esac
+  shift
+done
+[[ -f .venv/bin/activate ]] && source .venv/bin/activate
+export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+WORK=$(mktemp -d -t fedclust-deploy-XXXX)
+export FLWR_HOME=$WORK/flwr-home
+mkdir -p "$FLWR_HOME"
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+  sleep 2
+  for pid in "${PIDS[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
+  echo "stopped ${#PIDS[@]} process groups; logs in $WORK"
+}
+trap cleanup EXIT INT TERM
+start() {   # start LOGNAME CMD...: own process group, log to $WORK/LOGNAME.log
+  local log=$WORK/$1.log; shift
+  setsid "$@" >"$log" 2>&1 < /dev/null &
+  PIDS+=($!)
+}
+free_port() { python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+if [[ ${DEMO:-0} == 1 ]]; then
+  python - "$WORK/data" <<'PY'
+import sys
+from pathlib import Path
+from fedclust.deploy import write_partitions
+for p in write_partitions({"method": "exact-fcm", "num-clients": 3, "seed": 0}, Path(sys.argv[1])):
+    print(p)
+PY
+  DATA=("$WORK"/data/c*.npz)
+fi
+N=${#DATA[@]}
+((N >= 1)) || { echo "usage: $0 [--tls] DATA_0 [DATA_1 ...] [-- key=value ...]" >&2; exit 2; }
+
+PORT=$(free_port)
+LINK_TLS=(--insecure) NODE_TLS=(--insecure) EXEC_TLS=(--insecure)
+if ((TLS)); then
+  bash docker/make_certs.sh "$WORK/certs" "$N" >/dev/null
+  C=$WORK/certs
+  LINK_TLS=(--ssl-ca-certfile "$C/ca.crt" --ssl-certfile "$C/server.pem"
+            --ssl-keyfile "$C/server.key" --enable-supernode-auth)
+  NODE_TLS=(--root-certificates "$C/ca.crt")
+  EXEC_TLS=(--root-certificates "$C/ca.crt")
+  printf '[superlink]\ndefault = "local-deploy"\n[superlink.local-deploy]\naddress = "127.0.0.1:%s"\nroot-certificates = "%s"\n' \
+    "$PORT" "$C/ca.crt" > "$FLWR_HOME/config.toml"
+else
+  printf '[superlink]\ndefault = "local-deploy"\n[superlink.local-deploy]\naddress = "127.0.0.1:%s"\ninsecure = true\n' \
+    "$PORT" > "$FLWR_HOME/config.toml"
+fi
+
+start superlink flower-superlink --host 127.0.0.1 --port "$PORT" --isolation process \
+  --database "$WORK/state.db" --disable-runtime-dependency-installation "${LINK_TLS[@]}"
+for _ in $(seq 120); do (echo > "/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.5; done
+start superexec-serverapp flower-superexec --runtime-api-address "127.0.0.1:$PORT" "${EXEC_TLS[@]}"
+for ((i = 0; i < N; i++)); do
+  AUTH=()
+  if ((TLS)); then
+    flwr supernode register "$WORK/certs/client_credentials_$i.pub" local-deploy >/dev/null
+    AUTH=(--auth-supernode-private-key "$WORK/certs/client_credentials_$i")
+  fi
+  NPORT=$(free_port)
+  start "supernode-$i" flower-supernode --superlink "127.0.0.1:$PORT" "${NODE_TLS[@]}" "${AUTH[@]}" \
+    --isolation process --host 127.0.0.1 --port "$NPORT" --node-config "data-path=\"${DATA[$i]}\""
+  # the ClientApp runs in this SuperExec's process: that is where the node's data must be readable
+  start "superexec-clientapp-$i" flower-superexec --insecure --runtime-api-address "127.0.0.1:$NPORT"
+done
+echo "SuperLink 127.0.0.1:$PORT ($( ((TLS)) && echo 'TLS + SuperNode auth' || echo insecure)), $N SuperNodes; FLWR_HOME=$FLWR_HOME"
+for _ in $(seq 180); do
+  online=$(flwr supernode ls local-deploy --format json 2>/dev/null | grep -c '"online"' || true)
+  ((online >= N)) && break
+  sleep 1
+done
+echo "$online/$N SuperNodes online"
+
+OUT=${FEDCLUST_OUT:-$WORK/run}
+RUNCFG=$WORK/run.toml
+{ echo 'dataset = "local"'; echo "num-clients = $N"; echo "output-dir = \"$OUT\""
+  for kv in "${OVERRIDES[@]}"; do echo "\"${kv%%=*}\" = ${kv#*=}"; done; } > "$RUNCFG"
+T0=$(date +%s)
+RUN_ID=$(flwr run "$ROOT" local-deploy --format json --run-config "$RUNCFG" \
+         | python -c 'import json,sys; t=sys.stdin.read(); print(json.loads(t[t.index("{"):])["run-id"])')
+echo "submitted run $RUN_ID"
+STATUS=unknown
+while true; do
+  STATUS=$(flwr ls local-deploy --run-id "$RUN_ID" --format json 2>/dev/null | python -c \
+    'import json,sys; t=sys.stdin.read(); print(json.loads(t[t.index("{"):])["runs"][0]["status"])' \
+    2>/dev/null || echo unknown)
+  [[ $STATUS == finished* ]] && break
+  sleep 2
+done
+flwr log "$RUN_ID" local-deploy --show | tail -n 15 || true
+echo "run $RUN_ID: $STATUS in $(( $(date +%s) - T0 )) s; results: $OUT"
+if ((KEEP)); then echo "kept running; Ctrl-C to stop"; while true; do sleep 3600; done; fi
+[[ $STATUS == finished:completed ]]
