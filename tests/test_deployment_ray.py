@@ -1,0 +1,77 @@
+"""A simulation on an *existing* Ray cluster through Flower's Simulation Engine.
+
+flwr 1.41/1.42's simulation backend calls ``ray.init(**init_args)`` without an address, and the
+``--federation-config`` keys only cover ``init-args-num-cpus/num-gpus/logging-level/
+log-to-driver`` — there is no address key. ``ray.init()`` without an address joins the cluster
+named by ``RAY_ADDRESS``, so exporting ``RAY_ADDRESS`` in the environment of the process that
+launches ``flwr-simulation`` (the SuperLink, or its SuperExec) makes the Simulation Engine run
+on that cluster. This test starts a private 1-CPU Ray head on a free port (never ``ray stop``,
+which would stop every Ray instance on the machine), runs a small job, checks that the job's
+driver is ``flwr-simulation`` *on that cluster*, and that the result equals the in-process run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+import pytest
+
+from fedclust.engine import SimulationSuperLink, free_port
+from tests.fake_grid import run_server
+
+pytestmark = pytest.mark.slow
+
+
+def _ray_head(port: int, temp_dir: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        ["ray", "start", "--head", "--block", "--port", str(port), "--num-cpus", "1",
+         "--include-dashboard=false", "--disable-usage-stats", "--temp-dir", temp_dir],
+        stdout=open(os.path.join(temp_dir, "head.log"), "wb"), stderr=subprocess.STDOUT,
+        start_new_session=True)
+
+
+def test_simulation_runs_on_an_existing_ray_cluster(tmp_path):
+    ray = pytest.importorskip("ray")
+    port = free_port()
+    temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")   # short: Ray's socket paths
+    head = _ray_head(port, temp_dir)
+    address = f"127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if subprocess.run(["ray", "status", "--address", address],
+                              capture_output=True).returncode == 0:
+                break
+            assert head.poll() is None, open(os.path.join(temp_dir, "head.log")).read()
+            time.sleep(1)
+        cfg = {"method": "exact-fcm", "num-clients": 2, "seed": 1, "fcm.max-rounds": 2,
+               "fcm.epsilon": 0.0, "plots": False}
+        link = SimulationSuperLink(tmp_path / "flwr")
+        link.env["RAY_ADDRESS"] = address          # inherited by flwr-simulation
+        with link:
+            res = link.run({**cfg, "output-dir": str(tmp_path / "ray")}, num_supernodes=2)
+        assert res.ok, f"{res.status}\n{res.log[-3000:]}"
+        ray.init(address=address, logging_level="ERROR")
+        try:
+            from ray._private import state
+
+            drivers = [str(j.get("Entrypoint", "")) for j in state.jobs()]
+        finally:
+            ray.shutdown()
+        assert any("flwr-simulation" in d for d in drivers), drivers
+        run_server({**cfg, "output-dir": str(tmp_path / "ref")})
+        np.testing.assert_allclose(np.load(tmp_path / "ray" / "centers.npy"),
+                                   np.load(tmp_path / "ref" / "centers.npy"), atol=1e-9)
+    finally:
+        try:
+            os.killpg(head.pid, signal.SIGTERM)
+            head.wait(30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(head.pid, signal.SIGKILL)
+        shutil.rmtree(temp_dir, ignore_errors=True)
