@@ -124,6 +124,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         ex = send_and_collect(grid, nodes, local_content, "train.fedcref_local", f"local-{t}",
                               timeout)
         traffic.add("local_training", ex)
+        LOG.info("iteration %d: local training %.1fs", t, ex.seconds)
         dropped_now["local"] = sorted(ex.failed)
         for nid, content in ex.replies.items():
             met = content.metric_records["metrics"]
@@ -189,6 +190,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
                 replies.update(ex2.replies)
                 failed.update(ex2.failed)
             dropped_now["assoc"] = sorted(failed)
+            LOG.info("iteration %d: cross-evaluation %.1fs", t, traffic.seconds["cross_evaluation"])
             for nid, content in replies.items():
                 if "accept" not in content.array_records:
                     continue
@@ -275,6 +277,8 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
                     else:
                         new.append([p[g:g + 1] for p in comm_params])
                 comm_params = ae.concat(new)
+
+        LOG.info("iteration %d: %d communities trained", t, len(groups))
 
         # 5. refinement on the active clients ------------------------------------------------
         refine_targets = [n for n in nodes if n in active]

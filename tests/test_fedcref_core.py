@@ -206,3 +206,47 @@ def test_mean_ci() -> None:
     m, h = mean_ci([1.0, 2.0, 3.0])
     assert m == 2.0 and h == pytest.approx(2.4841, abs=1e-3)
     assert mean_ci([4.0]) == (4.0, 0.0)
+
+
+# --- initial clustering (kmeans, DEC) and the centralized baseline ------------------------------
+
+
+def _blobs(n: int = 240, d: int = 20, k: int = 3, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    centers = rng.random((k, d))
+    y = np.repeat(np.arange(k), n // k)
+    x = np.clip(centers[y] + rng.normal(0, 0.03, (len(y), d)), 0, 1).astype(np.float32)
+    return x, y
+
+
+def test_kmeans_init_with_silhouette_k() -> None:
+    from fedclust.fedcref.initial import initial_clustering
+
+    x, y = _blobs()
+    lab = initial_clustering("kmeans", x, 2, estimate_k=True, k_max=5, random_state=0)
+    assert len(np.unique(lab)) == 3 and label_agreement(y, lab) == 1.0
+
+
+def test_dec_recovers_blobs() -> None:
+    torch.set_num_threads(1)
+    from fedclust.fedcref.dec import DEC
+
+    x, y = _blobs()
+    dec = DEC(n_clusters=3, hidden=(32, 16, 4), pretrain_epochs=10, batch_size=32, maxiter=40,
+              update_interval=20, random_state=0)
+    lab = dec.fit_predict(x)
+    assert label_agreement(y, lab) >= 0.95
+    assert dec.cluster_centers_.shape == (3, 4)
+
+
+def test_centralized_dec_picks_k_by_tsne_silhouette() -> None:
+    torch.set_num_threads(1)
+    from fedclust.fedcref.dec import CentralizedDEC
+
+    x, y = _blobs(n=150, k=3)
+    est = CentralizedDEC(k_range=(2, 3, 4), tsne_samples=150,
+                         dec_options={"hidden": (16, 8, 2), "pretrain_epochs": 15,
+                                      "batch_size": 32, "maxiter": 20, "update_interval": 10})
+    est.fit(x)
+    assert set(est.scores_) == {2, 3, 4} and est.n_clusters_ in (2, 3, 4)
+    assert len(est.labels_) == len(x)

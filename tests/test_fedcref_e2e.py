@@ -14,8 +14,8 @@ from fedclust.fedcref import client as core
 from fedclust.fedcref.system import SystemSizeError
 from tests.fake_grid import run_server
 
-FAST = {"fedcref.fl-rounds": 4, "fedcref.fl-local-epochs": 3, "fedcref.batch-size": 16,
-        "fedcref.ae-epochs": 30, "fedcref.ae-patience": 0, "fedcref.max-iterations": 3,
+FAST = {"fedcref.fl-rounds": 3, "fedcref.fl-local-epochs": 3, "fedcref.batch-size": 16,
+        "fedcref.ae-epochs": 20, "fedcref.ae-patience": 0, "fedcref.max-iterations": 2,
         "fedcref.k-max": 3, "fedcref.samples-per-cluster": 30, "plots": False}
 
 
@@ -42,30 +42,40 @@ def _cfg(root: Path, out: Path, **extra: object) -> dict:
             "seed": 1, "output-dir": str(out), "fedcref.dirtiness": 0.2, **FAST, **extra}
 
 
-def test_recovers_planted_clusters(data_root: Path, tmp_path: Path) -> None:
-    seen: list[tuple[str, list[str]]] = []
+@pytest.fixture(scope="module")
+def main_run(data_root: Path, tmp_path_factory: pytest.TempPathFactory):
+    out = tmp_path_factory.mktemp("main_run")
+    seen: list[list[str]] = []
     summary, grid = run_server(
-        _cfg(data_root, tmp_path, plots=True),
-        inspect=lambda m, r: seen.append((m.metadata.message_type,
-                                          list(r.content.array_records) if not r.has_error()
-                                          else ["ERROR"])))
+        _cfg(data_root, out, plots=True),
+        inspect=lambda m, r: seen.append(list(r.content.array_records) if not r.has_error()
+                                         else ["ERROR"]))
+    return summary, grid, seen, out
+
+
+def test_recovers_planted_clusters(main_run) -> None:
+    summary, _, seen, out = main_run
     m = summary["metrics"]
     assert m["eval_acc_start"] < 0.9
     assert m["eval_acc_end"] >= 0.95 and m["eval_acc_end"] > m["eval_acc_start"] + 0.1
-    hist = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
+    hist = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
     first = hist[0]
     assert first["communities"] >= 3 and first["eval_wrong_associations_pct"] == 0.0
     assert first["communities"] <= first["eval_ideal_communities"]
     for key in ("isolated", "active_clients", "bytes_sent", "bytes_received", "seconds"):
         assert key in first
-    assert (tmp_path / "fedcref_figure4.png").stat().st_size > 0
-    # clients send only models, accept bits, counts and (evaluation path) histograms
+    assert (out / "fedcref_figure4.png").stat().st_size > 0
+
+
+def test_clients_send_only_models_bits_counts(main_run) -> None:
+    # models, accept bits, counts and (evaluation path) per-cluster class histograms only
+    _, _, seen, _ = main_run
     allowed = {"models", "clusters", "eval", "accept", "counts"}
-    assert all(set(names) <= allowed for _, names in seen)
+    assert seen and all(set(names) <= allowed for names in seen)
 
 
-def test_received_models_are_never_resent(data_root: Path, tmp_path: Path) -> None:
-    _, grid = run_server(_cfg(data_root, tmp_path, **{"fedcref.max-iterations": 3}))
+def test_received_models_are_never_resent(main_run) -> None:
+    _, grid, _, _ = main_run
     per_node: dict[int, list[str]] = {}
     for msg in grid.sent:
         if msg.metadata.message_type == "query.fedcref_assoc" and \
@@ -81,7 +91,8 @@ def test_survives_a_dropped_client(data_root: Path, tmp_path: Path) -> None:
     def drop(nid: int, msg) -> bool:
         return nid == 1002 and msg.metadata.message_type in ("query.fedcref_assoc",
                                                              "train.fedcref_comm")
-    summary, _ = run_server(_cfg(data_root, tmp_path), drop=drop)
+    summary, _ = run_server(_cfg(data_root, tmp_path, **{"fedcref.max-iterations": 1}),
+                            drop=drop)
     assert 1002 in summary["metrics"]["dropped_nodes"]
     hist = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
     assert 1002 in hist[0]["dropped_nodes"]["assoc"]
@@ -91,7 +102,7 @@ def test_survives_a_dropped_client(data_root: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("mode", ["perfect", "none"])
 def test_baselines_run(data_root: Path, tmp_path: Path, mode: str) -> None:
     summary, _ = run_server(_cfg(data_root, tmp_path, **{"fedcref.association": mode,
-                                                         "fedcref.max-iterations": 2}))
+                                                         "fedcref.max-iterations": 1}))
     m = summary["metrics"]
     if mode == "none":
         assert m["communities"] == 0

@@ -200,28 +200,29 @@ def errors(params: Params, x: NDArray[np.float32] | torch.Tensor, max_elems: int
            ) -> NDArray[np.float32]:
     """Per-sample reconstruction error of every stacked model on every sample: ``(M, N)``.
 
-    One forward pass per model over all samples; the first layer of all M models is a single
-    GEMM ``x @ [W0_1 | ... | W0_M]``. Processed in chunks of models/samples so that the
-    ``M × N × d`` reconstruction never exceeds ``max_elems`` floats.
+    One forward pass per model over all samples (each layer one GEMM ``addmm`` over the whole
+    batch, activations in place); samples are processed in chunks so that a reconstruction
+    never exceeds ``max_elems`` floats. (Measured on this machine, this beats a single batched
+    ``bmm`` over all models, which has to copy the permuted first-layer output: see
+    bench/bench_fedcref_ae.py.)
     """
     xt = torch.as_tensor(np.asarray(x, dtype=np.float32))
     m_count, (n, d) = n_models(params), xt.shape
-    out = np.empty((m_count, n), dtype=np.float32)
+    out = torch.empty((m_count, n), dtype=torch.float32)
     if m_count == 0 or n == 0:
-        return out
-    m_chunk = max(1, min(m_count, max_elems // max(n * d, 1)))
-    n_chunk = n if m_chunk > 1 or n * d <= max_elems else max(1, max_elems // d)
+        return out.numpy()
+    n_chunk = max(1, min(n, max_elems // max(d, 1)))
     n_layers = len(params) // 2
-    for m0 in range(0, m_count, m_chunk):
-        sub = [p[m0:m0 + m_chunk] for p in params]
-        mc = sub[0].shape[0]
-        w0 = sub[0].permute(1, 0, 2).reshape(d, -1)                  # (d, mc*h1)
+    for m in range(m_count):
         for n0 in range(0, n, n_chunk):
             xb = xt[n0:n0 + n_chunk]
-            h = (xb @ w0).view(xb.shape[0], mc, -1).permute(1, 0, 2) + sub[1]
-            h = torch.relu(h) if n_layers > 1 else torch.sigmoid(h)
-            for layer in range(1, n_layers):
-                h = torch.baddbmm(sub[2 * layer + 1], h, sub[2 * layer])
-                h = torch.sigmoid(h) if layer == n_layers - 1 else torch.relu(h)
-            out[m0:m0 + mc, n0:n0 + xb.shape[0]] = ((h - xb) ** 2).mean(2).numpy()
-    return out
+            h = xb
+            for layer in range(n_layers):
+                h = torch.addmm(params[2 * layer + 1][m], h, params[2 * layer][m])
+                if layer == n_layers - 1:
+                    torch.sigmoid_(h)
+                else:
+                    torch.relu_(h)
+            h.sub_(xb).square_()
+            out[m, n0:n0 + xb.shape[0]] = h.mean(1)
+    return out.numpy()
