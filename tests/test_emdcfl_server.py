@@ -8,12 +8,30 @@ import pytest
 from fedclust.config import ConfigError, validate
 from tests.fake_grid import run_server
 
-# Rotated sklearn digits (no files), rotation group "two": sets {-3, 3} and {177, 183}
-# form two planted groups; 4 clients = one client per rotation.
-TINY = {"method": "emdcfl", "dataset": "rotdigits", "emdcfl.rotation": "two",
-        "num-clients": 4, "emdcfl.samples": 300, "emdcfl.test-samples": 60,
-        "emdcfl.rounds": 2, "emdcfl.local-epochs": 4, "emdcfl.conv1": 8, "emdcfl.conv2": 16,
-        "emdcfl.embed-dim": 32, "emdcfl.lr": 0.05, "emdcfl.workers": 1, "seed": 0}
+# Two planted groups on the deployment data path (node config ``data-path``): clients 0, 1 hold
+# sklearn digits, clients 2, 3 the same kind of digits colour-inverted (8x8; no downloads).
+TINY = {"method": "emdcfl", "dataset": "rotdigits", "num-clients": 4,
+        "emdcfl.rounds": 2, "emdcfl.local-epochs": 6, "emdcfl.conv1": 8, "emdcfl.conv2": 16,
+        "emdcfl.embed-dim": 32, "emdcfl.lr": 0.02, "emdcfl.batch-size": 16,
+        "emdcfl.workers": 1, "seed": 0}
+
+
+def planted_nodes(tmp_path):
+    from fedclust.data.images import load_image_dataset
+
+    x_all, y = load_image_dataset("digits", "", split="all")
+    rng = np.random.default_rng(0)
+    configs = []
+    for client in range(4):
+        group = client // 2
+        idx = rng.permutation(len(y))[:400]
+        tr, va, te = idx[:250], idx[250:350], idx[350:]
+        x = 255 - x_all if group else x_all
+        path = tmp_path / f"client{client}.npz"
+        np.savez(path, x_train=x[tr], y_train=y[tr], x_val=x[va], y_val=y[va], x_test=x[te],
+                 y_test=y[te], cluster=group)
+        configs.append({"data-path": str(path)})
+    return configs
 
 
 def test_end_to_end_separates_two_planted_groups_and_never_leaks_the_pair_seed(tmp_path):
@@ -29,10 +47,12 @@ def test_end_to_end_separates_two_planted_groups_and_never_leaks_the_pair_seed(t
                         elif isinstance(v, (bytes, str)):
                             seen.append(v if isinstance(v, bytes) else v.encode())
 
-    summary, grid = run_server({**TINY, "output-dir": str(tmp_path)}, inspect=inspect)
+    summary, grid = run_server({**TINY, "output-dir": str(tmp_path / "out")}, inspect=inspect,
+                               node_configs=planted_nodes(tmp_path))
+    tmp_path = tmp_path / "out"
     m = summary["metrics"]
     assert m["eval_ari"] == 1.0 and m["num_clusters"] == 2, m
-    assert m["eval_acc_mean"] > 0.5
+    assert m["eval_acc_mean"] > 0.8
     assert m["bytes_sent"] > 0 and m["emd_s"] > 0 and 0 < m["emd_share_of_run"] < 1
     emd = np.load(tmp_path / "emd_matrix.npy")
     assert emd.shape == (4, 4) and np.isfinite(emd).all()
@@ -80,7 +100,7 @@ def test_bad_input_is_rejected_before_any_work(override, key, tmp_path):
 
 
 def test_partial_participation_keeps_unseen_clients_singletons(tmp_path):
-    cfg = {**TINY, "emdcfl.clients-per-round": 2, "emdcfl.rounds": 2,
+    cfg = {**TINY, "emdcfl.clients-per-round": 2, "emdcfl.rounds": 2, "emdcfl.samples": 60,
            "emdcfl.local-epochs": 1, "output-dir": str(tmp_path)}
     summary, _ = run_server(cfg)
     hist = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
@@ -93,7 +113,7 @@ def test_partial_participation_keeps_unseen_clients_singletons(tmp_path):
 @pytest.mark.parametrize("algorithm", ["oracle", "fedavg", "local", "ifca", "cfl"])
 def test_baselines_run_on_the_same_data_and_model(algorithm, tmp_path):
     cfg = {**TINY, "emdcfl.algorithm": algorithm, "emdcfl.local-epochs": 1,
-           "output-dir": str(tmp_path)}
+           "emdcfl.rotation": "two", "emdcfl.samples": 60, "output-dir": str(tmp_path)}
     m = run_server(cfg)[0]["metrics"]
     assert 0.0 <= m["eval_acc_worst"] <= m["eval_acc_mean"] <= 1.0
     expected = {"oracle": 2, "fedavg": 1, "local": 4}

@@ -165,10 +165,12 @@ def client_split(dataset: str, rotation: str, client: int, num_clients: int, sam
     x, y, xt, yt = x_pool[idx], y_pool[idx], x_tpool[tidx], y_tpool[tidx]
     x_bd = None
     if dataset == "backdoor-mnist":
-        bd_labels = (yt + 5) % 10
-        x_bd = colourise(xt, backdoor_colours(1 if set_id < 2 else 2, bd_labels)
-                         if set_id < 2 else backdoor_colours(2, yt))
-        x, xt = colourise(x, backdoor_colours(set_id, y)), colourise(xt, backdoor_colours(set_id, yt))
+        if set_id < 2:          # green sets: shade the digits like label (y + 5) % 10
+            x_bd = colourise(xt, backdoor_colours(1, (yt + 5) % 10))
+        else:
+            x_bd = colourise(xt, backdoor_colours(2, yt))
+        x = colourise(x, backdoor_colours(set_id, y))
+        xt = colourise(xt, backdoor_colours(set_id, yt))
     else:
         angle = ROTATIONS[rotation][set_id]
         x, xt = rotate(x, angle), rotate(xt, angle)

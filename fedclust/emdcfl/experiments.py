@@ -84,10 +84,31 @@ def table(out: Path) -> str:
     return "\n".join(lines)
 
 
+def epsilon_sweep(run_dir: Path, epsilons: list[float]) -> str:
+    """ARI and cluster count of the one-shot clustering for other ε, from a finished run's
+    ``emd_excess.npy`` and ground truth (no retraining: the clustering only depends on the
+    round-0 models; accuracies would change and are not reported here)."""
+    import numpy as np
+
+    from fedclust.emdcfl.cluster import neighbourhood_clusters, threshold_adjacency
+    from fedclust.metrics import adjusted_rand
+
+    excess = np.load(run_dir / "emd_excess.npy")
+    truth = json.loads((run_dir / "summary.json").read_text())["metrics"]["eval_truth"]
+    e = excess[~np.eye(len(excess), dtype=bool)]
+    lines = [f"{run_dir.name}: off-diagonal excess min {np.nanmin(e):.4f}, "
+             f"max {np.nanmax(e):.4f}", "| eps | clusters | ARI |", "|---|---|---|"]
+    for eps in epsilons:
+        lab = neighbourhood_clusters(threshold_adjacency(excess, eps))
+        lines.append(f"| {eps:g} | {len(set(lab.tolist()))} | {adjusted_rand(truth, lab):.3f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["run", "table"])
+    parser.add_argument("command", choices=["run", "table", "eps-sweep"])
+    parser.add_argument("--run-dir", default="", help="eps-sweep: a finished emdcfl run")
     parser.add_argument("--preset", choices=list(PRESETS), default="cpu")
     parser.add_argument("--dataset", default="rotmnist")
     parser.add_argument("--rotation", default="max")
@@ -99,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.command == "eps-sweep":
+        grid = [0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3]
+        print(epsilon_sweep(Path(args.run_dir), grid))
+        return 0
     if args.command == "table":
         print(table(out))
         return 0
