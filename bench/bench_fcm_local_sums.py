@@ -51,7 +51,7 @@ def main() -> None:
     lloyd_ms = median_ms(lambda: KMeans(a.c, init=v, n_init=1, max_iter=1, tol=0.0,
                                         algorithm="lloyd").fit(x), a.repeats)
     print(f"data {a.n} x {a.d}, C = {a.c}, float64, median of {a.repeats}")
-    print(f"fedclust local_sums (chunked)   {fcm_ms:8.2f} ms")
+    print(f"fedclust local_sums (blocked)   {fcm_ms:8.2f} ms")
     print(f"naive one-shot numpy            {naive_ms:8.2f} ms")
     print(f"sklearn KMeans, 1 Lloyd iter    {lloyd_ms:8.2f} ms")
     print(f"ratio local_sums / Lloyd iter   {fcm_ms / lloyd_ms:8.2f}x  (target <= 2x)")

@@ -17,6 +17,7 @@ decompose over disjoint clients, the federated update equals the centralized one
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,13 +65,16 @@ def _memberships_from_d2(d2: Float, m: float) -> Float:
     return inv
 
 
-def local_sums(x: ArrayLike, centers: ArrayLike, m: float = 2.0,
-               chunk_size: int = 8192) -> tuple[Float, Float]:
+def local_sums(x: ArrayLike, centers: ArrayLike, m: float = 2.0, chunk_size: int = 8192,
+               n_threads: int | None = None) -> tuple[Float, Float]:
     r"""Paper 004 Algorithm 2 (``LocalSums``), vectorised.
 
     Rows are processed in blocks of ``chunk_size`` with reused buffers: the ``(n, C)``
-    temporaries of a one-shot version cost more in page faults than in arithmetic
-    (see ``bench/bench_fcm_local_sums.py``).
+    temporaries of a one-shot version cost more in page faults than in arithmetic. Blocks are
+    shared among ``n_threads`` Python threads (numpy releases the GIL) with BLAS pinned to one
+    thread each, which also keeps small GEMMs from stalling on a busy machine; partial sums are
+    added in block order, so the result does not depend on the thread count.
+    (``bench/bench_fcm_local_sums.py``.)
 
     Returns
     -------
@@ -82,13 +86,39 @@ def local_sums(x: ArrayLike, centers: ArrayLike, m: float = 2.0,
     x, centers = _as_2d(x), _as_2d(centers, "centers")
     if x.shape[1] != centers.shape[1]:
         raise ValueError(f"X has {x.shape[1]} features but centers have {centers.shape[1]}")
-    n, c = x.shape[0], centers.shape[0]
+    n = x.shape[0]
+    chunk = max(1, min(chunk_size, n))
+    starts = list(range(0, n, chunk))
+    workers = max(1, min(n_threads or os.cpu_count() or 1, len(starts)))
+    if workers == 1:
+        u_sum, ws_sum, _ = _sums_of_blocks(x, centers, m, starts, chunk)
+        return u_sum, ws_sum
+    from concurrent.futures import ThreadPoolExecutor
+
+    from threadpoolctl import threadpool_limits
+
+    groups = [starts[i::workers] for i in range(workers)]
+    with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(workers) as pool:
+        results = list(pool.map(lambda g: _sums_of_blocks(x, centers, m, g, chunk), groups))
+    # add per block in block order: the same summation order as the single-thread path
+    blocks = sorted((blk for res in results for blk in res[2]), key=lambda blk: blk[0])
+    u_sum, ws_sum = np.zeros(centers.shape[0]), np.zeros_like(centers)
+    for _, u_b, ws_b in blocks:
+        u_sum += u_b
+        ws_sum += ws_b
+    return u_sum, ws_sum
+
+
+def _sums_of_blocks(x: Float, centers: Float, m: float, starts: list[int], chunk: int
+                    ) -> tuple[Float, Float, list[tuple[int, Float, Float]]]:
+    """Local sums over the row blocks beginning at ``starts`` (also returned per block)."""
+    c = centers.shape[0]
     vt = np.ascontiguousarray(centers.T)
     vv = np.einsum("ij,ij->i", centers, centers)
     u_sum, ws_sum = np.zeros(c), np.zeros((c, x.shape[1]))
-    chunk = max(1, min(chunk_size, n))
     d2_buf, row_buf, xx_buf = np.empty((chunk, c)), np.empty((chunk, 1)), np.empty(chunk)
-    for start in range(0, n, chunk):
+    blocks = []
+    for start in starts:
         xb = x[start:start + chunk]
         b = xb.shape[0]
         w, rows, xx = d2_buf[:b], row_buf[:b], xx_buf[:b]
@@ -109,9 +139,11 @@ def local_sums(x: ArrayLike, centers: ArrayLike, m: float = 2.0,
             np.square(w, out=w)
         else:
             np.power(w, m, out=w)
-        u_sum += w.sum(axis=0)
-        ws_sum += w.T @ xb
-    return u_sum, ws_sum
+        u_b, ws_b = w.sum(axis=0), w.T @ xb
+        blocks.append((start, u_b, ws_b))
+        u_sum += u_b
+        ws_sum += ws_b
+    return u_sum, ws_sum, blocks
 
 
 def update_centers(u_sum: Float, ws_sum: Float, previous: Float) -> Float:

@@ -92,3 +92,13 @@ def test_estimator_rejects_bad_parameters(kwargs, message):
 def test_nan_input_is_rejected_with_a_fix():
     with pytest.raises(ValueError, match="NaN"):
         fcm.local_sums(np.array([[np.nan, 1.0]]), np.zeros((2, 2)))
+
+
+def test_local_sums_do_not_depend_on_threads_or_block_size():
+    rng = np.random.default_rng(7)
+    x, v = rng.normal(size=(20_000, 6)), rng.normal(size=(5, 6))
+    one = fcm.local_sums(x, v, chunk_size=1024, n_threads=1)
+    two = fcm.local_sums(x, v, chunk_size=1024, n_threads=2)
+    assert np.array_equal(one[0], two[0]) and np.array_equal(one[1], two[1])   # bitwise
+    big = fcm.local_sums(x, v, chunk_size=50_000)
+    np.testing.assert_allclose(big[1], one[1], rtol=1e-12)
