@@ -72,9 +72,10 @@ def run_methods_on_deployment(tmp_path: Path, tls: bool) -> None:
             ref = tmp_path / f"{name}-ref"
             run_server({**BASE, **job, "output-dir": str(ref)})
             assert_same_result(out, ref, name)
-    if tls:
-        log = (tmp_path / "flwr" / "superlink.log").read_text(errors="replace")
-        assert "--insecure" not in log.split("\n", 1)[0]
+    log = (tmp_path / "flwr" / "superlink.log").read_text(errors="replace")
+    # flwr warns loudly when TLS or SuperNode authentication is off
+    assert ("Starting insecure HTTP server" in log) is (not tls)
+    assert ("SuperNode authentication is disabled" in log) is (not tls)
 
 
 def test_deployment_insecure_matches_simulation(tmp_path):
