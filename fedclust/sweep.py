@@ -46,14 +46,15 @@ def total_jobs(argv: list[str], sweeper_params: dict[str, Any] | None) -> int | 
     try:
         from hydra.core.override_parser.overrides_parser import OverridesParser
 
-        overrides = [a for a in argv if "=" in a and not a.startswith("-")]
-        overrides += [f"{k}={v}" for k, v in (sweeper_params or {}).items()]
-        parsed = OverridesParser.create().parse_overrides(overrides)
-        sizes = {}
-        for ov in parsed:
-            if ov.is_sweep_override():
-                sizes[ov.get_key_element()] = len(list(ov.sweep_string_iterator()))
-        return math.prod(sizes.values()) if sizes else 1
+        # command-line values replace the experiment's sweeper params of the same key
+        by_key = {str(k): f"{k}={v}" for k, v in (sweeper_params or {}).items()}
+        for arg in argv:
+            if "=" in arg and not arg.startswith("-"):
+                by_key[arg.split("=", 1)[0].lstrip("+~")] = arg
+        parsed = OverridesParser.create().parse_overrides(list(by_key.values()))
+        sizes = [len(list(ov.sweep_string_iterator())) for ov in parsed
+                 if ov.is_sweep_override()]
+        return math.prod(sizes) if sizes else 1
     except Exception:  # the count is cosmetic; never fail a sweep over it
         return None
 

@@ -35,3 +35,8 @@ def test_bad_override_fails_before_running(tmp_path):
     assert out.returncode != 0
     assert "fcm.m" in out.stderr and "Allowed" in out.stderr
     assert not list(tmp_path.rglob("summary.json"))
+
+
+def test_command_line_replaces_the_experiments_sweep_params_in_the_count():
+    params = {"app.seed": "range(3)", "app.g2.dim": "2,4,8"}
+    assert total_jobs(["app.seed=0", "app.g2.dim=2,4"], params) == 2
