@@ -58,6 +58,7 @@ def main() -> int:
     print(f"reference: cold ClientApp import (python -c 'import client_apps.app') {cold:.2f} s")
     from tests.fake_grid import run_server
 
+    run_server({**cfg, "fcm.max-rounds": 1, "output-dir": str(work / "warmup")})  # imports
     t0 = time.perf_counter()
     run_server({**cfg, "output-dir": str(work / "inprocess")})
     inproc = (time.perf_counter() - t0) / (args.rounds + 2)
