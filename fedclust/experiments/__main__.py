@@ -144,12 +144,15 @@ def fedfcm_table3(dirs: list[str], threshold: float = 1.3) -> str:
     """Paper 003 Table 3: detection rate of K = 2 over runs with FedFuzzDB < threshold."""
     hits: dict[tuple[str, int], list[bool]] = defaultdict(list)
     seen: dict[tuple[str, int], int] = defaultdict(int)
+    by_dim: dict[tuple[int, int], list[bool]] = defaultdict(list)
     for _, s in summaries(dirs):
         cfg, m = s["config"], s["metrics"]
         key = (cfg["fedfcm.averaging"], cfg["num-clients"])
         seen[key] += 1
         if m["fedfuzzdb"][str(m["best_k"])] < threshold:
             hits[key].append(m["best_k"] == 2)
+            if cfg["fedfcm.averaging"] == "kmeans":
+                by_dim[(cfg["g2.dim"], cfg["num-clients"])].append(m["best_k"] == 2)
     lines = [f"| averaging | clients | correct K (ours) | (paper) | runs with index < {threshold} "
              f"| runs |", "|---|---|---|---|---|---|"]
     for (avg, p) in sorted(seen):
@@ -160,6 +163,16 @@ def fedfcm_table3(dirs: list[str], threshold: float = 1.3) -> str:
         label = "central" if p == 1 else str(p)
         lines.append(f"| {avg if p > 1 else '—'} | {label} | {100 * np.mean(h):.1f}% | "
                      f"{'' if paper is None else f'{paper}%'} | {len(h)} | {seen[(avg, p)]} |")
+    dims = sorted({d for d, _ in by_dim})
+    clients = sorted({p for _, p in by_dim})
+    lines += ["", "k-means averaging, correct K by dimension D (paper Figure 3; runs with index "
+              f"< {threshold}):", "", "| D | " + " | ".join(
+                  "central" if p == 1 else f"P={p}" for p in clients) + " |",
+              "|---|" + "---|" * len(clients)]
+    for d in dims:
+        cells = [f"{100 * np.mean(by_dim[(d, p)]):.0f}% ({len(by_dim[(d, p)])})"
+                 if by_dim[(d, p)] else "—" for p in clients]
+        lines.append(f"| {d} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
