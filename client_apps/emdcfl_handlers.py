@@ -134,7 +134,7 @@ def embed_handler(msg: Message, context: Context) -> Message:
     cfg = run_config(context)
     spec, data = model_spec(cfg), client_data(context, cfg)
     peers = msg.content.array_records["peers"]
-    ids = peers["ids"].numpy().astype(np.int64)
+    ids = peers["ids"].numpy().astype(np.uint64)
     pubs = peers["pub"].numpy().astype(np.uint8)
     me = int(context.node_id)
     if KEY_STATE not in context.state.config_records:
@@ -144,7 +144,7 @@ def embed_handler(msg: Message, context: Context) -> Message:
     e_train, e_val = embed(spec, own, data.x_train), embed(spec, own, data.x_val)
     cap, ratio = cfg["emdcfl.max-samples"], cfg["emdcfl.proj-ratio"]
     src, ref, tgt = {}, {}, {}
-    for peer, pub in zip(ids.tolist(), pubs):
+    for peer, pub in zip((int(i) for i in ids.tolist()), pubs):
         if peer == me:
             continue
         pair = PairContext(private, me, peer, pub.tobytes(), spec.embed_dim, ratio)

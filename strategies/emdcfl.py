@@ -187,7 +187,7 @@ def cluster_step(grid: Grid, cfg: dict[str, Any], seen: list[int], latest: dict[
     """Embedding exchange among ``seen`` clients, EMD matrix, adjacency, neighbourhood clusters."""
     members = [n for n in seen if n in latest and n in pubs]
     content = RecordDict({f"m:{n}": model_record(latest[n]) for n in members})
-    content["peers"] = arrays(ids=np.array(members, dtype=np.int64),
+    content["peers"] = arrays(ids=np.array(members, dtype=np.uint64),   # node ids are < 2**64
                               pub=np.stack([np.frombuffer(pubs[n], np.uint8) for n in members]))
     ex = send_and_collect(grid, members, content, "query.emdcfl_embed", f"embed-{rnd}",
                           cfg["timeout"])

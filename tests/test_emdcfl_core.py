@@ -173,3 +173,11 @@ def test_cfl_split_rule_and_ifca_choice():
     halves = cfl_bipartition(updates)
     assert len(set(halves[:4])) == 1 and len(set(halves[4:])) == 1 and halves[0] != halves[4]
     assert ifca_assign(np.array([[0.3, 0.1], [0.2, 0.9]])).tolist() == [1, 0]
+
+
+def test_participation_keeps_flower_node_ids_exact():
+    ids = [7240939148616878081, 18000000000000000001, 3]      # > int64 and > float precision
+    part = Participation(ids, 2, seed=1)
+    for _ in range(3):
+        picked, _ = part.sample()
+        assert set(picked) <= set(ids)

@@ -83,8 +83,9 @@ class Participation:
 
     def sample(self) -> tuple[list[int], bool]:
         """This round's clients and whether the participated set grew."""
-        picked = sorted(int(c) for c in self.rng.choice(self.clients, self.per_round,
-                                                         replace=False))
+        # choose positions, not ids: Flower node ids can exceed int64 (numpy would round them)
+        pos = self.rng.choice(len(self.clients), self.per_round, replace=False)
+        picked = sorted(self.clients[int(i)] for i in pos)
         new = [c for c in picked if c not in self.seen]
         self.seen = sorted(set(self.seen) | set(picked))
         return picked, bool(new)
