@@ -19,8 +19,6 @@ from collections.abc import Sequence
 
 import numpy as np
 from numpy.typing import NDArray
-from sklearn.cluster import KMeans
-from sklearn.exceptions import ConvergenceWarning
 
 from fedclust.fcm import Float, fcm_until_stable
 
@@ -34,6 +32,9 @@ def kmeans_average(local_centers: Sequence[Float], n_clusters: int, previous: Fl
     ``previous=None`` (round 1) uses k-means++; otherwise the previous global centers are the
     initialisation, which keeps the index of each global center stable across rounds.
     """
+    from sklearn.cluster import KMeans  # imported here: clients never need it
+    from sklearn.exceptions import ConvergenceWarning
+
     points = np.concatenate([np.asarray(c, dtype=np.float64) for c in local_centers])
     if points.shape[0] < n_clusters:
         raise ValueError(f"only {points.shape[0]} local centers for {n_clusters} clusters")

@@ -104,11 +104,14 @@ def send_and_collect(
         messages.append(Message(payload, dst_node_id=nid, message_type=message_type,
                                 group_id=group_id))
     replies = list(grid.send_and_receive(messages, timeout=timeout)) if messages else []
+    unmatched: list[str] = []
     by_msg = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
     for reply in replies:
         # SuperLink-generated error replies carry src_node_id 1: map through reply_to instead.
         nid = by_msg.get(reply.metadata.reply_to_message_id)
         if nid is None:
+            if reply.has_error():
+                unmatched.append(reply.error.reason)
             continue
         if reply.has_error():
             out.failed[nid] = f"error reply: {reply.error.reason}"
@@ -119,12 +122,13 @@ def send_and_collect(
             continue
         out.replies[nid] = reply.content
         out.bytes_received += record_nbytes(reply.content)
+    out.seconds = time.perf_counter() - t0
     for nid in nodes:
         if nid not in out.replies and nid not in out.failed:
-            out.failed[nid] = f"no reply within {timeout:.0f}s"
+            out.failed[nid] = (f"no usable reply; SuperLink reported: {'; '.join(unmatched)}"
+                               if unmatched else f"no reply within {timeout:.0f}s")
     for nid, why in out.failed.items():
         LOG.warning("[%s] node %s dropped: %s", group_id, nid, why)
-    out.seconds = time.perf_counter() - t0
     return out
 
 

@@ -65,7 +65,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
                             "dropped_nodes": {str(k): v for k, v in ex.failed.items()},
                             "empty_clusters": int((u <= 0).sum()), "seconds": ex.seconds})
         progress.step(rnd, f"shift {shift:.3g} | {len(sums)}/{len(sampled)} clients")
-        if shift < cfg["fcm.epsilon"]:
+        if shift < cfg["fcm.epsilon"] and sums:   # a round nobody contributed to proves nothing
             converged = True
             break
     recorder.save_array("centers", centers)
