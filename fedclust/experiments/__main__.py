@@ -176,15 +176,28 @@ def fedfcm_table3(dirs: list[str], threshold: float = 1.3) -> str:
     return "\n".join(lines)
 
 
-def fedfcm_bank(dirs: list[str]) -> str:
+def fedfcm_bank(dirs: list[str], plot: str = "") -> str:
+    """Paper 003 §3.2.3: FedFuzzDB vs K on bank marketing (11 job clients; 1 client = central)."""
     lines = ["| run | clients | K range | FedFuzzDB per K | argmin | elbow |",
              "|---|---|---|---|---|---|"]
+    fed, central, local = [], None, None
     for job, s in summaries(dirs):
         m = s["metrics"]
         lines.append(f"| {job.name} (seed {s['seed']}) | {s['num_clients']} | "
                      f"{m['ks'][0]}..{m['ks'][-1]} | "
                      + ", ".join(f"{v:.3f}" for v in m["index"])
                      + f" | {m['best_k']} | {m['elbow_k']} |")
+        if s["num_clients"] == 1:
+            central = m["index"]
+        else:
+            fed.append(m["index"])
+            local = local or m.get("local_index")
+    if plot and fed:
+        from fedclust.plots import plot_index_vs_k
+
+        ks = summaries(dirs)[0][1]["metrics"]["ks"]
+        plot_index_vs_k(Path(f"{plot}.png"), ks, np.mean(fed, axis=0), central, local,
+                        title=f"Bank marketing by job (federated: mean of {len(fed)} seeds)")
     return "\n".join(lines)
 
 
