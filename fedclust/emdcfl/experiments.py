@@ -58,7 +58,7 @@ def table(out: Path) -> str:
     for r in rows:
         c = r["config"]
         key = (c["dataset"], c.get("emdcfl.rotation", "max"), c["emdcfl.algorithm"],
-               c.get("emdcfl.epsilon", 0.1))
+               float(c.get("emdcfl.epsilon", 0.1)))
         groups.setdefault(key, []).append(r)
     lines = ["| dataset | rotation | method | eps | seeds | avg acc | worst acc | ARI | "
              "clusters | run s | EMD s (share) |", "|" + "---|" * 11]
