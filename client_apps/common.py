@@ -25,3 +25,22 @@ def reply(msg: Message, arrays: Mapping[str, Mapping[str, np.ndarray]] | None = 
             {k: Array(np.ascontiguousarray(v)) for k, v in named.items()})
     content["metrics"] = MetricRecord(dict(metrics or {}))
     return Message(content, reply_to=msg)
+
+
+class LazyModule:
+    """A module imported on first attribute access.
+
+    In deployment every message starts a fresh ClientApp process that imports every handler
+    module; importing torch or scikit-learn there would cost seconds per round trip for methods
+    that do not need them.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        import importlib
+
+        module = importlib.import_module(self._name)
+        self.__dict__.update(module.__dict__)
+        return getattr(module, attr)

@@ -12,14 +12,20 @@ import time
 from typing import Any
 
 import numpy as np
-import torch
 from flwr.app import Array, ArrayRecord, Context, Message
 
 from client_apps.app import app
-from client_apps.common import reply, run_config
-from fedclust.fedcref import autoencoder as ae
-from fedclust.fedcref import client as core
-from fedclust.fedcref.initial import initial_clustering
+from client_apps.common import LazyModule, reply, run_config
+
+# torch and the FedCRef core load on the first FedCRef message, not when the ClientApp starts.
+torch = LazyModule("torch")
+ae = LazyModule("fedclust.fedcref.autoencoder")
+core = LazyModule("fedclust.fedcref.client")
+_initial = LazyModule("fedclust.fedcref.initial")
+
+
+def initial_clustering(*args: Any, **kwargs: Any) -> Any:
+    return _initial.initial_clustering(*args, **kwargs)
 
 STATE, CACHE = "fedcref.state", "fedcref.cache"
 

@@ -39,6 +39,7 @@ METHODS: dict[str, MethodSpec] = {
         keys=("fedclust.fedcref.keys:KEYS",),
         handlers="client_apps.fedcref_handlers",
         cross_checks=("fedclust.fedcref.keys:check",),
+        preflight="strategies.fedcref:preflight",
     ),
     "emdcfl": MethodSpec(
         runner="strategies.emdcfl:run",

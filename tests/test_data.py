@@ -116,3 +116,29 @@ def test_local_node_files(tmp_path):
     assert x.shape == (2, 3) and y is None
     with pytest.raises(LocalDataError, match="does not exist"):
         load_local_table(str(tmp_path / "missing.csv"))
+
+
+def test_image_folder_node_data(tmp_path):
+    from PIL import Image
+
+    from fedclust.data.local import load_local_table
+
+    for label in ("cat", "dog"):
+        (tmp_path / label).mkdir()
+        for i in range(2):
+            Image.fromarray(np.full((4, 4), 255 * (label == "dog"), dtype=np.uint8)).save(
+                tmp_path / label / f"{i}.png")
+    x, y = load_local_table(str(tmp_path))
+    assert x.shape == (4, 16) and y.tolist() == [0, 0, 1, 1]
+    assert x[:2].max() == 0.0 and x[2:].min() == 1.0
+
+
+def test_client_app_import_stays_light():
+    import subprocess
+    import sys
+
+    code = ("import sys, client_apps.app; heavy = [m for m in ('torch', 'sklearn') "
+            "if m in sys.modules]; print(','.join(heavy))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "", f"importing the ClientApp pulls in {out.stdout.strip()}"

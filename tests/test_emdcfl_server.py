@@ -13,7 +13,9 @@ from tests.fake_grid import run_server
 TINY = {"method": "emdcfl", "dataset": "rotdigits", "num-clients": 4,
         "emdcfl.rounds": 2, "emdcfl.local-epochs": 6, "emdcfl.conv1": 8, "emdcfl.conv2": 16,
         "emdcfl.embed-dim": 32, "emdcfl.lr": 0.02, "emdcfl.batch-size": 16,
-        "emdcfl.workers": 1, "seed": 0}
+        "emdcfl.workers": 1, "seed": 0,
+        # within-group W gaps measured |.| < 0.013, between-group 0.047-0.22 (4 runs)
+        "emdcfl.epsilon": 0.03}
 
 
 def planted_nodes(tmp_path):
