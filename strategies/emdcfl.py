@@ -286,4 +286,6 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
 
         out = run_baseline(algorithm, grid, cfg, recorder)
     out["algorithm"] = algorithm
+    history_drops = (h.get("dropped_nodes") or [] for h in recorder.history)
+    out.setdefault("dropped_nodes", sorted({int(n) for drops in history_drops for n in drops}))
     return out
