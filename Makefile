@@ -8,7 +8,7 @@ run: setup
 	bash scripts/run_default.sh
 
 test: setup
-	.venv/bin/python -m pytest -q tests
+	PATH="$(CURDIR)/.venv/bin:$$PATH" .venv/bin/python -m pytest -q tests
 
 lint:
 	.venv/bin/ruff check .

@@ -16,8 +16,10 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,12 +27,14 @@ import pytest
 from fedclust.engine import SimulationSuperLink, free_port
 from tests.fake_grid import run_server
 
+RAY = str(Path(sys.executable).parent / "ray")   # the venv's CLI, also when not on PATH
+
 pytestmark = pytest.mark.slow
 
 
 def _ray_head(port: int, temp_dir: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        ["ray", "start", "--head", "--block", "--port", str(port), "--num-cpus", "1",
+        [RAY, "start", "--head", "--block", "--port", str(port), "--num-cpus", "1",
          "--include-dashboard=false", "--disable-usage-stats", "--temp-dir", temp_dir],
         stdout=open(os.path.join(temp_dir, "head.log"), "wb"), stderr=subprocess.STDOUT,
         start_new_session=True)
@@ -45,7 +49,7 @@ def test_simulation_runs_on_an_existing_ray_cluster(tmp_path):
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
-            if subprocess.run(["ray", "status", "--address", address],
+            if subprocess.run([RAY, "status", "--address", address],
                               capture_output=True).returncode == 0:
                 break
             assert head.poll() is None, open(os.path.join(temp_dir, "head.log")).read()
