@@ -36,7 +36,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedclust.engine import APP_DIR, RunOutcome, flwr_env, flwr_run, free_port, toml_value
+from fedclust.engine import (
+    APP_DIR,
+    RunOutcome,
+    flwr_env,
+    flwr_run,
+    free_port,
+    toml_value,
+    wait_for_run,
+)
 
 CONNECTION = "deploy"
 
@@ -378,21 +386,7 @@ class LoopbackDeployment:
 
     def wait(self, run_id: int, timeout: float = 900, t0: float | None = None) -> RunOutcome:
         """Poll ``flwr ls --run-id`` until the run is finished; return status and log."""
-        t0 = time.perf_counter() if t0 is None else t0
-        status, info = "unknown", {}
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            ls = self.flwr(["ls", CONNECTION, "--run-id", str(run_id), "--format", "json"])
-            try:
-                info = json.loads(ls.stdout[ls.stdout.index("{"):]).get("runs", [{}])[0]
-                status = str(info.get("status", "unknown"))
-            except (ValueError, IndexError):
-                pass
-            if status.startswith("finished"):
-                break
-            time.sleep(1.0)
-        log = self.flwr(["log", str(run_id), CONNECTION, "--show"])
-        return RunOutcome(run_id, status, time.perf_counter() - t0, log.stdout + log.stderr, info)
+        return wait_for_run(run_id, self.env, CONNECTION, timeout, t0, poll=1.0)
 
     def kill_node(self, index: int, sig: int = signal.SIGTERM) -> int | None:
         """Send ``sig`` to SuperNode ``index`` and its ClientApp children; return its node id."""

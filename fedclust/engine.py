@@ -127,6 +127,13 @@ def flwr_run(run_config: dict[str, Any], env: dict[str, str], connection: str, a
         return RunOutcome(None, "submit-failed", time.perf_counter() - t0,
                           out.stdout + out.stderr)
     run_id = int(json.loads(text[text.index("{"):])["run-id"])
+    return wait_for_run(run_id, env, connection, timeout, t0)
+
+
+def wait_for_run(run_id: int, env: dict[str, str], connection: str, timeout: float = 1800,
+                 t0: float | None = None, poll: float = 2.0) -> RunOutcome:
+    """Poll ``flwr ls --run-id`` until the run is finished; return its status and log."""
+    t0 = time.perf_counter() if t0 is None else t0
     status, info = "unknown", {}
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -140,7 +147,7 @@ def flwr_run(run_config: dict[str, Any], env: dict[str, str], connection: str, a
             pass
         if status.startswith("finished"):
             break
-        time.sleep(2)
+        time.sleep(poll)
     log = subprocess.run(["flwr", "log", str(run_id), connection, "--show"], env=env,
                          capture_output=True, text=True, timeout=120)
     return RunOutcome(run_id, status, time.perf_counter() - t0, log.stdout + log.stderr, info)
