@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -12,8 +13,16 @@ from fedclust.config import validate
 
 
 def run_config(context: Context) -> dict[str, Any]:
-    """The validated, typed run config (same keys and values as on the server)."""
-    return validate(dict(context.run_config))
+    """The validated, typed run config (same keys and values as on the server).
+
+    Validated once per distinct run config and process, not on every message.
+    """
+    return dict(_validated(tuple(sorted(context.run_config.items()))))
+
+
+@lru_cache(maxsize=8)
+def _validated(items: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
+    return tuple(validate(dict(items)).items())
 
 
 def reply(msg: Message, arrays: Mapping[str, Mapping[str, np.ndarray]] | None = None,
