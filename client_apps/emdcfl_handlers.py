@@ -22,6 +22,7 @@ Clients never send samples or labels; only models, projected embeddings, counts 
 from __future__ import annotations
 
 from functools import lru_cache
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -127,7 +128,7 @@ def train_local_handler(msg: Message, context: Context) -> Message:
 
 @app.query("emdcfl_embed")
 def embed_handler(msg: Message, context: Context) -> Message:
-    from fedclust.emdcfl.model import embed
+    from fedclust.emdcfl.model import embed, embed_many
     from fedclust.emdcfl.privacy import PairContext
 
     _torch_threads()
@@ -141,17 +142,22 @@ def embed_handler(msg: Message, context: Context) -> Message:
         raise RuntimeError("no X25519 key pair: train.emdcfl_local with keygen must come first")
     private = bytes(context.state.config_records[KEY_STATE]["private"])
     own = weights_of(msg.content.array_records[f"m:{me}"])
-    e_train, e_val = embed(spec, own, data.x_train), embed(spec, own, data.x_val)
+    e_train = embed(spec, own, data.x_train)
+    others = [int(i) for i in ids.tolist() if int(i) != me]
+    pub_of = {int(i): p.tobytes() for i, p in zip(ids.tolist(), pubs)}
+    # own val under every model (own first): images converted once, no module per peer,
+    # peer models deserialised one at a time
+    models = chain([own], (weights_of(msg.content.array_records[f"m:{peer}"])
+                           for peer in others))
+    e_vals = embed_many(spec, models, data.x_val)
+    e_val = e_vals[0]
     cap, ratio = cfg["emdcfl.max-samples"], cfg["emdcfl.proj-ratio"]
     src, ref, tgt = {}, {}, {}
-    for peer, pub in zip((int(i) for i in ids.tolist()), pubs):
-        if peer == me:
-            continue
-        pair = PairContext(private, me, peer, pub.tobytes(), spec.embed_dim, ratio)
+    for peer, e_peer in zip(others, e_vals[1:]):
+        pair = PairContext(private, me, peer, pub_of[peer], spec.embed_dim, ratio)
         src[str(peer)] = pair.project(e_train, cap)        # W(train_me, ·) source cloud
         ref[str(peer)] = pair.project(e_val, cap)          # reference W(train_me, val_me)
-        peer_model = weights_of(msg.content.array_records[f"m:{peer}"])
-        tgt[str(peer)] = pair.project(embed(spec, peer_model, data.x_val), cap)
+        tgt[str(peer)] = pair.project(e_peer, cap)         # val_me under peer's model
     return reply(msg, arrays={"src": src, "ref": ref, "tgt": tgt},
                  metrics={"num-pairs": len(src)})
 

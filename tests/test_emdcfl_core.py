@@ -181,3 +181,65 @@ def test_participation_keeps_flower_node_ids_exact():
     for _ in range(3):
         picked, _ = part.sample()
         assert set(picked) <= set(ids)
+
+
+def test_fast_embedding_evaluation_and_pooling_equal_the_module_path():
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+
+    from fedclust.emdcfl.model import (
+        CNN,
+        ModelSpec,
+        _pool2,
+        build,
+        embed,
+        embed_many,
+        embed_reference,
+        evaluate,
+        init_weights,
+        to_tensor,
+    )
+
+    h = torch.randn(5, 3, 8, 6)
+    assert torch.equal(_pool2(h), F.max_pool2d(h, 2))
+    rng = np.random.default_rng(0)
+    for spec in (ModelSpec(1, 28, 4, 6, 16, 10), ModelSpec(3, 28, 3, 5, 8, 10)):
+        shape = (300, 28, 28) if spec.in_channels == 1 else (300, 28, 28, 3)
+        x = rng.integers(0, 256, shape, dtype=np.uint8)
+        y = rng.integers(0, 10, 300)
+        models = [init_weights(spec, s) for s in range(3)]
+        fast = embed_many(spec, iter(models), x)              # any iterable, consumed once
+        for w, e in zip(models, fast):
+            assert e.shape == (300, spec.embed_dim)
+            np.testing.assert_allclose(e, embed_reference(spec, w, x), atol=1e-5)
+            np.testing.assert_allclose(embed(spec, w, x), e, atol=1e-6)
+            # the authors' layer order (ReLU → MaxPool) computes the same function
+            old = CNN(spec)
+            f = old.features
+            old.features = nn.Sequential(f[0], f[1], f[2], f[4], f[3], f[5], f[6], f[7])
+            old.load_state_dict(build(spec, w).state_dict())
+            with torch.no_grad():
+                logits = old.eval()(to_tensor(x))
+            loss, acc = evaluate(spec, w, x, y)
+            assert acc == pytest.approx(float((logits.argmax(1).numpy() == y).mean()))
+            assert loss == pytest.approx(float(F.cross_entropy(logits, torch.from_numpy(y))),
+                                         rel=1e-5)
+
+
+def test_channels_last_training_returns_c_ordered_weights_that_learn():
+    from fedclust.emdcfl.model import ModelSpec, evaluate, init_weights, train_local
+
+    spec = ModelSpec(1, 8, 4, 6, 16, 2)
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 2, 256)
+    x = np.where(y[:, None, None] == 1, 200, 20).astype(np.uint8) * np.ones((1, 8, 8), np.uint8)
+    x = np.clip(x + rng.integers(0, 40, x.shape), 0, 255).astype(np.uint8)
+    w0 = init_weights(spec, 0)
+    w1, loss = train_local(spec, w0, x, y, 2, 0.05, 32, 0)
+    assert all(a.flags["C_CONTIGUOUS"] and a.dtype == np.float32 for a in w1)
+    assert [a.shape for a in w1] == [a.shape for a in w0]
+    assert evaluate(spec, w1, x, y)[1] > 0.95
+    w2, _ = train_local(spec, w0, x, y, 2, 0.05, 32, 0)
+    for a, b in zip(w1, w2):                     # seeded: the same run gives the same weights
+        np.testing.assert_array_equal(a, b)

@@ -12,12 +12,14 @@ embeddings are computed in ``eval()`` mode under ``torch.no_grad()``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
 from torch import nn
+from torch.nn import functional as F
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,9 @@ class CNN(nn.Module):
         half = spec.size // 2
         self.features = nn.Sequential(
             nn.Conv2d(spec.in_channels, spec.c1, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(spec.c1, spec.c2, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            # MaxPool before ReLU: the same function as the authors' ReLU → MaxPool (ReLU and
+            # max commute) with a quarter of the ReLU work; parameter names are unchanged
+            nn.Conv2d(spec.c1, spec.c2, 3, padding=1), nn.MaxPool2d(2), nn.ReLU(),
             nn.Flatten(), nn.Linear(spec.c2 * half * half, spec.embed_dim), nn.ReLU())
         self.head = nn.Linear(spec.embed_dim, spec.num_classes)
 
@@ -65,7 +69,8 @@ def init_weights(spec: ModelSpec, seed: int) -> Weights:
 
 
 def get_weights(model: nn.Module) -> Weights:
-    return [p.detach().cpu().numpy().astype(np.float32, copy=True)
+    # C order whatever the tensors' memory format (training runs channels-last)
+    return [np.array(p.detach().cpu().numpy(), dtype=np.float32, order="C", copy=True)
             for p in model.state_dict().values()]
 
 
@@ -92,11 +97,13 @@ def train_local(spec: ModelSpec, weights: Weights, x: NDArray, y: NDArray, epoch
 
     Returns the new weights and the mean training loss of the last epoch.
     """
-    model = build(spec, weights)
+    # channels-last: ~1.5x faster convolutions on one CPU thread (bench/bench_emdcfl_pipeline.py)
+    model = build(spec, weights).to(memory_format=torch.channels_last)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
                           weight_decay=weight_decay)
-    xt, yt = to_tensor(x), torch.from_numpy(np.asarray(y, dtype=np.int64))
+    xt = to_tensor(x).contiguous(memory_format=torch.channels_last)
+    yt = torch.from_numpy(np.asarray(y, dtype=np.int64))
     gen = torch.Generator().manual_seed(int(seed))
     loss_fn = nn.CrossEntropyLoss()
     last = float("nan")
@@ -109,7 +116,8 @@ def train_local(spec: ModelSpec, weights: Weights, x: NDArray, y: NDArray, epoch
         for start in range(0, stop, batch_size):
             idx = order[start:start + batch_size]
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(xt[idx]), yt[idx])
+            loss = loss_fn(model(xt[idx].contiguous(memory_format=torch.channels_last)),
+                           yt[idx])
             loss.backward()
             opt.step()
             total += float(loss.detach()) * len(idx)
@@ -120,26 +128,85 @@ def train_local(spec: ModelSpec, weights: Weights, x: NDArray, y: NDArray, epoch
 
 @torch.no_grad()
 def evaluate(spec: ModelSpec, weights: Weights, x: NDArray, y: NDArray,
-             batch_size: int = 1024) -> tuple[float, float]:
+             batch_size: int = 128) -> tuple[float, float]:
     """(mean cross-entropy loss, accuracy) of the model on ``(x, y)``; eval mode, no grads."""
     if len(x) == 0:
         return float("nan"), float("nan")
-    model = build(spec, weights).eval()
+    w = _tensors(weights)
     xt, yt = to_tensor(x), torch.from_numpy(np.asarray(y, dtype=np.int64))
     loss, correct = 0.0, 0
     for s in range(0, len(xt), batch_size):
-        out = model(xt[s:s + batch_size])
-        loss += float(nn.functional.cross_entropy(out, yt[s:s + batch_size], reduction="sum"))
+        out = F.linear(_features(w, xt[s:s + batch_size]), w[6], w[7])
+        loss += float(F.cross_entropy(out, yt[s:s + batch_size], reduction="sum"))
         correct += int((out.argmax(1) == yt[s:s + batch_size]).sum())
     return loss / len(xt), correct / len(xt)
 
 
 @torch.no_grad()
-def embed(spec: ModelSpec, weights: Weights, x: NDArray, batch_size: int = 1024
-          ) -> NDArray[np.float32]:
-    """Penultimate-layer embeddings of ``x`` (eval mode, no gradients), shape (N, embed_dim)."""
+def embed_reference(spec: ModelSpec, weights: Weights, x: NDArray, batch_size: int = 1024
+                    ) -> NDArray[np.float32]:
+    """The module path (build a :class:`CNN`, load the weights, ``eval()``, ``embed``): the
+    reference that :func:`embed_many` is tested and benchmarked against."""
     model = build(spec, weights).eval()
     xt = to_tensor(x)
     parts = [model.embed(xt[s:s + batch_size]) for s in range(0, len(xt), batch_size)]
     return torch.cat(parts).numpy().astype(np.float32) if parts else np.zeros(
         (0, spec.embed_dim), np.float32)
+
+
+def _pool2(h: torch.Tensor) -> torch.Tensor:
+    """2×2 max-pooling as the maximum of the four strided views (inference only).
+
+    Equal to ``F.max_pool2d(h, 2)`` for even sizes, and ~5× faster on one CPU thread than
+    PyTorch's kernel (which also tracks indices for the backward pass).
+    """
+    return torch.maximum(torch.maximum(h[:, :, 0::2, 0::2], h[:, :, 0::2, 1::2]),
+                         torch.maximum(h[:, :, 1::2, 0::2], h[:, :, 1::2, 1::2]))
+
+
+def _tensors(weights: Weights) -> list[torch.Tensor]:
+    """The weight arrays as tensors sharing their memory (no module, no copy)."""
+    return [torch.from_numpy(np.asarray(w, dtype=np.float32)) for w in weights]
+
+
+def _features(w: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """The CNN's embedding computed functionally (no ``nn.Module`` is built).
+
+    Same maths as :meth:`CNN.embed` in ``eval()`` mode; the second convolution runs
+    channels-last and the ReLU after it is applied after pooling (ReLU and max commute).
+    """
+    h = F.relu(F.conv2d(x, w[0], w[1], padding=1))
+    h = F.conv2d(h.contiguous(memory_format=torch.channels_last), w[2], w[3], padding=1)
+    if h.shape[-1] % 2 or h.shape[-2] % 2:      # odd sizes: PyTorch floors; use its kernel
+        h = F.max_pool2d(h, 2)
+    else:
+        h = _pool2(h)
+    return F.relu(F.linear(F.relu(h).flatten(1), w[4], w[5]))
+
+
+@torch.no_grad()
+def embed(spec: ModelSpec, weights: Weights, x: NDArray | torch.Tensor, batch_size: int = 128
+          ) -> NDArray[np.float32]:
+    """Penultimate-layer embeddings of ``x`` (eval mode, no gradients), shape (N, embed_dim)."""
+    return embed_many(spec, [weights], x, batch_size)[0]
+
+
+@torch.no_grad()
+def embed_many(spec: ModelSpec, models: Iterable[Weights], x: NDArray | torch.Tensor,
+               batch_size: int = 128) -> list[NDArray[np.float32]]:
+    """Embeddings of the same images ``x`` under each model of ``models``.
+
+    The images are converted to a tensor once and every model runs functionally from its
+    weight arrays (no module construction or state-dict loading per model). Chunks of 128
+    images keep the intermediate maps in cache (~1.7x faster than 1 024 on one thread).
+    """
+    xt = x if isinstance(x, torch.Tensor) else to_tensor(x)
+    out = []
+    for weights in models:
+        if len(weights) != 8:
+            raise ValueError(f"expected 8 weight arrays, got {len(weights)}")
+        w = _tensors(weights)
+        parts = [_features(w, xt[s:s + batch_size]) for s in range(0, len(xt), batch_size)]
+        out.append(torch.cat(parts).numpy().astype(np.float32, copy=False) if parts
+                   else np.zeros((0, spec.embed_dim), np.float32))
+    return out
