@@ -61,6 +61,21 @@ def test_accept_matrix_per_cluster() -> None:
     assert not empty[1].any()     # cluster 1 has no samples
 
 
+def test_accept_matrix_best_per_client() -> None:
+    rng = np.random.default_rng(1)
+    labels = np.zeros(100, int)
+    own = rng.random((1, 100))
+    close, closer = own[0].copy(), own[0].copy()
+    close[:3] += 10               # outliers stretch the range: the other gaps normalise small
+    closer[:3] += 10
+    close[3:20] += 5              # 17% of the gaps at 0.5 > θ: Pr = 0.80 ≥ α, 'closer' 0.97
+    foreign = np.stack([close, closer, close])
+    assert accept_matrix(labels, own, foreign, 0.2, 0.75).tolist() == [[True, True, True]]
+    # foreign models 0 and 1 belong to client 7, model 2 to client 9: one accept per client
+    one = accept_matrix(labels, own, foreign, 0.2, 0.75, groups=np.array([7, 7, 9]))
+    assert one.tolist() == [[False, True, True]]
+
+
 def test_components_and_isolated() -> None:
     nodes = [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (3, 0)]
     edges = [((0, 0), (1, 0)), ((1, 0), (2, 0)), ((0, 1), (1, 1))]
@@ -174,12 +189,13 @@ def test_generator_refuses_to_duplicate() -> None:
 # --- stacked autoencoders -------------------------------------------------------------------
 
 
-def test_stacked_training_equals_separate_training() -> None:
+@pytest.mark.parametrize("kind", ["keras", "torch"])
+def test_stacked_training_equals_separate_training(kind: str) -> None:
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)
     data = [rng.random((37, 16)).astype(np.float32), rng.random((70, 16)).astype(np.float32)]
     sizes = ae.layer_sizes(16, [8, 4])
-    p0 = ae.init_params(2, sizes, seed=5)
+    p0 = ae.init_params(2, sizes, seed=5, kind=kind)
     together, info = ae.train(p0, data, epochs=3, batch_size=16, seed=1)
     # model 1 alone, with the same permutations: replay the rng draws of the joint run
     alone, _ = ae.train(ae.select(p0, [0]), data[:1], epochs=3, batch_size=16, seed=1)
@@ -188,6 +204,24 @@ def test_stacked_training_equals_separate_training() -> None:
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     e = ae.errors(together, np.concatenate(data))
     assert e.shape == (2, 107) and np.all(e >= 0)
+
+
+def test_init_keras_is_glorot_uniform_with_zero_bias_and_torch_is_linear_default() -> None:
+    sizes = ae.layer_sizes(784, [100, 64, 32])
+    k = ae.init_params(3, sizes, seed=0, kind="keras")
+    t = ae.init_params(3, sizes, seed=0, kind="torch")
+    for layer, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=False)):
+        w, b = k[2 * layer], k[2 * layer + 1]
+        limit = np.sqrt(6.0 / (fan_in + fan_out))
+        assert w.shape == (3, fan_in, fan_out) and float(w.abs().max()) <= limit
+        assert float(w.abs().max()) > 0.9 * limit          # spans the glorot range
+        assert float(w.std()) == pytest.approx(limit / np.sqrt(3), rel=0.1)
+        assert torch.count_nonzero(b) == 0
+        bound = 1 / np.sqrt(fan_in)
+        assert float(t[2 * layer].abs().max()) <= bound and float(t[2 * layer + 1].abs().max()) > 0
+    assert not torch.equal(k[0][0], k[0][1])               # independent models
+    with pytest.raises(ValueError, match="keras"):
+        ae.init_params(1, sizes, seed=0, kind="xavier")
 
 
 def test_errors_match_forward_and_fedavg_weights() -> None:

@@ -49,7 +49,8 @@ def accepts(e_own: NDArray, e_foreign: NDArray, theta: float, alpha: float) -> N
 
 
 def accept_matrix(labels: NDArray[np.int64], own_errors: NDArray, foreign_errors: NDArray,
-                  theta: float, alpha: float, min_size: int = 2) -> NDArray[np.bool_]:
+                  theta: float, alpha: float, min_size: int = 2,
+                  groups: NDArray[np.int64] | None = None) -> NDArray[np.bool_]:
     """Client-side association: which foreign models each local cluster accepts.
 
     Parameters
@@ -60,6 +61,9 @@ def accept_matrix(labels: NDArray[np.int64], own_errors: NDArray, foreign_errors
     foreign_errors : (F, n) errors of F received models on all local samples
     theta, alpha : see :func:`accepts`
     min_size : clusters smaller than this accept nothing
+    groups : (F,) optional owner (foreign client) of each foreign model. When given, a local
+        cluster accepts at most one model per foreign client: the accepted one with the
+        largest Pr{D ≤ θ} (ties: the first). Off by default (the paper tests all pairs).
 
     Returns
     -------
@@ -71,7 +75,18 @@ def accept_matrix(labels: NDArray[np.int64], own_errors: NDArray, foreign_errors
         mask = labels == q
         if mask.sum() < min_size or not np.all(np.isfinite(own_errors[q, mask])):
             continue
-        out[q] = accepts(own_errors[q, mask], foreign_errors[:, mask], theta, alpha)
+        if foreign_errors.shape[0] == 0:
+            continue
+        d = normalized_gap(np.broadcast_to(own_errors[q, mask], foreign_errors[:, mask].shape),
+                           foreign_errors[:, mask])
+        score = (d <= theta).mean(axis=-1)
+        ok = score >= alpha
+        if groups is not None:
+            for g in np.unique(groups[ok]):
+                cand = np.flatnonzero(ok & (groups == g))
+                ok[cand] = False
+                ok[cand[np.argmax(score[cand])]] = True
+        out[q] = ok
     return out
 
 

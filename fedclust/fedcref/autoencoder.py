@@ -30,14 +30,26 @@ def layer_sizes(n_features: int, hidden: Sequence[int]) -> list[int]:
     return [n_features, *hidden, *hidden[-2::-1], n_features]
 
 
-def init_params(n_models: int, sizes: Sequence[int], seed: int) -> Params:
-    """Independent PyTorch-``nn.Linear``-style init (U(±1/√fan_in)) for each stacked model."""
+def init_params(n_models: int, sizes: Sequence[int], seed: int, kind: str = "keras") -> Params:
+    """Independent initialisation of each stacked model.
+
+    ``kind="keras"`` (the reference code's Keras ``Dense`` defaults): weights glorot-uniform
+    U(±√(6/(fan_in+fan_out))), biases zero. ``kind="torch"`` (PyTorch ``nn.Linear``): weights
+    and biases U(±1/√fan_in).
+    """
+    if kind not in ("keras", "torch"):
+        raise ValueError(f"unknown autoencoder init {kind!r}: expected 'keras' or 'torch'")
     gen = torch.Generator().manual_seed(int(seed) & 0x7FFF_FFFF_FFFF_FFFF)
     params: Params = []
     for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=False):
-        bound = 1.0 / float(np.sqrt(fan_in))
-        params.append((torch.rand(n_models, fan_in, fan_out, generator=gen) * 2 - 1) * bound)
-        params.append((torch.rand(n_models, 1, fan_out, generator=gen) * 2 - 1) * bound)
+        if kind == "keras":
+            limit = float(np.sqrt(6.0 / (fan_in + fan_out)))
+            params.append((torch.rand(n_models, fan_in, fan_out, generator=gen) * 2 - 1) * limit)
+            params.append(torch.zeros(n_models, 1, fan_out))
+        else:
+            bound = 1.0 / float(np.sqrt(fan_in))
+            params.append((torch.rand(n_models, fan_in, fan_out, generator=gen) * 2 - 1) * bound)
+            params.append((torch.rand(n_models, 1, fan_out, generator=gen) * 2 - 1) * bound)
     return params
 
 

@@ -115,7 +115,7 @@ def train_local(state: ClientState, x: NDArray, cfg: dict[str, Any], seed: int) 
     sizes = np.bincount(state.labels, minlength=state.k)
     clusters = np.flatnonzero(sizes >= cfg["fedcref.min-cluster-size"])
     layer = ae.layer_sizes(x.shape[1], hidden_sizes(cfg))
-    params = ae.init_params(len(clusters), layer, seed)
+    params = ae.init_params(len(clusters), layer, seed, cfg["fedcref.ae-init"])
     if len(clusters):
         params, _ = ae.train(params, [x[state.labels == q] for q in clusters],
                              cfg["fedcref.ae-epochs"], cfg["fedcref.batch-size"], cfg["fedcref.lr"],
@@ -152,8 +152,10 @@ def associate(state: ClientState, x: NDArray, keys: list[str], new_models: dict[
         state.own_errors = own_error_matrix(state, x)
     foreign = (np.stack([state.cache[k] for k in keys]) if keys
                else np.zeros((0, len(x)), dtype=np.float32))
+    groups = (np.array([int(str(k).split(":")[0]) for k in keys], dtype=np.int64)
+              if cfg["fedcref.assoc-best-per-client"] else None)
     acc = accept_matrix(state.labels, state.own_errors, foreign, cfg["fedcref.theta"],
-                        cfg["fedcref.alpha"], cfg["fedcref.min-cluster-size"])
+                        cfg["fedcref.alpha"], cfg["fedcref.min-cluster-size"], groups)
     return acc, [], time.perf_counter() - t0
 
 

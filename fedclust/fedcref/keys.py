@@ -49,6 +49,9 @@ KEYS: list[Key] = [
     Key("fedcref.association", str, "mutual", "cluster graph: 'mutual' (the algorithm), "
         "'perfect' (baseline: graph from ground truth), 'none' (local-only baseline)",
         choices=("mutual", "perfect", "none")),
+    Key("fedcref.assoc-best-per-client", bool, True, "deviation (false = paper): a cluster "
+        "accepts at most one cluster per foreign client, its best-scoring one (the reference "
+        "code kept the first match per client pair)"),
     Key("fedcref.max-iterations", int, 10, "maximum FedCRef iterations", low=1),
     Key("fedcref.stop-window", int, 3, "stop when communities and isolated counts change by at "
         "most stop-change for this many consecutive iterations", low=1),
@@ -60,7 +63,11 @@ KEYS: list[Key] = [
     Key("fedcref.ae-epochs", int, 20, "epochs of local cluster autoencoder training", low=1),
     Key("fedcref.ae-patience", int, 4, "early stopping patience on the epoch loss (0 = off)",
         low=0),
-    Key("fedcref.batch-size", int, 64, "mini-batch size of all autoencoder training", low=1),
+    Key("fedcref.ae-init", str, "keras", "autoencoder weight init: 'keras' (glorot-uniform "
+        "weights, zero biases; the reference code) or 'torch' (nn.Linear default)",
+        choices=("keras", "torch")),
+    Key("fedcref.batch-size", int, 32, "mini-batch size of all autoencoder training (reference "
+        "code: Keras default 32)", low=1),
     Key("fedcref.lr", float, 1e-3, "Adam learning rate", low=0.0, low_open=True),
     Key("fedcref.min-cluster-size", int, 5, "clusters smaller than this get no model", low=1),
     Key("fedcref.torch-threads", int, 1, "torch threads per client process (1 is fastest on a "
