@@ -54,27 +54,43 @@ def run(name: str, seeds: list[int], overrides: dict[str, str], out_root: Path) 
 
 
 def table(root: Path) -> str:
+    """Mean ± 95% CI per experiment, then one line per seed.
+
+    "isolated start" is the paper's convention (every cluster before any association, Σ K_i);
+    "after it. 1" is the count after the first association.
+    """
     from fedclust.fedcref.evaluation import mean_ci
 
     rows = ["| experiment | runs | ACC start | ACC end | communities | ideal | wrong ass. % | "
-            "isolated start → end | iterations | wall s |", "|" + "---|" * 10]
+            "isolated start → after it. 1 → end | iterations | wall s |", "|" + "---|" * 10]
+    seeds = ["| experiment | seed | ACC start → end | communities | wrong ass. % | "
+             "isolated start → it. 1 → end | iterations | stop | wall s |", "|" + "---|" * 9]
     for exp in sorted(p for p in root.iterdir() if p.is_dir()):
-        sums = [json.loads(p.read_text()) for p in sorted(exp.glob("seed*/summary.json"))]
-        if not sums:
+        runs = sorted(p.parent for p in exp.glob("seed*/summary.json"))
+        if not runs:
             continue
-        benches = [json.loads(p.read_text()) for p in sorted(exp.glob("seed*/bench.json"))]
-        ms = [s["metrics"] for s in sums]
+        ms = [json.loads((r / "summary.json").read_text())["metrics"] for r in runs]
+        walls = [json.loads((r / "bench.json").read_text())["wall_s"]
+                 if (r / "bench.json").exists() else float("nan") for r in runs]
 
         def f(key: str, nd: int = 3, ms=ms) -> str:
             m, h = mean_ci([x.get(key) if x.get(key) is not None else float("nan") for x in ms])
             return f"{m:.{nd}f} ± {h:.{nd}f}"
 
-        wall = mean_ci([b["wall_s"] for b in benches])[0] if benches else float("nan")
         rows.append(f"| {exp.name} | {len(ms)} | {f('eval_acc_start')} | {f('eval_acc_end')} | "
                     f"{f('communities', 1)} | {f('eval_ideal_communities', 1)} | "
                     f"{f('eval_wrong_associations_pct', 1)} | {f('isolated_start', 1)} → "
-                    f"{f('isolated_end', 1)} | {f('iterations', 1)} | {wall:.0f} |")
-    return "\n".join(rows)
+                    f"{f('isolated_first', 1)} → {f('isolated_end', 1)} | "
+                    f"{f('iterations', 1)} | {mean_ci(walls)[0]:.0f} |")
+        for r, m, w in zip(runs, ms, walls, strict=False):
+            nan = float("nan")
+            seeds.append(f"| {exp.name} | {r.name[4:]} | {m.get('eval_acc_start', nan):.3f} → "
+                         f"{m.get('eval_acc_end', nan):.3f} | {m.get('communities')} | "
+                         f"{m.get('eval_wrong_associations_pct', nan):.1f} | "
+                         f"{m.get('isolated_start')} → {m.get('isolated_first')} → "
+                         f"{m.get('isolated_end')} | {m.get('iterations')} | "
+                         f"{m.get('stop_reason')} | {w:.0f} |")
+    return "\n".join(rows) + "\n\n" + "\n".join(seeds)
 
 
 def main() -> None:

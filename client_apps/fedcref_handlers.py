@@ -105,8 +105,35 @@ def _setup(msg: Message, context: Context) -> tuple[dict, np.ndarray, np.ndarray
         msg.content.config_records else {}
     st = _load_state(context)
     if st is None:
-        st = _init_state(context, cfg, x, y, k, int(conf.get("init-seed", cfg["seed"])))
+        st = _init_state(context, cfg, x, y, k, core.derive_seed(cfg["seed"], client_key(x), 0))
     return cfg, x, (y if cfg["evaluate"] else None), st, conf
+
+
+def client_key(x: np.ndarray) -> int:
+    """This client's identity: a 63-bit digest of its samples.
+
+    Every client-side random stream is seeded from (server phase seed, this key), and the
+    server orders clients by it, so that results do not depend on node ids or on which process
+    serves a message (deployment vs simulation vs in-process). The digest reveals nothing
+    about the samples beyond equality of whole datasets.
+    """
+    import hashlib
+    import weakref
+
+    hit = _KEYS.get(id(x))
+    if hit is not None and hit[0]() is x:
+        return hit[1]
+    digest = hashlib.sha256(np.ascontiguousarray(x, dtype=np.float32).tobytes()).digest()
+    key = int.from_bytes(digest[:8], "little") >> 1
+    _KEYS[id(x)] = (weakref.ref(x), key)
+    return key
+
+
+_KEYS: dict[int, tuple[Any, int]] = {}   # id(x) -> (weakref to x, key): x arrays are cached
+
+
+def _client_seed(conf: dict, x: np.ndarray) -> int:
+    return core.derive_seed(int(conf.get("seed", 0)), client_key(x))
 
 
 def _eval(st: core.ClientState, y: np.ndarray | None, cfg: dict) -> dict:
@@ -133,7 +160,7 @@ def fedcref_local(msg: Message, context: Context) -> Message:
     arrays: dict[str, dict[str, np.ndarray]] = {}
     seconds = 0.0
     if bool(conf.get("active", True)) or not ae.n_models(st.models):
-        info = core.train_local(st, x, cfg, int(conf.get("seed", 0)))
+        info = core.train_local(st, x, cfg, _client_seed(conf, x))
         seconds = info["seconds"]
         arrays["models"] = ae.to_numpy(st.models) if ae.n_models(st.models) else {}
         arrays["clusters"] = {"clusters": st.model_clusters}
@@ -141,7 +168,8 @@ def fedcref_local(msg: Message, context: Context) -> Message:
     arrays = {k: v for k, v in arrays.items() if v}
     _save_state(context, st)
     return reply(msg, arrays=arrays, metrics={"seconds": seconds, "k": st.k,
-                                              "version": st.version, "n": len(x)})
+                                              "version": st.version, "n": len(x),
+                                              "key": client_key(x)})
 
 
 @app.query("fedcref_assoc")
@@ -171,7 +199,7 @@ def fedcref_comm(msg: Message, context: Context) -> Message:
     flat = np.asarray(conf["members-flat"], dtype=np.int64)
     members = np.split(flat, np.cumsum(lens)[:-1])
     out, counts = core.train_communities(x, st.labels, params, members, cfg,
-                                         int(conf.get("seed", 0)))
+                                         _client_seed(conf, x))
     return reply(msg, arrays={"models": ae.to_numpy(out), "counts": {"counts": counts}},
                  metrics={"seconds": time.perf_counter() - t0})
 

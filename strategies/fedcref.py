@@ -79,6 +79,15 @@ def _pad(tables: list[np.ndarray]) -> list[np.ndarray]:
     return [np.pad(t, ((0, 0), (0, width - t.shape[1]))) for t in tables]
 
 
+def order_by_client_key(nodes: list[int], keys: dict[int, int]) -> list[int]:
+    """Nodes sorted by the identity key their client reported (nodes without one last, by id).
+
+    Client seeds and the order of clients and communities then depend only on what each
+    client holds, never on the node ids the engine assigned (random in deployment).
+    """
+    return sorted(nodes, key=lambda nid: (nid not in keys, keys.get(nid, 0), nid))
+
+
 def preflight(cfg: dict[str, Any]) -> None:
     """Fail before any work if the dataset is missing or cannot supply the system."""
     if cfg["dataset"] != "local":
@@ -105,6 +114,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     calm = 0
     acc_start = float("nan")
     iso_start: int | None = None
+    iso_first: int | None = None
     progress = Progress(cfg["fedcref.max-iterations"], "fedcref iteration")
     last: dict[str, Any] = {}
     stop_reason = "max-iterations"
@@ -118,11 +128,16 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         def local_content(nid: int, t: int = t) -> RecordDict:
             return RecordDict({"config": ConfigRecord({
                 "active": nid in active, "iteration": t,
-                "seed": derive_seed(seed, index[nid], t, 1),
-                "init-seed": derive_seed(seed, index[nid], 0, 0)})})
+                "seed": derive_seed(seed, t, 1)})})
 
         ex = send_and_collect(grid, nodes, local_content, "train.fedcref_local", f"local-{t}",
                               timeout)
+        if t == 1:
+            # Client order (and so community order) by the clients' own identity keys, not by
+            # node ids, which differ between engines and runs (see client_key).
+            nodes = order_by_client_key(nodes, {nid: int(c.metric_records["metrics"]["key"])
+                                                for nid, c in ex.replies.items()})
+            index = {nid: i for i, nid in enumerate(nodes)}
         traffic.add("local_training", ex)
         LOG.info("iteration %d: local training %.1fs", t, ex.seconds)
         dropped_now["local"] = sorted(ex.failed)
@@ -153,7 +168,8 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         if mode == "mutual":
             keys_all = {key: f"{key[0]}:{key[1]}:{store[key][0]}" for key in graph_nodes}
 
-            def foreign(nid: int, graph_nodes: list[Node] = graph_nodes) -> list[Node]:
+            def foreign(nid: int, graph_nodes: list[Node] = graph_nodes,
+                        index: dict[int, int] = index) -> list[Node]:
                 return [key for key in graph_nodes if key[0] != index[nid]]
 
             def assoc_content(nid: int, only: set[str] | None = None,
@@ -216,7 +232,10 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         rec.update({"communities": len(groups), "isolated": len(isolated),
                     "edges": len(edges), "clusters": len(graph_nodes)})
         if iso_start is None:
-            iso_start = len(isolated)
+            # the paper's "isolated start" (Tables 3-8, Fig. 4d): before any association every
+            # cluster is isolated, i.e. the total number of clusters Σ K_i
+            iso_start = int(sum(ks.values()))
+            iso_first = len(isolated)
         if evaluate and hists:
             node_hist = {(index[n], q): hists[n][q] for n in hists for q in range(len(hists[n]))}
             w, tot, pct = wrong_associations(groups, node_hist)
@@ -231,7 +250,8 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         # 4. community models (FedAvg, all communities in parallel) ----------------------------
         comm_params: ae.Params = []
         if groups and layer is not None:
-            comm_params = ae.init_params(len(groups), layer, derive_seed(seed, 7, t, 2))
+            comm_params = ae.init_params(len(groups), layer, derive_seed(seed, 7, t, 2),
+                                         cfg["fedcref.ae-init"])
             by_client: dict[int, list[tuple[int, list[int]]]] = {}
             for g, members in enumerate(groups):
                 per: dict[int, list[int]] = {}
@@ -243,7 +263,8 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
                 np_params = ae.to_numpy(comm_params)
 
                 def comm_content(nid: int, t: int = t, rnd: int = rnd, np_params: dict = np_params,
-                                 by_client: dict = by_client) -> RecordDict:
+                                 by_client: dict = by_client,
+                                 index: dict[int, int] = index) -> RecordDict:
                     mine = by_client[index[nid]]
                     gs = [g for g, _ in mine]
                     return RecordDict({
@@ -251,7 +272,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
                         "config": ConfigRecord({
                             "communities": gs, "members-len": [len(qs) for _, qs in mine],
                             "members-flat": [q for _, qs in mine for q in qs],
-                            "seed": derive_seed(seed, index[nid], t, 100 + rnd)})})
+                            "seed": derive_seed(seed, t, 100 + rnd)})})
 
                 targets = [nodes[ci] for ci in sorted(by_client)]
                 ex = send_and_collect(grid, targets, comm_content, "train.fedcref_comm",
@@ -261,7 +282,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
                     dropped_now.setdefault("comm", [])
                     dropped_now["comm"] = sorted(set(dropped_now["comm"]) | set(ex.failed))
                 contributions: dict[int, list[tuple[ae.Params, float]]] = {}
-                for nid, content in ex.replies.items():
+                for nid, content in sorted(ex.replies.items(), key=lambda kv: index[kv[0]]):
                     got = ae.from_numpy({k: v.numpy() for k, v in
                                          content.array_records["models"].items()})
                     counts = content.array_records["counts"]["counts"].numpy()
@@ -340,7 +361,8 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     out: dict[str, Any] = {
         "iterations": t, "stop_reason": stop_reason,
         "communities": last.get("communities"), "isolated_start": iso_start,
-        "isolated_end": last.get("isolated"), "active_clients": len(active),
+        "isolated_first": iso_first, "isolated_end": last.get("isolated"),
+        "active_clients": len(active),
         "bytes_sent": traffic.sent, "bytes_received": traffic.received,
         "seconds": traffic.seconds, "client_seconds": traffic.client_seconds,
         "dropped_nodes": sorted(dropped), "association": mode,

@@ -66,11 +66,9 @@ def emdcfl_files(cfg: dict, directory: Path) -> list[dict[str, Any]]:
     return nodes
 
 
-# FedCRef's refinement result differs between one long-lived client process (in-process grid)
-# and a fresh process per message (deployment): eval_acc_end 0.5 vs 0.467 in the same job, all
-# structural outcomes equal. Reported to the FedCRef owner (state that lives outside
-# context.state, e.g. RNG state carried across messages); compared structurally until fixed.
-PROCESS_DEPENDENT = {"fedcref": ("eval_acc_end",)}
+# Metrics that may legitimately differ between engines, per method (none at present: FedCRef
+# seeds every client stream from the client's own data key, not from engine node ids).
+PROCESS_DEPENDENT: dict[str, tuple[str, ...]] = {}
 
 
 def _comparable(metrics: dict[str, Any], method: str = "") -> dict[str, Any]:

@@ -14,7 +14,7 @@ from fedclust.fedcref import client as core
 from fedclust.fedcref.system import SystemSizeError
 from tests.fake_grid import run_server
 
-FAST = {"fedcref.fl-rounds": 3, "fedcref.fl-local-epochs": 3, "fedcref.batch-size": 16,
+FAST = {"fedcref.fl-rounds": 3, "fedcref.fl-local-epochs": 6, "fedcref.batch-size": 16,
         "fedcref.ae-epochs": 20, "fedcref.ae-patience": 0, "fedcref.max-iterations": 2,
         "fedcref.k-max": 3, "fedcref.samples-per-cluster": 30, "plots": False}
 
@@ -64,6 +64,8 @@ def test_recovers_planted_clusters(main_run) -> None:
     assert first["communities"] <= first["eval_ideal_communities"]
     for key in ("isolated", "active_clients", "bytes_sent", "bytes_received", "seconds"):
         assert key in first
+    # the paper's "isolated start": all clusters, before any association; then after it. 1
+    assert m["isolated_start"] == first["clusters"] > first["isolated"] == m["isolated_first"]
     assert (out / "fedcref_figure4.png").stat().st_size > 0
 
 
@@ -127,7 +129,8 @@ def test_bad_input_fails_before_any_work(data_root: Path, tmp_path: Path) -> Non
 def test_client_cache_reports_missing_models() -> None:
     st = core.ClientState(labels=np.array([0, 0, 1, 1]), k=2)
     st.own_errors = np.random.default_rng(0).random((2, 4)).astype(np.float32)
-    cfg = {"fedcref.theta": 0.2, "fedcref.alpha": 0.75, "fedcref.min-cluster-size": 1}
+    cfg = {"fedcref.theta": 0.2, "fedcref.alpha": 0.75, "fedcref.min-cluster-size": 1,
+           "fedcref.assoc-best-per-client": True}
     acc, missing, _ = core.associate(st, np.zeros((4, 3), np.float32), ["1:0:1"], {}, cfg)
     assert missing == ["1:0:1"]
     st.cache["1:0:1"] = st.own_errors[0]
@@ -146,3 +149,15 @@ def test_flwr_run_smoke(tmp_path: Path) -> None:
     outcome, summary = run_flwr(cfg, num_supernodes=3, timeout=300)
     assert summary is not None, outcome
     assert summary["metrics"]["iterations"] == 1
+
+
+def test_result_does_not_depend_on_node_ids(data_root: Path, tmp_path: Path) -> None:
+    # Engines assign node ids freely (random in deployment): the same clients behind permuted
+    # node ids must give the same run (client seeds and order come from the clients' data keys).
+    cfg = _cfg(data_root, tmp_path / "a", **{"fedcref.max-iterations": 1, "num-clients": 4})
+    ref, _ = run_server(cfg)
+    perm = [{"partition-id": p, "num-partitions": 4} for p in (2, 0, 3, 1)]
+    got, _ = run_server({**cfg, "output-dir": str(tmp_path / "b")}, node_configs=perm)
+    for key in ("eval_acc_start", "eval_acc_end", "communities", "isolated_end",
+                "eval_wrong_associations_pct"):
+        assert got["metrics"][key] == pytest.approx(ref["metrics"][key], rel=1e-9), key
