@@ -67,10 +67,11 @@ def table(out: Path) -> str:
     for r in rows:
         c = r["config"]
         key = (c["dataset"], c.get("emdcfl.rotation", "max"), c["emdcfl.algorithm"],
-               float(c.get("emdcfl.epsilon", 0.1)))
+               float(c.get("emdcfl.epsilon", 0.1)), int(c.get("emdcfl.local-epochs", 1)),
+               int(c.get("num-clients", 0)))
         groups.setdefault(key, []).append(r)
-    lines = ["| dataset | rotation | method | eps | seeds | avg acc | worst acc | ARI | "
-             "clusters | run s | EMD s (share) |", "|" + "---|" * 11]
+    lines = ["| dataset | rotation | clients | epochs/round | method | eps | seeds | avg acc | "
+             "worst acc | ARI | clusters | run s | EMD s (share) |", "|" + "---|" * 13]
 
     def ms(vals: list[float], scale: float = 100.0, nd: int = 2) -> str:
         v = np.array(vals, dtype=float) * scale
@@ -84,7 +85,8 @@ def table(out: Path) -> str:
             emd = (f"{np.mean([x['emd_s'] for x in m]):.1f} "
                    f"({100 * np.mean([x['emd_share_of_run'] for x in m]):.1f} %)")
         lines.append(
-            f"| {key[0]} | {key[1]} | {key[2]} | {key[3] if key[2] == 'emdcfl' else ''} | "
+            f"| {key[0]} | {key[1]} | {key[5]} | {key[4]} | {key[2]} | "
+            f"{key[3] if key[2] == 'emdcfl' else ''} | "
             f"{','.join(str(r['config']['seed']) for r in rs)} | "
             f"{ms([x['eval_acc_mean'] for x in m])} | {ms([x['eval_acc_worst'] for x in m])} | "
             f"{ms([x['eval_ari'] for x in m], 1.0)} | "
