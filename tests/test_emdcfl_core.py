@@ -243,3 +243,25 @@ def test_channels_last_training_returns_c_ordered_weights_that_learn():
     w2, _ = train_local(spec, w0, x, y, 2, 0.05, 32, 0)
     for a, b in zip(w1, w2):                     # seeded: the same run gives the same weights
         np.testing.assert_array_equal(a, b)
+
+
+def test_experiment_table_keeps_runs_with_other_epochs_or_clients_apart(tmp_path):
+    import json
+
+    from fedclust.emdcfl.experiments import CPU, PAPER, SMALL, table
+
+    assert CPU["emdcfl.samples"] == PAPER["emdcfl.samples"] == 5420     # the paper's client size
+    assert CPU["emdcfl.epsilon"] == 0.1 and SMALL["emdcfl.samples"] == 500
+    metrics = {"eval_acc_mean": 0.9, "eval_acc_worst": 0.8, "eval_ari": 1.0, "num_clusters": 3,
+               "emd_s": 1.0, "emd_share_of_run": 0.1}
+    rows = []
+    for seed, epochs, clients in [(0, 2, 30), (1, 2, 30), (0, "5", 30), (0, 2, "12")]:
+        cfg = {"dataset": "backdoor-mnist", "emdcfl.algorithm": "emdcfl", "seed": seed,
+               "emdcfl.epsilon": 0.1, "emdcfl.local-epochs": epochs, "num-clients": clients}
+        rows.append(json.dumps({"config": cfg, "seconds": 10.0, "metrics": metrics}))
+    (tmp_path / "results.jsonl").write_text("\n".join(rows) + "\n")
+    lines = table(tmp_path).splitlines()[2:]
+    assert len(lines) == 3
+    assert any("| 30 | 2 | emdcfl | 0.1 | 0,1 |" in line for line in lines)
+    assert any("| 30 | 5 |" in line for line in lines)
+    assert any("| 12 | 2 |" in line for line in lines)
