@@ -35,14 +35,19 @@ class InProcessGrid(Grid):
         ``(node_id, message) -> bool``; True means the node does not answer this message.
     inspect : callable, optional
         Called with every (instruction, reply) pair.
+    keep_sent : bool, default False
+        Keep every instruction in ``sent`` (for tests that inspect them). Off by default: a
+        long run relays gigabytes of models, and keeping them all grows memory without bound.
     """
 
     def __init__(self, client_app: ClientApp, num_nodes: int, run_config: Mapping[str, Any],
                  node_configs: list[Mapping[str, Any]] | None = None,
                  drop: Callable[[int, Message], bool] | None = None,
-                 inspect: Callable[[Message, Message], None] | None = None) -> None:
+                 inspect: Callable[[Message, Message], None] | None = None,
+                 keep_sent: bool = False) -> None:
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
         self.client_app, self.drop, self.inspect = client_app, drop, inspect
+        self.keep_sent = keep_sent
         self._replies: dict[str, Message] = {}
         self.sent: list[Message] = []
         self.contexts = {}
@@ -70,7 +75,8 @@ class InProcessGrid(Grid):
         for msg in messages:
             mid = uuid.uuid4().hex
             msg.metadata.__dict__["_message_id"] = mid
-            self.sent.append(msg)
+            if self.keep_sent:
+                self.sent.append(msg)
             ids.append(mid)
             nid = msg.metadata.dst_node_id
             if self.drop is not None and self.drop(nid, msg):

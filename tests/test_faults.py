@@ -160,7 +160,7 @@ def test_error_reply_with_superlink_sender_id_is_attributed_to_the_destination(t
             return out
 
     cfg = {**CFG["exact-fcm"], "num-clients": 4, "seed": 1}
-    grid = WrongSender(client_app, 4, cfg)
+    grid = WrongSender(client_app, 4, cfg, keep_sent=True)
     summary, history = _run(tmp_path, "exact-fcm", grid)
     assert all(h["dropped_nodes"].get(str(BAD), "").startswith("error reply: Node Unavailable")
                for h in history)

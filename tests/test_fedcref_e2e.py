@@ -49,7 +49,7 @@ def main_run(data_root: Path, tmp_path_factory: pytest.TempPathFactory):
     summary, grid = run_server(
         _cfg(data_root, out, plots=True),
         inspect=lambda m, r: seen.append(list(r.content.array_records) if not r.has_error()
-                                         else ["ERROR"]))
+                                         else ["ERROR"]), keep_sent=True)
     return summary, grid, seen, out
 
 

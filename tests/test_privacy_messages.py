@@ -124,7 +124,7 @@ def test_no_client_message_contains_samples_or_labels(tmp_path, name):
         pytest.skip(f"{module} not implemented yet")
     replies: list[Message] = []
     summary, grid = run_server({**cfg, "output-dir": str(tmp_path)},
-                               inspect=lambda ins, rep: replies.append(rep))
+                               inspect=lambda ins, rep: replies.append(rep), keep_sent=True)
     assert replies, "no client message was inspected"
     from fedclust.config import validate
 
