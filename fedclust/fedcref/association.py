@@ -41,11 +41,16 @@ def accepts(e_own: NDArray, e_foreign: NDArray, theta: float, alpha: float) -> N
     -------
     bool array of shape ``e_foreign.shape[:-1]``
     """
+    return accept_score(e_own, e_foreign, theta) >= alpha
+
+
+def accept_score(e_own: NDArray, e_foreign: NDArray, theta: float) -> NDArray[np.float64]:
+    """``Pr{Normalize|e_own − e_foreign| ≤ θ}`` per foreign model (0 when there are no samples)."""
     e_foreign = np.asarray(e_foreign)
     if e_foreign.shape[-1] == 0:
-        return np.zeros(e_foreign.shape[:-1], dtype=bool)
+        return np.zeros(e_foreign.shape[:-1])
     d = normalized_gap(np.broadcast_to(e_own, e_foreign.shape), e_foreign)
-    return (d <= theta).mean(axis=-1) >= alpha
+    return (d <= theta).mean(axis=-1)
 
 
 def accept_matrix(labels: NDArray[np.int64], own_errors: NDArray, foreign_errors: NDArray,
@@ -77,9 +82,7 @@ def accept_matrix(labels: NDArray[np.int64], own_errors: NDArray, foreign_errors
             continue
         if foreign_errors.shape[0] == 0:
             continue
-        d = normalized_gap(np.broadcast_to(own_errors[q, mask], foreign_errors[:, mask].shape),
-                           foreign_errors[:, mask])
-        score = (d <= theta).mean(axis=-1)
+        score = accept_score(own_errors[q, mask], foreign_errors[:, mask], theta)
         ok = score >= alpha
         if groups is not None:
             for g in np.unique(groups[ok]):
