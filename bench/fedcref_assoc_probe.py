@@ -1,13 +1,17 @@
-"""Association probe (eq. 2) on MNIST clusters, outside the Flower loop.
+"""Association probe (eq. 2) on image clusters, outside the Flower loop.
 
-Trains the cluster autoencoders of the first ``--clients`` clients of the 25-client system on
-dirty clusters (``--dirtiness``), then reports for same-class and different-class cluster pairs
-the one-direction acceptance rate, the mutual (both directions) rate and the distribution of
-the 75th percentile of the normalised error gap; and, with ``--graph``, the iteration-1 graph
-(edges, wrong edges, communities, isolated) with all pairs vs best match per client::
+Trains the cluster autoencoders of the first ``--clients`` clients of the 25-client system of
+``--dataset`` on dirty clusters (``--dirtiness``), then reports for same-class and
+different-class cluster pairs the one-direction acceptance rate, the mutual (both directions)
+rate and the distribution of the 75th percentile of the normalised error gap; and, with
+``--graph``, the iteration-1 graph (edges, wrong edges, communities, isolated) with all pairs
+vs best match per client. ``--theta`` / ``--alpha`` take several values: the autoencoders are
+trained once and every (θ, α) pair is evaluated on the same errors (one JSON line each)::
 
     python bench/fedcref_assoc_probe.py --clients 12 --dirtiness 0.0 \\
         --set fedcref.ae-init=torch fedcref.batch-size=64
+    python bench/fedcref_assoc_probe.py --dataset fashion-mnist --clients 25 --graph \\
+        --theta 0.05 0.1 0.15 0.2 --alpha 0.75 0.9
 """
 
 from __future__ import annotations
@@ -29,6 +33,11 @@ def main() -> None:
     ap.add_argument("--dirtiness", type=float, default=0.3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data-dir", default="/work/shared/data")
+    ap.add_argument("--dataset", default="mnist")
+    ap.add_argument("--theta", type=float, nargs="*", default=None,
+                    help="θ values to evaluate (default: the config's fedcref.theta)")
+    ap.add_argument("--alpha", type=float, nargs="*", default=None,
+                    help="α values to evaluate (default: the config's fedcref.alpha)")
     ap.add_argument("--graph", action="store_true")
     ap.add_argument("--set", nargs="*", default=[])
     args = ap.parse_args()
@@ -49,7 +58,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     extra = dict(p.split("=", 1) for p in args.set)
-    cfg = validate({"method": "fedcref", "dataset": "mnist", "data-dir": args.data_dir,
+    cfg = validate({"method": "fedcref", "dataset": args.dataset, "data-dir": args.data_dir,
                     "fedcref.split": "all", "num-clients": 25, "seed": args.seed, **extra})
     n = args.clients
     sts, xs, ys = [], [], []
@@ -68,43 +77,52 @@ def main() -> None:
     errs = [ae.errors(models, xs[i]) for i in range(n)]
     hist = {(i, q): np.bincount(ys[i][sts[i].labels == q], minlength=10) for i, q in owner}
     major = {k: int(np.argmax(h)) for k, h in hist.items()}
-    q75, ok = {}, {}
+    gaps = {}
     for i, q in owner:
         mask = sts[i].labels == q
         own = errs[i][row[(i, q)]][mask]
         for j, p in owner:
             if j != i:
-                d = normalized_gap(own, errs[i][row[(j, p)]][mask])
-                q75[(i, q, j, p)] = float(np.quantile(d, 0.75))
-                ok[(i, q, j, p)] = bool((d <= cfg["fedcref.theta"]).mean() >= cfg["fedcref.alpha"])
-    for name, same in (("same_class", True), ("different_class", False)):
-        keys = [k for k in q75 if (major[k[:2]] == major[k[2:]]) == same]
-        out[name] = {
-            "pairs": len(keys),
-            "accept_one_direction": round(float(np.mean([ok[k] for k in keys])), 3),
-            "accept_mutual": round(float(np.mean([ok[k] and ok[k[2:] + k[:2]] for k in keys])), 3),
-            "q75_percentiles_5_25_50_75_95": np.percentile([q75[k] for k in keys],
-                                                           [5, 25, 50, 75, 95]).round(3).tolist()}
-    if args.graph:
-        for mode in ("all_pairs", "best_per_client"):
-            accept = {}
-            for i in range(n):
-                fk = [r for r, (j, _) in enumerate(owner) if j != i]
-                groups = np.array([owner[r][0] for r in fk]) if mode != "all_pairs" else None
-                own = np.full((sts[i].k, len(xs[i])), np.nan, np.float32)
-                own[sts[i].model_clusters] = errs[i][[row[(i, int(q))]
-                                                      for q in sts[i].model_clusters]]
-                acc = accept_matrix(sts[i].labels, own, errs[i][fk], cfg["fedcref.theta"],
-                                    cfg["fedcref.alpha"], cfg["fedcref.min-cluster-size"], groups)
-                for q in range(sts[i].k):
-                    accept[(i, q)] = {owner[fk[c]] for c in np.flatnonzero(acc[q])}
-            edges = mutual_edges(accept)
-            comms, iso = communities(owner, edges)
-            out[mode] = {"edges": len(edges),
-                         "wrong_edges": sum(major[a] != major[b] for a, b in edges),
-                         "communities": len(comms), "isolated": len(iso),
-                         "wrong_pct": round(wrong_associations(comms, hist)[2], 1)}
-    print(json.dumps(out))
+                gaps[(i, q, j, p)] = normalized_gap(own, errs[i][row[(j, p)]][mask])
+    q75 = {k: float(np.quantile(d, 0.75)) for k, d in gaps.items()}
+    thetas = args.theta or [cfg["fedcref.theta"]]
+    alphas = args.alpha or [cfg["fedcref.alpha"]]
+    base = out
+    for theta in thetas:
+        frac = {k: float((d <= theta).mean()) for k, d in gaps.items()}
+        for alpha in alphas:
+            out = {**base, "dataset": args.dataset, "theta": theta, "alpha": alpha}
+            ok = {k: f >= alpha for k, f in frac.items()}
+            for name, same in (("same_class", True), ("different_class", False)):
+                keys = [k for k in q75 if (major[k[:2]] == major[k[2:]]) == same]
+                out[name] = {
+                    "pairs": len(keys),
+                    "accept_one_direction": round(float(np.mean([ok[k] for k in keys])), 3),
+                    "accept_mutual": round(float(np.mean([ok[k] and ok[k[2:] + k[:2]]
+                                                          for k in keys])), 3),
+                    "q75_percentiles_5_25_50_75_95": np.percentile(
+                        [q75[k] for k in keys], [5, 25, 50, 75, 95]).round(3).tolist()}
+            if args.graph:
+                for mode in ("all_pairs", "best_per_client"):
+                    accept = {}
+                    for i in range(n):
+                        fk = [r for r, (j, _) in enumerate(owner) if j != i]
+                        groups = (np.array([owner[r][0] for r in fk])
+                                  if mode != "all_pairs" else None)
+                        own = np.full((sts[i].k, len(xs[i])), np.nan, np.float32)
+                        own[sts[i].model_clusters] = errs[i][[row[(i, int(q))]
+                                                              for q in sts[i].model_clusters]]
+                        acc = accept_matrix(sts[i].labels, own, errs[i][fk], theta, alpha,
+                                            cfg["fedcref.min-cluster-size"], groups)
+                        for q in range(sts[i].k):
+                            accept[(i, q)] = {owner[fk[c]] for c in np.flatnonzero(acc[q])}
+                    edges = mutual_edges(accept)
+                    comms, iso = communities(owner, edges)
+                    out[mode] = {"edges": len(edges),
+                                 "wrong_edges": sum(major[a] != major[b] for a, b in edges),
+                                 "communities": len(comms), "isolated": len(iso),
+                                 "wrong_pct": round(wrong_associations(comms, hist)[2], 1)}
+            print(json.dumps(out), flush=True)
 
 
 if __name__ == "__main__":
