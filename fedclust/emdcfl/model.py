@@ -83,11 +83,33 @@ def build(spec: ModelSpec, weights: Weights) -> CNN:
     return model
 
 
+# the authors' transforms (src/data.py get_transform): grey MNIST images use the MNIST
+# mean/std, colour ("CMNIST") images the per-channel ImageNet mean/std
+GREY_MEAN_STD = (0.1307, 0.3081)
+RGB_MEAN = (0.485, 0.456, 0.406)
+RGB_STD = (0.229, 0.224, 0.225)
+
+
 def to_tensor(x: NDArray) -> torch.Tensor:
-    """(N, H, W) or (N, H, W, C) uint8 → normalised float (N, C, H, W) (MNIST mean/std)."""
+    """(N, H, W) or (N, H, W, C) uint8 → normalised float (N, C, H, W).
+
+    Grey images: ``(v − 0.1307) / 0.3081`` (MNIST). RGB images: per channel
+    ``(v − mean_c) / std_c`` with the ImageNet statistics, as the authors' colour-MNIST
+    transform. The per-channel statistics matter for Backdoor MNIST: with one mean/std for all
+    channels, models trained on one uniform colour saw the other uniform colour as almost
+    their own (green ↔ purple excess down to 0.01; with per-channel statistics ≥ 0.14,
+    docs/emdcfl.md "Backdoor MNIST").
+    """
     t = torch.from_numpy(np.ascontiguousarray(x)).float().div_(255.0)
-    t = t.unsqueeze(1) if t.ndim == 3 else t.permute(0, 3, 1, 2).contiguous()
-    return t.sub_(0.1307).div_(0.3081)
+    if t.ndim == 3:
+        return t.unsqueeze(1).sub_(GREY_MEAN_STD[0]).div_(GREY_MEAN_STD[1])
+    t = t.permute(0, 3, 1, 2).contiguous()
+    if t.shape[1] != 3:
+        raise ValueError(f"expected grey (N, H, W) or RGB (N, H, W, 3) images, "
+                         f"got {tuple(x.shape)}")
+    mean = torch.tensor(RGB_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(RGB_STD).view(1, 3, 1, 1)
+    return t.sub_(mean).div_(std)
 
 
 def train_local(spec: ModelSpec, weights: Weights, x: NDArray, y: NDArray, epochs: int,
