@@ -248,10 +248,12 @@ def test_channels_last_training_returns_c_ordered_weights_that_learn():
 def test_experiment_table_keeps_runs_with_other_epochs_or_clients_apart(tmp_path):
     import json
 
-    from fedclust.emdcfl.experiments import CPU, PAPER, SMALL, table
+    from fedclust.emdcfl.experiments import CPU, PAPER, PRESETS, SMALL, table
 
     assert CPU["emdcfl.samples"] == PAPER["emdcfl.samples"] == 5420     # the paper's client size
     assert CPU["emdcfl.epsilon"] == 0.1 and SMALL["emdcfl.samples"] == 500
+    # Backdoor MNIST: the cpu sizes with 30 clients and the authors' lr (0.05 diverged on RGB)
+    assert PRESETS["cpu-backdoor"] == {**CPU, "num-clients": 30, "emdcfl.lr": 0.01}
     metrics = {"eval_acc_mean": 0.9, "eval_acc_worst": 0.8, "eval_ari": 1.0, "num_clusters": 3,
                "emd_s": 1.0, "emd_share_of_run": 0.1}
     rows = []
@@ -262,6 +264,40 @@ def test_experiment_table_keeps_runs_with_other_epochs_or_clients_apart(tmp_path
     (tmp_path / "results.jsonl").write_text("\n".join(rows) + "\n")
     lines = table(tmp_path).splitlines()[2:]
     assert len(lines) == 3
-    assert any("| 30 | 2 | emdcfl | 0.1 | 0,1 |" in line for line in lines)
-    assert any("| 30 | 5 |" in line for line in lines)
+    assert any("| 30 | 2 | 0.01 | emdcfl | 0.1 | 0,1 | 90.00 ± 0.00 |" in line for line in lines)
+    assert any("| 30 | 5 |" in line and "| 90.00 |" in line for line in lines)   # one seed
     assert any("| 12 | 2 |" in line for line in lines)
+    # 95 % CI: Student t with n - 1 degrees of freedom; several folders in one table
+    m2 = {**metrics, "eval_acc_mean": 0.8}
+    (tmp_path / "b").mkdir()
+    cfg = {"dataset": "backdoor-mnist", "emdcfl.algorithm": "emdcfl", "seed": 2,
+           "emdcfl.epsilon": 0.1, "emdcfl.local-epochs": 2, "num-clients": 30}
+    (tmp_path / "b" / "results.jsonl").write_text(
+        json.dumps({"config": cfg, "seconds": 10.0, "metrics": m2}) + "\n")
+    lines = table([tmp_path, tmp_path / "b"]).splitlines()[2:]
+    half = 4.303 * np.std([90, 90, 80], ddof=1) / np.sqrt(3)           # t(0.975, 2) = 4.303
+    assert any(f"| 0,1,2 | 86.67 ± {half:.2f} |" in line for line in lines)
+
+
+def test_to_tensor_uses_the_authors_normalisation_per_image_type():
+    """Grey: MNIST mean/std; RGB: per-channel ImageNet mean/std (authors' CMNIST transform)."""
+    import torch
+
+    from fedclust.emdcfl.model import RGB_MEAN, RGB_STD, to_tensor
+
+    grey = np.array([[[0, 255]]], dtype=np.uint8)                     # (1, 1, 2)
+    t = to_tensor(grey)
+    assert t.shape == (1, 1, 1, 2)
+    np.testing.assert_allclose(t.numpy().ravel(), [-0.1307 / 0.3081, (1 - 0.1307) / 0.3081],
+                               rtol=1e-6)
+    rgb = np.zeros((2, 1, 1, 3), dtype=np.uint8)
+    rgb[1] = [255, 128, 0]
+    t = to_tensor(rgb)
+    assert t.shape == (2, 3, 1, 1) and t.dtype == torch.float32
+    np.testing.assert_allclose(t[0].ravel().numpy(), -np.array(RGB_MEAN) / np.array(RGB_STD),
+                               rtol=1e-6)
+    np.testing.assert_allclose(t[1].ravel().numpy(),
+                               (np.array([1.0, 128 / 255, 0.0]) - RGB_MEAN) / np.array(RGB_STD),
+                               rtol=1e-6)
+    with pytest.raises(ValueError, match="RGB"):
+        to_tensor(np.zeros((1, 2, 2, 4), dtype=np.uint8))
