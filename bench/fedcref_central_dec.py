@@ -27,6 +27,7 @@ def main() -> None:
     ap.add_argument("--maxiter", type=int, default=2000)
     ap.add_argument("--tsne-samples", type=int, default=5000)
     ap.add_argument("--hidden", default="500,500,2000,10")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (shared machine: 1)")
     a = ap.parse_args()
     import torch
 
@@ -35,7 +36,7 @@ def main() -> None:
     from fedclust.fedcref.dec import CentralizedDEC
     from fedclust.fedcref.refine import label_agreement
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(a.threads)
     cfg = validate({"method": "fedcref", "seed": a.seed,
                     **dict(p.split("=", 1) for p in a.set)})
     system, _ = build_system(cfg)
