@@ -261,6 +261,20 @@ def test_kmeans_init_with_silhouette_k() -> None:
     assert len(np.unique(lab)) == 3 and label_agreement(y, lab) == 1.0
 
 
+def test_kmeans_and_dec_init_accept_63_bit_client_seeds() -> None:
+    # the ClientApp derives seeds from a 63-bit digest; sklearn's KMeans rejects >= 2**32
+    torch.set_num_threads(1)
+    from fedclust.fedcref.initial import initial_clustering
+
+    x, _ = _blobs()
+    seed = 7126998361905123456
+    for kind in ("kmeans", "dec"):
+        lab = initial_clustering(kind, x, 3, random_state=seed,
+                                 dec_options={"hidden": (16, 8, 2), "pretrain_epochs": 2,
+                                              "maxiter": 5})
+        assert lab.shape == (len(x),)
+
+
 def test_dec_recovers_blobs() -> None:
     torch.set_num_threads(1)
     from fedclust.fedcref.dec import DEC
