@@ -59,7 +59,7 @@ def table(root: Path) -> str:
     "isolated start" is the paper's convention (every cluster before any association, Σ K_i);
     "after it. 1" is the count after the first association.
     """
-    from fedclust.fedcref.evaluation import mean_ci
+    from fedclust.metrics import mean_ci
 
     rows = ["| experiment | runs | ACC start | ACC end | communities | ideal | wrong ass. % | "
             "isolated start → after it. 1 → end | iterations | wall s |", "|" + "---|" * 10]

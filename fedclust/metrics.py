@@ -6,8 +6,11 @@ tables (true label × predicted cluster) without any client revealing its labels
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+from scipy import stats
 from scipy.optimize import linear_sum_assignment
 from scipy.special import comb
 
@@ -56,3 +59,14 @@ def matched_center_distance(a: ArrayLike, b: ArrayLike) -> float:
     cost = ((a[:, None, :] - b[None, :, :]) ** 2).sum(-1)
     rows, cols = linear_sum_assignment(cost)
     return float(np.sqrt(cost[rows, cols].sum()))
+
+
+def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Mean and half-width of the Student-t confidence interval (0 for a single value)."""
+    v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=np.float64)
+    if v.size == 0:
+        return float("nan"), float("nan")
+    if v.size == 1:
+        return float(v[0]), 0.0
+    half = stats.t.ppf(0.5 + confidence / 2, v.size - 1) * v.std(ddof=1) / np.sqrt(v.size)
+    return float(v.mean()), float(half)

@@ -15,9 +15,10 @@ from fedclust.fedcref.association import (
     normalized_gap,
     perfect_edges,
 )
-from fedclust.fedcref.evaluation import mean_ci, wrong_associations
+from fedclust.fedcref.evaluation import wrong_associations
 from fedclust.fedcref.refine import cluster_refine, label_agreement, table_accuracy
 from fedclust.fedcref.system import SystemSizeError, dirty_clustering, generate_system
+from fedclust.metrics import mean_ci
 
 # --- association (eq. 2) -----------------------------------------------------------------------
 

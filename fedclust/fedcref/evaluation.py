@@ -10,7 +10,6 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy import stats
 
 from fedclust.fedcref.refine import table_accuracy
 
@@ -48,14 +47,3 @@ def mean_accuracy(tables: Sequence[NDArray]) -> float:
     """Mean over clients of the Hungarian ACC of each client's (true class × cluster) table."""
     accs = [table_accuracy(t) for t in tables if np.sum(t) > 0]
     return float(np.mean(accs)) if accs else float("nan")
-
-
-def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
-    """Mean and half-width of the Student-t confidence interval (0 for a single value)."""
-    v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=np.float64)
-    if v.size == 0:
-        return float("nan"), float("nan")
-    if v.size == 1:
-        return float(v[0]), 0.0
-    half = stats.t.ppf(0.5 + confidence / 2, v.size - 1) * v.std(ddof=1) / np.sqrt(v.size)
-    return float(v.mean()), float(half)

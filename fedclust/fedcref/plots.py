@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from fedclust.fedcref.evaluation import mean_ci
+from fedclust.metrics import mean_ci
 
 PANELS = (("communities", "(a) Communities found"), ("eval_acc", "(b) Accuracy (ACC)"),
           ("eval_wrong_associations_pct", "(c) Wrong associations (%)"),
