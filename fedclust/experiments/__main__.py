@@ -12,7 +12,7 @@ import numpy as np
 
 from fedclust import fcm
 from fedclust.data.tabular import load_dataset
-from fedclust.metrics import matched_center_distance
+from fedclust.metrics import matched_center_distance, mean_ci
 
 PAPER_004 = {  # Table 1: ARI(gamma) and ||V_fed - V_sum||_F for gamma = .25 .5 .75 1
     "xclara": ([0.99269, 0.99279, 0.99289, 0.99289], [0.00893, 0.00545, 0.00250, 0.0]),
@@ -37,12 +37,10 @@ def summaries(dirs: list[str]) -> list[tuple[Path, dict[str, Any]]]:
     return out
 
 
-def mean_ci(values: list[float]) -> str:
-    v = np.asarray(values, dtype=float)
-    if v.size < 2:
-        return f"{v.mean():.5f}"
-    half = 1.96 * v.std(ddof=1) / np.sqrt(v.size)
-    return f"{v.mean():.5f} ± {half:.5f}"
+def fmt_ci(values: list[float], nd: int = 5) -> str:
+    """``mean ± half-width of the 95% Student-t interval`` (:func:`fedclust.metrics.mean_ci`)."""
+    mean, half = mean_ci(values)
+    return f"{mean:.{nd}f}" if len(values) < 2 else f"{mean:.{nd}f} ± {half:.{nd}f}"
 
 
 def fcm_table1(dirs: list[str]) -> str:
@@ -73,8 +71,8 @@ def fcm_table1(dirs: list[str]) -> str:
             if not r:
                 continue
             pa, pd = PAPER_004[name]
-            lines.append(f"| {name} | {g} | {mean_ci(r['ari'])} | {pa[gi]:.5f} | "
-                         f"{mean_ci(r['dist'])} | {pd[gi]:.5f} | {np.mean(r['rounds']):.1f} | "
+            lines.append(f"| {name} | {g} | {fmt_ci(r['ari'])} | {pa[gi]:.5f} | "
+                         f"{fmt_ci(r['dist'])} | {pd[gi]:.5f} | {np.mean(r['rounds']):.1f} | "
                          f"{len(r['ari'])} |")
     return "\n".join(lines)
 
@@ -126,7 +124,7 @@ def fedfcm_table1(dirs: list[str], plot: str = "") -> str:
         for i, k in enumerate(ks):
             loc = [f"{np.nanmean(local[:, c, i]):.4f}" if np.isfinite(local[:, c, i]).any()
                    else "—" for c in range(local.shape[1])]
-            out.append(f"| {k} | {fed[:, i].mean():.4f} ± {fed[:, i].std():.4f} | "
+            out.append(f"| {k} | {fmt_ci(list(fed[:, i]), 4)} | "
                        f"{PAPER_003_T1[avg][i]:.4f} | {central[i]:.4f} | "
                        f"{PAPER_003_T1['central'][i]:.4f} | " + " | ".join(loc) + " |")
         out.append("")
