@@ -14,6 +14,7 @@ from fedclust.fedcref.association import (
     mutual_edges,
     normalized_gap,
     perfect_edges,
+    preference_score,
 )
 from fedclust.fedcref.evaluation import wrong_associations
 from fedclust.fedcref.refine import cluster_refine, label_agreement, table_accuracy
@@ -75,6 +76,31 @@ def test_accept_matrix_best_per_client() -> None:
     # foreign models 0 and 1 belong to client 7, model 2 to client 9: one accept per client
     one = accept_matrix(labels, own, foreign, 0.2, 0.75, groups=np.array([7, 7, 9]))
     assert one.tolist() == [[False, True, True]]
+
+
+def test_accept_matrix_preference_rule() -> None:
+    # client with clusters 0 and 1; foreign model A beats the *other* local model on 80% of
+    # cluster 0's samples, B on 30% (and B is far from model 0's own errors: eq. 2 rejects it
+    # at any scale, the preference rule needs no θ)
+    labels = np.r_[np.zeros(10, int), np.ones(10, int)]
+    own = np.stack([np.full(20, 1.0), np.full(20, 2.0)])     # row 1 = the other model on q=0
+    a = np.r_[np.full(8, 1.5), np.full(2, 3.0), np.full(10, 9.0)]
+    b = np.r_[np.full(3, 1.9), np.full(7, 2.5), np.full(10, 9.0)]
+    foreign = np.stack([a, b])
+    score = preference_score(own[[1]][:, :10], foreign[:, :10])
+    np.testing.assert_allclose(score, [0.8, 0.3])
+    acc = accept_matrix(labels, own, foreign, 0.2, 0.75, rule="preference", beta=0.5)
+    assert acc.tolist() == [[True, False], [False, False]]
+    # one accept per foreign client: the higher preference wins
+    acc = accept_matrix(labels, own, foreign, 0.2, 0.75, groups=np.array([4, 4]),
+                        rule="preference", beta=0.25)
+    assert acc[0].tolist() == [True, False]
+    # no other local model: falls back to eq. (2)
+    lone = np.stack([own[0], np.full(20, np.nan)])
+    eq2 = accept_matrix(labels, lone, foreign, 0.2, 0.75)
+    assert (accept_matrix(labels, lone, foreign, 0.2, 0.75, rule="preference") == eq2).all()
+    with pytest.raises(ValueError, match="rule"):
+        accept_matrix(labels, own, foreign, 0.2, 0.75, rule="theta")
 
 
 def test_components_and_isolated() -> None:

@@ -8,6 +8,15 @@ where E_m→iq is the vector of per-sample reconstruction errors of model m on t
 cluster q and Normalize_[0,1] is min–max scaling over those samples. The client reports only
 the accept bits; the server links Q_iq and Q_jp when *both* directions accept (line 13).
 Communities are the connected components with ≥ 2 clusters; the others are isolated.
+
+Optional rule ``"preference"`` (not in the paper; ``fedcref.assoc-rule=preference``), free of
+θ and of the error scale, for datasets where eq. (2)'s θ does not transfer::
+
+    accept  ⇔  Pr_{x ∈ Q_iq}{ E_jp(x) < min_{q' ≠ q} E_iq'(x) } ≥ β
+
+the foreign model reconstructs most of the cluster's samples better than every *other* local
+cluster model does, i.e. it would win those samples from the client's other clusters in
+Algorithm 2. A client whose other clusters have no model falls back to eq. (2).
 """
 
 from __future__ import annotations
@@ -53,9 +62,23 @@ def accept_score(e_own: NDArray, e_foreign: NDArray, theta: float) -> NDArray[np
     return (d <= theta).mean(axis=-1)
 
 
+def preference_score(other_errors: NDArray, e_foreign: NDArray) -> NDArray[np.float64]:
+    """``Pr{E_foreign(x) < min over the other local models of E(x)}`` per foreign model.
+
+    Parameters
+    ----------
+    other_errors : (R, n) errors of the client's R ≥ 1 other cluster models on the n samples
+    e_foreign : (F, n) errors of F foreign models on the same samples
+    """
+    if e_foreign.shape[-1] == 0:
+        return np.zeros(e_foreign.shape[:-1])
+    return (np.asarray(e_foreign) < np.asarray(other_errors).min(axis=0)).mean(axis=-1)
+
+
 def accept_matrix(labels: NDArray[np.int64], own_errors: NDArray, foreign_errors: NDArray,
                   theta: float, alpha: float, min_size: int = 2,
-                  groups: NDArray[np.int64] | None = None) -> NDArray[np.bool_]:
+                  groups: NDArray[np.int64] | None = None, rule: str = "eq2",
+                  beta: float = 0.5) -> NDArray[np.bool_]:
     """Client-side association: which foreign models each local cluster accepts.
 
     Parameters
@@ -68,22 +91,32 @@ def accept_matrix(labels: NDArray[np.int64], own_errors: NDArray, foreign_errors
     min_size : clusters smaller than this accept nothing
     groups : (F,) optional owner (foreign client) of each foreign model. When given, a local
         cluster accepts at most one model per foreign client: the accepted one with the
-        largest Pr{D ≤ θ} (ties: the first). Off by default (the paper tests all pairs).
+        largest score (ties: the first). Off by default (the paper tests all pairs).
+    rule : ``"eq2"`` (the paper) or ``"preference"`` (see the module docstring; needs β)
+    beta : required preference probability β in (0, 1] for ``rule="preference"``
 
     Returns
     -------
     (K, F) bool
     """
+    if rule not in ("eq2", "preference"):
+        raise ValueError(f"rule must be 'eq2' or 'preference', got {rule!r}")
     k = own_errors.shape[0]
     out = np.zeros((k, foreign_errors.shape[0]), dtype=bool)
+    has_model = np.all(np.isfinite(own_errors), axis=1)
     for q in range(k):
         mask = labels == q
         if mask.sum() < min_size or not np.all(np.isfinite(own_errors[q, mask])):
             continue
         if foreign_errors.shape[0] == 0:
             continue
-        score = accept_score(own_errors[q, mask], foreign_errors[:, mask], theta)
-        ok = score >= alpha
+        others = has_model & (np.arange(k) != q)
+        if rule == "preference" and others.any():
+            score = preference_score(own_errors[others][:, mask], foreign_errors[:, mask])
+            ok = score >= beta
+        else:
+            score = accept_score(own_errors[q, mask], foreign_errors[:, mask], theta)
+            ok = score >= alpha
         if groups is not None:
             for g in np.unique(groups[ok]):
                 cand = np.flatnonzero(ok & (groups == g))

@@ -155,7 +155,8 @@ def associate(state: ClientState, x: NDArray, keys: list[str], new_models: dict[
     groups = (np.array([int(str(k).split(":")[0]) for k in keys], dtype=np.int64)
               if cfg["fedcref.assoc-best-per-client"] else None)
     acc = accept_matrix(state.labels, state.own_errors, foreign, cfg["fedcref.theta"],
-                        cfg["fedcref.alpha"], cfg["fedcref.min-cluster-size"], groups)
+                        cfg["fedcref.alpha"], cfg["fedcref.min-cluster-size"], groups,
+                        cfg["fedcref.assoc-rule"], cfg["fedcref.beta"])
     return acc, [], time.perf_counter() - t0
 
 
