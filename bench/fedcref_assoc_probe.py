@@ -38,10 +38,10 @@ def main() -> None:
                     help="θ values to evaluate (default: the config's fedcref.theta)")
     ap.add_argument("--alpha", type=float, nargs="*", default=None,
                     help="α values to evaluate (default: the config's fedcref.alpha)")
-    ap.add_argument("--rule", default="eq2", choices=("eq2", "preference"),
-                    help="association test (fedcref.assoc-rule); 'preference' uses --beta")
+    ap.add_argument("--rule", default="eq2", choices=("eq2", "eq2-preference"),
+                    help="association test (fedcref.assoc-rule); 'eq2-preference' adds --beta")
     ap.add_argument("--beta", type=float, nargs="*", default=None,
-                    help="β values for --rule preference (default: the config's fedcref.beta)")
+                    help="β values of the preference guard (default: the config's fedcref.beta)")
     ap.add_argument("--graph", action="store_true")
     ap.add_argument("--set", nargs="*", default=[])
     args = ap.parse_args()
@@ -51,14 +51,7 @@ def main() -> None:
     from fedclust.config import validate
     from fedclust.fedcref import autoencoder as ae
     from fedclust.fedcref import client as core
-    from fedclust.fedcref.association import (
-        accept_matrix,
-        communities,
-        mutual_edges,
-        normalized_gap,
-        preference_score,
-    )
-    from fedclust.fedcref.evaluation import wrong_associations
+    from fedclust.fedcref.association import normalized_gap, preference_score
     from fedclust.fedcref.system import dirty_clustering
 
     torch.set_num_threads(1)
@@ -90,59 +83,63 @@ def main() -> None:
             if j != i:
                 gaps[(i, q, j, p)] = normalized_gap(own, errs[i][row[(j, p)]][mask])
     q75 = {k: float(np.quantile(d, 0.75)) for k, d in gaps.items()}
-    if args.rule == "preference":
-        # Pr{foreign model beats every other local model} per pair; θ is not used
-        pref = {}
+    pref: dict[tuple, float] = {}      # Pr{foreign beats every other local model}, per pair
+    if args.rule == "eq2-preference":
         for i, q in owner:
             mask = sts[i].labels == q
             others = [row[(i, int(p))] for p in sts[i].model_clusters if p != q]
-            if not others:
-                continue
             for j, p in owner:
-                if j != i:
+                if j != i and others:
                     pref[(i, q, j, p)] = float(preference_score(
                         errs[i][others][:, mask], errs[i][[row[(j, p)]]][:, mask])[0])
-        grid = [(None, b, pref) for b in (args.beta or [cfg["fedcref.beta"]])]
-    else:
-        grid = [(th, a, {k: float((d <= th).mean()) for k, d in gaps.items()})
-                for th in (args.theta or [cfg["fedcref.theta"]])
-                for a in (args.alpha or [cfg["fedcref.alpha"]])]
+    betas = (args.beta or [cfg["fedcref.beta"]]) if args.rule == "eq2-preference" else [None]
     base = out
-    for theta, alpha, frac in grid:
-        out = {**base, "dataset": args.dataset, "rule": args.rule,
-               **({"beta": alpha} if theta is None else {"theta": theta, "alpha": alpha})}
-        ok = {k: frac.get(k, 0.0) >= alpha for k in gaps}
-        for name, same in (("same_class", True), ("different_class", False)):
-            keys = [k for k in q75 if (major[k[:2]] == major[k[2:]]) == same]
-            out[name] = {
-                "pairs": len(keys),
-                "accept_one_direction": round(float(np.mean([ok[k] for k in keys])), 3),
-                "accept_mutual": round(float(np.mean([ok[k] and ok[k[2:] + k[:2]]
-                                                      for k in keys])), 3),
-                "q75_percentiles_5_25_50_75_95": np.percentile(
-                    [q75[k] for k in keys], [5, 25, 50, 75, 95]).round(3).tolist()}
-        if args.graph:
-            for mode in ("all_pairs", "best_per_client"):
-                accept = {}
-                for i in range(n):
-                    fk = [r for r, (j, _) in enumerate(owner) if j != i]
-                    groups = (np.array([owner[r][0] for r in fk])
-                              if mode != "all_pairs" else None)
-                    own = np.full((sts[i].k, len(xs[i])), np.nan, np.float32)
-                    own[sts[i].model_clusters] = errs[i][[row[(i, int(q))]
-                                                          for q in sts[i].model_clusters]]
-                    acc = accept_matrix(sts[i].labels, own, errs[i][fk], theta or 0.0,
-                                        alpha, cfg["fedcref.min-cluster-size"], groups,
-                                        args.rule, alpha)
-                    for q in range(sts[i].k):
-                        accept[(i, q)] = {owner[fk[c]] for c in np.flatnonzero(acc[q])}
-                edges = mutual_edges(accept)
-                comms, iso = communities(owner, edges)
-                out[mode] = {"edges": len(edges),
-                             "wrong_edges": sum(major[a] != major[b] for a, b in edges),
-                             "communities": len(comms), "isolated": len(iso),
-                             "wrong_pct": round(wrong_associations(comms, hist)[2], 1)}
-        print(json.dumps(out), flush=True)
+    for theta in args.theta or [cfg["fedcref.theta"]]:
+        frac = {k: float((d <= theta).mean()) for k, d in gaps.items()}
+        for alpha in args.alpha or [cfg["fedcref.alpha"]]:
+            for beta in betas:
+                out = {**base, "dataset": args.dataset, "rule": args.rule, "theta": theta,
+                       "alpha": alpha, **({} if beta is None else {"beta": beta})}
+                ok = {k: f >= alpha and (beta is None or pref.get(k, 1.0) >= beta)
+                      for k, f in frac.items()}
+                for name, same in (("same_class", True), ("different_class", False)):
+                    keys = [k for k in q75 if (major[k[:2]] == major[k[2:]]) == same]
+                    out[name] = {
+                        "pairs": len(keys),
+                        "accept_one_direction": round(float(np.mean([ok[k] for k in keys])), 3),
+                        "accept_mutual": round(float(np.mean([ok[k] and ok[k[2:] + k[:2]]
+                                                              for k in keys])), 3),
+                        "q75_percentiles_5_25_50_75_95": np.percentile(
+                            [q75[k] for k in keys], [5, 25, 50, 75, 95]).round(3).tolist()}
+                if args.graph:
+                    for mode in ("all_pairs", "best_per_client"):
+                        out[mode] = _graph(sts, xs, owner, row, errs, major, hist, cfg,
+                                           theta, alpha, args.rule, beta or 1.0,
+                                           per_client=mode == "best_per_client")
+                print(json.dumps(out), flush=True)
+
+
+def _graph(sts, xs, owner, row, errs, major, hist, cfg, theta, alpha, rule, beta,
+           per_client) -> dict:
+    """The iteration-1 cluster graph from every client's accept matrix."""
+    from fedclust.fedcref.association import accept_matrix, communities, mutual_edges
+    from fedclust.fedcref.evaluation import wrong_associations
+
+    accept = {}
+    for i in range(len(sts)):
+        fk = [r for r, (j, _) in enumerate(owner) if j != i]
+        groups = np.array([owner[r][0] for r in fk]) if per_client else None
+        own = np.full((sts[i].k, len(xs[i])), np.nan, np.float32)
+        own[sts[i].model_clusters] = errs[i][[row[(i, int(q))] for q in sts[i].model_clusters]]
+        acc = accept_matrix(sts[i].labels, own, errs[i][fk], theta, alpha,
+                            cfg["fedcref.min-cluster-size"], groups, rule, beta)
+        for q in range(sts[i].k):
+            accept[(i, q)] = {owner[fk[c]] for c in np.flatnonzero(acc[q])}
+    edges = mutual_edges(accept)
+    comms, iso = communities(owner, edges)
+    return {"edges": len(edges), "wrong_edges": sum(major[a] != major[b] for a, b in edges),
+            "communities": len(comms), "isolated": len(iso),
+            "wrong_pct": round(wrong_associations(comms, hist)[2], 1)}
 
 
 if __name__ == "__main__":

@@ -78,27 +78,29 @@ def test_accept_matrix_best_per_client() -> None:
     assert one.tolist() == [[False, True, True]]
 
 
-def test_accept_matrix_preference_rule() -> None:
-    # client with clusters 0 and 1; foreign model A beats the *other* local model on 80% of
-    # cluster 0's samples, B on 30% (and B is far from model 0's own errors: eq. 2 rejects it
-    # at any scale, the preference rule needs no θ)
+def test_accept_matrix_preference_guard() -> None:
+    # client with clusters 0 and 1; own model 0 errs 1.0, the other model (1) errs 2.0.
+    # On cluster 0 both foreign models pass eq. (2) (Pr{D ≤ 0.2} = 0.8 and 0.9), but A beats
+    # the other local model on 80% of the samples and B on 30% only: the guard keeps A.
     labels = np.r_[np.zeros(10, int), np.ones(10, int)]
-    own = np.stack([np.full(20, 1.0), np.full(20, 2.0)])     # row 1 = the other model on q=0
+    own = np.stack([np.full(20, 1.0), np.full(20, 2.0)])
     a = np.r_[np.full(8, 1.5), np.full(2, 3.0), np.full(10, 9.0)]
-    b = np.r_[np.full(3, 1.9), np.full(7, 2.5), np.full(10, 9.0)]
+    b = np.r_[np.full(3, 1.9), np.full(6, 2.5), [9.0], np.full(10, 9.0)]
     foreign = np.stack([a, b])
-    score = preference_score(own[[1]][:, :10], foreign[:, :10])
-    np.testing.assert_allclose(score, [0.8, 0.3])
-    acc = accept_matrix(labels, own, foreign, 0.2, 0.75, rule="preference", beta=0.5)
-    assert acc.tolist() == [[True, False], [False, False]]
-    # one accept per foreign client: the higher preference wins
-    acc = accept_matrix(labels, own, foreign, 0.2, 0.75, groups=np.array([4, 4]),
-                        rule="preference", beta=0.25)
-    assert acc[0].tolist() == [True, False]
-    # no other local model: falls back to eq. (2)
+    np.testing.assert_allclose(preference_score(own[[1]][:, :10], foreign[:, :10]), [0.8, 0.3])
+    # on cluster 1 the gaps are constant, so eq. (2) accepts both; neither beats model 0 there
+    assert accept_matrix(labels, own, foreign, 0.2, 0.75).all()
+    guard = accept_matrix(labels, own, foreign, 0.2, 0.75, rule="eq2-preference", beta=0.4)
+    assert guard.tolist() == [[True, False], [False, False]]
+    # one accept per foreign client: eq. (2) alone picks B (higher Pr), the guard leaves A
+    grp = np.array([4, 4])
+    assert accept_matrix(labels, own, foreign, 0.2, 0.75, groups=grp)[0].tolist() == [False, True]
+    assert accept_matrix(labels, own, foreign, 0.2, 0.75, groups=grp, rule="eq2-preference",
+                         beta=0.4)[0].tolist() == [True, False]
+    # no other local model: eq. (2) alone
     lone = np.stack([own[0], np.full(20, np.nan)])
-    eq2 = accept_matrix(labels, lone, foreign, 0.2, 0.75)
-    assert (accept_matrix(labels, lone, foreign, 0.2, 0.75, rule="preference") == eq2).all()
+    assert (accept_matrix(labels, lone, foreign, 0.2, 0.75, rule="eq2-preference")
+            == accept_matrix(labels, lone, foreign, 0.2, 0.75)).all()
     with pytest.raises(ValueError, match="rule"):
         accept_matrix(labels, own, foreign, 0.2, 0.75, rule="theta")
 

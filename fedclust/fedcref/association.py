@@ -9,14 +9,14 @@ cluster q and Normalize_[0,1] is min–max scaling over those samples. The clien
 the accept bits; the server links Q_iq and Q_jp when *both* directions accept (line 13).
 Communities are the connected components with ≥ 2 clusters; the others are isolated.
 
-Optional rule ``"preference"`` (not in the paper; ``fedcref.assoc-rule=preference``), free of
-θ and of the error scale, for datasets where eq. (2)'s θ does not transfer::
+Optional guard ``"eq2-preference"`` (not in the paper; ``fedcref.assoc-rule=eq2-preference``)
+for datasets where eq. (2)'s θ admits different classes (Fashion-MNIST, docs/fedcref.md)::
 
-    accept  ⇔  Pr_{x ∈ Q_iq}{ E_jp(x) < min_{q' ≠ q} E_iq'(x) } ≥ β
+    accept  ⇔  eq. (2)  and  Pr_{x ∈ Q_iq}{ E_jp(x) < min_{q' ≠ q} E_iq'(x) } ≥ β
 
-the foreign model reconstructs most of the cluster's samples better than every *other* local
-cluster model does, i.e. it would win those samples from the client's other clusters in
-Algorithm 2. A client whose other clusters have no model falls back to eq. (2).
+the foreign model must also reconstruct at least a fraction β of the cluster's samples better
+than every *other* local cluster model does, i.e. it would win them from the client's other
+clusters in Algorithm 2. A client whose other clusters have no model applies eq. (2) alone.
 """
 
 from __future__ import annotations
@@ -92,15 +92,16 @@ def accept_matrix(labels: NDArray[np.int64], own_errors: NDArray, foreign_errors
     groups : (F,) optional owner (foreign client) of each foreign model. When given, a local
         cluster accepts at most one model per foreign client: the accepted one with the
         largest score (ties: the first). Off by default (the paper tests all pairs).
-    rule : ``"eq2"`` (the paper) or ``"preference"`` (see the module docstring; needs β)
-    beta : required preference probability β in (0, 1] for ``rule="preference"``
+    rule : ``"eq2"`` (the paper) or ``"eq2-preference"`` (eq. 2 and the preference guard,
+        see the module docstring)
+    beta : required preference probability β in (0, 1] of the guard
 
     Returns
     -------
     (K, F) bool
     """
-    if rule not in ("eq2", "preference"):
-        raise ValueError(f"rule must be 'eq2' or 'preference', got {rule!r}")
+    if rule not in ("eq2", "eq2-preference"):
+        raise ValueError(f"rule must be 'eq2' or 'eq2-preference', got {rule!r}")
     k = own_errors.shape[0]
     out = np.zeros((k, foreign_errors.shape[0]), dtype=bool)
     has_model = np.all(np.isfinite(own_errors), axis=1)
@@ -110,13 +111,11 @@ def accept_matrix(labels: NDArray[np.int64], own_errors: NDArray, foreign_errors
             continue
         if foreign_errors.shape[0] == 0:
             continue
+        score = accept_score(own_errors[q, mask], foreign_errors[:, mask], theta)
+        ok = score >= alpha
         others = has_model & (np.arange(k) != q)
-        if rule == "preference" and others.any():
-            score = preference_score(own_errors[others][:, mask], foreign_errors[:, mask])
-            ok = score >= beta
-        else:
-            score = accept_score(own_errors[q, mask], foreign_errors[:, mask], theta)
-            ok = score >= alpha
+        if rule == "eq2-preference" and others.any():
+            ok &= preference_score(own_errors[others][:, mask], foreign_errors[:, mask]) >= beta
         if groups is not None:
             for g in np.unique(groups[ok]):
                 cand = np.flatnonzero(ok & (groups == g))

@@ -44,12 +44,12 @@ KEYS: list[Key] = [
         low=0.0, high=1.0, low_open=True),
     Key("fedcref.theta", float, 0.2, "theta: association threshold on the normalised error gap",
         low=0.0, high=1.0),
-    Key("fedcref.assoc-rule", str, "eq2", "association test: 'eq2' (the paper: Pr{D <= theta} "
-        ">= alpha) or 'preference' (not in the paper, no theta: Pr{foreign model beats every "
-        "other local cluster model on the cluster's samples} >= beta; docs/fedcref.md)",
-        choices=("eq2", "preference")),
-    Key("fedcref.beta", float, 0.5, "beta: required preference probability of "
-        "assoc-rule=preference", low=0.0, high=1.0, low_open=True),
+    Key("fedcref.assoc-rule", str, "eq2", "association test: 'eq2' (the paper) or "
+        "'eq2-preference' (not in the paper: eq. 2 and Pr{the foreign model beats every other "
+        "local cluster model on the cluster's samples} >= beta; docs/fedcref.md)",
+        choices=("eq2", "eq2-preference")),
+    Key("fedcref.beta", float, 0.4, "beta: required preference probability of "
+        "assoc-rule=eq2-preference", low=0.0, high=1.0, low_open=True),
     Key("fedcref.tau", float, 0.8, "tau: a client whose labels agree (ACC) >= tau with the "
         "previous iteration becomes inactive", low=0.0, high=1.0),
     Key("fedcref.association", str, "mutual", "cluster graph: 'mutual' (the algorithm), "
