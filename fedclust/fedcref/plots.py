@@ -43,6 +43,7 @@ def figure4(path: str | Path, histories: Sequence[Sequence[dict[str, Any]]],
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, 5, figsize=(20, 3.6))
     for ax, (key, label) in zip(axes, PANELS, strict=False):
@@ -54,6 +55,7 @@ def figure4(path: str | Path, histories: Sequence[Sequence[dict[str, Any]]],
             ax.legend(fontsize=8)
         ax.set_title(label, fontsize=10)
         ax.set_xlabel("iteration")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
     if title:
         fig.suptitle(title)
