@@ -56,7 +56,7 @@ def main() -> int:
     print(f"load average before: {os.getloadavg()}")
     cold = cold_import_seconds()
     print(f"reference: cold ClientApp import (python -c 'import client_apps.app') {cold:.2f} s")
-    from tests.fake_grid import run_server
+    from server_app.inprocess import run_server
 
     run_server({**cfg, "fcm.max-rounds": 1, "output-dir": str(work / "warmup")})  # imports
     t0 = time.perf_counter()

@@ -58,7 +58,7 @@ PRESETS = {"cpu": CPU, "cpu-backdoor": CPU_BACKDOOR, "small": SMALL, "paper": PA
 
 
 def run_one(cfg: dict[str, Any], out: Path) -> dict[str, Any]:
-    from tests.fake_grid import run_server
+    from server_app.inprocess import run_server
 
     t0 = time.perf_counter()
     summary, _ = run_server(cfg)
