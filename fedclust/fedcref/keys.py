@@ -45,8 +45,9 @@ KEYS: list[Key] = [
     Key("fedcref.theta", float, 0.2, "theta: association threshold on the normalised error gap",
         low=0.0, high=1.0),
     Key("fedcref.assoc-rule", str, "eq2", "association test: 'eq2' (the paper) or "
-        "'eq2-preference' (not in the paper: eq. 2 and Pr{the foreign model beats every other "
-        "local cluster model on the cluster's samples} >= beta; docs/fedcref.md)",
+        "'eq2-preference' (experimental, not in the paper: eq. 2 and Pr{the foreign model beats "
+        "every other local cluster model on the cluster's samples} >= beta; it did not fix "
+        "Fashion-MNIST in full runs, docs/fedcref.md)",
         choices=("eq2", "eq2-preference")),
     Key("fedcref.beta", float, 0.4, "beta: required preference probability of "
         "assoc-rule=eq2-preference", low=0.0, high=1.0, low_open=True),
