@@ -78,7 +78,7 @@ def preference_score(other_errors: NDArray, e_foreign: NDArray) -> NDArray[np.fl
 def accept_matrix(labels: NDArray[np.int64], own_errors: NDArray, foreign_errors: NDArray,
                   theta: float, alpha: float, min_size: int = 2,
                   groups: NDArray[np.int64] | None = None, rule: str = "eq2",
-                  beta: float = 0.5) -> NDArray[np.bool_]:
+                  beta: float = 0.4) -> NDArray[np.bool_]:
     """Client-side association: which foreign models each local cluster accepts.
 
     Parameters
