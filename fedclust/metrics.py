@@ -70,3 +70,9 @@ def mean_ci(values: Sequence[float], confidence: float = 0.95) -> tuple[float, f
         return float(v[0]), 0.0
     half = stats.t.ppf(0.5 + confidence / 2, v.size - 1) * v.std(ddof=1) / np.sqrt(v.size)
     return float(v.mean()), float(half)
+
+
+def format_ci(values: Sequence[float], nd: int = 3, scale: float = 1.0) -> str:
+    """``mean ± half-width`` of :func:`mean_ci` (values times ``scale``); one value alone."""
+    mean, half = mean_ci([v * scale for v in values])
+    return f"{mean:.{nd}f}" if len(values) < 2 else f"{mean:.{nd}f} ± {half:.{nd}f}"

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedclust.metrics import mean_ci
+from fedclust.metrics import format_ci
 
 CPU: dict[str, Any] = {
     # the paper's client size (5 420 images: ~4 878 train + 542 val) and ε; narrow CNN and
@@ -73,10 +73,8 @@ def run_one(cfg: dict[str, Any], out: Path) -> dict[str, Any]:
 
 
 def _mean_ci(vals: list[float], scale: float = 100.0, nd: int = 2) -> str:
-    """``mean ± half-width of the 95 % confidence interval`` (Student t, :func:`mean_ci`);
-    a single value is printed alone."""
-    mean, half = mean_ci([v * scale for v in vals])
-    return f"{mean:.{nd}f}" if len(vals) < 2 else f"{mean:.{nd}f} ± {half:.{nd}f}"
+    """Table cell: mean ± 95 % Student-t half-width, in percent by default."""
+    return format_ci(vals, nd, scale)
 
 
 def table(out: Path | list[Path]) -> str:

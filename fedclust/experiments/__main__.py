@@ -12,7 +12,7 @@ import numpy as np
 
 from fedclust import fcm
 from fedclust.data.tabular import load_dataset
-from fedclust.metrics import matched_center_distance, mean_ci
+from fedclust.metrics import format_ci, matched_center_distance
 
 PAPER_004 = {  # Table 1: ARI(gamma) and ||V_fed - V_sum||_F for gamma = .25 .5 .75 1
     "xclara": ([0.99269, 0.99279, 0.99289, 0.99289], [0.00893, 0.00545, 0.00250, 0.0]),
@@ -35,12 +35,6 @@ def summaries(dirs: list[str]) -> list[tuple[Path, dict[str, Any]]]:
     if not out:
         raise SystemExit(f"no summary.json under {dirs}")
     return out
-
-
-def fmt_ci(values: list[float], nd: int = 5) -> str:
-    """``mean ± half-width of the 95% Student-t interval`` (:func:`fedclust.metrics.mean_ci`)."""
-    mean, half = mean_ci(values)
-    return f"{mean:.{nd}f}" if len(values) < 2 else f"{mean:.{nd}f} ± {half:.{nd}f}"
 
 
 def fcm_table1(dirs: list[str]) -> str:
@@ -71,8 +65,8 @@ def fcm_table1(dirs: list[str]) -> str:
             if not r:
                 continue
             pa, pd = PAPER_004[name]
-            lines.append(f"| {name} | {g} | {fmt_ci(r['ari'])} | {pa[gi]:.5f} | "
-                         f"{fmt_ci(r['dist'])} | {pd[gi]:.5f} | {np.mean(r['rounds']):.1f} | "
+            lines.append(f"| {name} | {g} | {format_ci(r['ari'], 5)} | {pa[gi]:.5f} | "
+                         f"{format_ci(r['dist'], 5)} | {pd[gi]:.5f} | {np.mean(r['rounds']):.1f} | "
                          f"{len(r['ari'])} |")
     return "\n".join(lines)
 
@@ -124,7 +118,7 @@ def fedfcm_table1(dirs: list[str], plot: str = "") -> str:
         for i, k in enumerate(ks):
             loc = [f"{np.nanmean(local[:, c, i]):.4f}" if np.isfinite(local[:, c, i]).any()
                    else "—" for c in range(local.shape[1])]
-            out.append(f"| {k} | {fmt_ci(list(fed[:, i]), 4)} | "
+            out.append(f"| {k} | {format_ci(list(fed[:, i]), 4)} | "
                        f"{PAPER_003_T1[avg][i]:.4f} | {central[i]:.4f} | "
                        f"{PAPER_003_T1['central'][i]:.4f} | " + " | ".join(loc) + " |")
         out.append("")

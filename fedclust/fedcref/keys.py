@@ -65,7 +65,7 @@ KEYS: list[Key] = [
     Key("fedcref.stop-change", float, 0.1, "relative change regarded as 'unchanged'", low=0.0),
     Key("fedcref.fl-rounds", int, 15, "FedAvg rounds per community per iteration", low=1),
     Key("fedcref.fl-local-epochs", int, 3, "local epochs per FedAvg round (not in the paper; "
-        "the reference code used 2 then 7; 3 measured best, docs/fedcref.md)", low=1),
+        "the reference code used 2 then 7; 3 measured better than 1, docs/fedcref.md)", low=1),
     Key("fedcref.ae-hidden", str, "100,64,32", "autoencoder encoder sizes (decoder mirrored)",
         check=_hidden),
     Key("fedcref.ae-epochs", int, 20, "epochs of local cluster autoencoder training", low=1),
