@@ -12,7 +12,9 @@ ServerApp loop and ClientApp handlers, no engine) and the ratio of the two wall 
 Peak memory is read machine-wide (``MemTotal - MemAvailable`` from ``/proc/meminfo`` every
 0.5 s, minus the value before the SuperLink starts): the engine spreads the run over the
 SuperLink, the ServerApp process and Ray workers, which do not share one process tree. Run it
-on an otherwise idle machine.
+on an otherwise idle machine. It also prints where the memory sits at the peak: private
+(anonymous) RSS summed over the ServerApp, the ClientApp actors, the SuperLink and Ray's own
+services, and the machine's shared memory (Ray's object store), each with its own peak.
 """
 
 from __future__ import annotations
@@ -27,28 +29,77 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def used_bytes() -> int:
+def meminfo() -> dict[str, int]:
     info = {}
     for line in Path("/proc/meminfo").read_text().splitlines():
         name, value = line.split(":", 1)
         info[name] = int(value.split()[0]) * 1024
+    return info
+
+
+def used_bytes() -> int:
+    info = meminfo()
     return info["MemTotal"] - info["MemAvailable"]
 
 
+PROCESS_KINDS = (("flwr-simulation", "serverapp + simulation engine"), ("flwr-serverapp", "serverapp"),
+                 ("ClientAppActor", "clientapp actors"),
+                 ("superlink", "superlink"), ("ray", "ray services"))
+
+
+def process_memory(skip: set[int]) -> dict[str, int]:
+    """Private (anonymous) RSS in bytes summed per kind of Flower/Ray process, plus shared
+    memory machine-wide (Ray's object store lives in /dev/shm)."""
+    out = {kind: 0 for _, kind in PROCESS_KINDS}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) in skip:
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            status = (proc / "status").read_text()
+        except OSError:
+            continue
+        kind = next((k for pattern, k in PROCESS_KINDS if pattern in cmd), None)
+        if kind is None:
+            continue
+        for line in status.splitlines():
+            if line.startswith("RssAnon:"):
+                out[kind] += int(line.split()[1]) * 1024
+    out["shared memory (machine)"] = meminfo()["Shmem"]
+    return out
+
+
 class PeakMemory:
-    """Sample machine-wide used memory in a background thread; ``peak`` is above the baseline."""
+    """Sample machine-wide used memory in a background thread; ``peak`` is above the baseline.
+
+    ``parts`` holds the per-kind breakdown (``process_memory``) at the sample with the highest
+    machine-wide use, ``part_peaks`` each kind's own peak over the run.
+    """
 
     def __init__(self, interval: float = 0.5) -> None:
         self.interval = interval
         self.baseline = used_bytes()
+        self.skip = {int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()}
         self.peak = 0
+        self.parts: dict[str, int] = {}
+        self.part_peaks: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def _sample(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, used_bytes() - self.baseline)
+            used = used_bytes() - self.baseline
+            parts = process_memory(self.skip)
+            for k, v in parts.items():
+                self.part_peaks[k] = max(self.part_peaks.get(k, 0), v)
+            if used >= self.peak:
+                self.peak, self.parts = used, parts
             self._stop.wait(self.interval)
+
+    def report(self) -> str:
+        gib = 2**30
+        return "; ".join(f"{k} {self.parts.get(k, 0) / gib:.2f} (own peak {v / gib:.2f})"
+                         for k, v in self.part_peaks.items()) + " GiB"
 
     def __enter__(self) -> PeakMemory:
         self._thread.start()
@@ -84,6 +135,7 @@ def main() -> None:
     print(f"simulation engine: {nodes} supernodes, wall {wall:.0f}s (SuperLink start to run "
           f"finished), run wall_time_s {summary['wall_time_s']:.0f}s, peak memory "
           f"{mem.peak / 2**30:.2f} GiB above idle")
+    print(f"at the peak, private RSS by process kind: {mem.report()}")
     if summary["method"] == "fedcref":
         from bench.bench_fedcref_run import report
 
