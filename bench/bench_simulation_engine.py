@@ -42,8 +42,10 @@ def used_bytes() -> int:
     return info["MemTotal"] - info["MemAvailable"]
 
 
-PROCESS_KINDS = (("flwr-simulation", "serverapp + simulation engine"), ("flwr-serverapp", "serverapp"),
-                 ("ClientAppActor", "clientapp actors"),
+# (command-line pattern, label); first match wins. In simulation the ServerApp runs inside the
+# flwr-simulation process; flwr-serverapp is the deployment process.
+PROCESS_KINDS = (("flwr-simulation", "serverapp + simulation engine"),
+                 ("flwr-serverapp", "serverapp"), ("ClientAppActor", "clientapp actors"),
                  ("superlink", "superlink"), ("ray", "ray services"))
 
 
