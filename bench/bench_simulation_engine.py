@@ -74,14 +74,16 @@ def process_memory(skip: set[int]) -> dict[str, int]:
 class PeakMemory:
     """Sample machine-wide used memory in a background thread; ``peak`` is above the baseline.
 
-    ``parts`` holds the per-kind breakdown (``process_memory``) at the sample with the highest
-    machine-wide use, ``part_peaks`` each kind's own peak over the run.
+    ``parts`` holds the per-kind breakdown (``process_memory``; shared memory above the value
+    before the run) at the sample with the highest machine-wide use, ``part_peaks`` each kind's
+    own peak over the run.
     """
 
     def __init__(self, interval: float = 0.5) -> None:
         self.interval = interval
         self.baseline = used_bytes()
         self.skip = {int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()}
+        self.shm0 = meminfo()["Shmem"]      # shared memory in use before the run
         self.peak = 0
         self.parts: dict[str, int] = {}
         self.part_peaks: dict[str, int] = {}
@@ -92,6 +94,7 @@ class PeakMemory:
         while not self._stop.is_set():
             used = used_bytes() - self.baseline
             parts = process_memory(self.skip)
+            parts["shared memory (machine)"] -= self.shm0
             for k, v in parts.items():
                 self.part_peaks[k] = max(self.part_peaks.get(k, 0), v)
             if used >= self.peak:
