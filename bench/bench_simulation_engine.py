@@ -50,8 +50,7 @@ PROCESS_KINDS = (("flwr-simulation", "serverapp + simulation engine"),
 
 
 def process_memory(skip: set[int]) -> dict[str, int]:
-    """Private (anonymous) RSS in bytes summed per kind of Flower/Ray process, plus shared
-    memory machine-wide (Ray's object store lives in /dev/shm)."""
+    """Private (anonymous) RSS in bytes summed per kind of Flower/Ray process."""
     out = {kind: 0 for _, kind in PROCESS_KINDS}
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) in skip:
@@ -67,16 +66,15 @@ def process_memory(skip: set[int]) -> dict[str, int]:
         for line in status.splitlines():
             if line.startswith("RssAnon:"):
                 out[kind] += int(line.split()[1]) * 1024
-    out["shared memory (machine)"] = meminfo()["Shmem"]
     return out
 
 
 class PeakMemory:
     """Sample machine-wide used memory in a background thread; ``peak`` is above the baseline.
 
-    ``parts`` holds the per-kind breakdown (``process_memory``; shared memory above the value
-    before the run) at the sample with the highest machine-wide use, ``part_peaks`` each kind's
-    own peak over the run.
+    ``parts`` holds the per-kind breakdown (``process_memory``, plus shared memory above its
+    value before the run) at the sample with the highest machine-wide use, ``part_peaks``
+    each kind's own peak over the run.
     """
 
     def __init__(self, interval: float = 0.5) -> None:
@@ -92,9 +90,11 @@ class PeakMemory:
 
     def _sample(self) -> None:
         while not self._stop.is_set():
-            used = used_bytes() - self.baseline
+            info = meminfo()
+            used = info["MemTotal"] - info["MemAvailable"] - self.baseline
             parts = process_memory(self.skip)
-            parts["shared memory (machine)"] -= self.shm0
+            # Ray's object store lives in /dev/shm: shared, so counted once, machine-wide
+            parts["shared memory (machine)"] = info["Shmem"] - self.shm0
             for k, v in parts.items():
                 self.part_peaks[k] = max(self.part_peaks.get(k, 0), v)
             if used >= self.peak:

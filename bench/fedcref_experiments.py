@@ -59,7 +59,7 @@ def table(root: Path) -> str:
     "isolated start" is the paper's convention (every cluster before any association, Σ K_i);
     "after it. 1" is the count after the first association.
     """
-    from fedclust.metrics import mean_ci
+    from fedclust.metrics import format_ci, mean_ci
 
     rows = ["| experiment | runs | ACC start | ACC end | communities | ideal | wrong ass. % | "
             "isolated start → after it. 1 → end | iterations | wall s |", "|" + "---|" * 10]
@@ -74,8 +74,8 @@ def table(root: Path) -> str:
                  if (r / "bench.json").exists() else float("nan") for r in runs]
 
         def f(key: str, nd: int = 3, ms=ms) -> str:
-            m, h = mean_ci([x.get(key) if x.get(key) is not None else float("nan") for x in ms])
-            return f"{m:.{nd}f} ± {h:.{nd}f}"
+            return format_ci([x.get(key) if x.get(key) is not None else float("nan")
+                              for x in ms], nd)
 
         rows.append(f"| {exp.name} | {len(ms)} | {f('eval_acc_start')} | {f('eval_acc_end')} | "
                     f"{f('communities', 1)} | {f('eval_ideal_communities', 1)} | "
