@@ -53,6 +53,16 @@ def run(name: str, seeds: list[int], overrides: dict[str, str], out_root: Path) 
               f"wrong {m.get('eval_wrong_associations_pct')}", flush=True)
 
 
+def _max_wrong_pct(history: Path) -> float:
+    """Largest per-iteration wrong-association share of a run (NaN without a history)."""
+    if not history.exists():
+        return float("nan")
+    vals = [json.loads(line).get("eval_wrong_associations_pct")
+            for line in history.read_text().splitlines() if line.strip()]
+    vals = [v for v in vals if v is not None]
+    return max(vals) if vals else float("nan")
+
+
 def table(root: Path) -> str:
     """Mean ± 95% CI per experiment, then one line per seed.
 
@@ -62,8 +72,9 @@ def table(root: Path) -> str:
     from fedclust.metrics import format_ci, mean_ci
 
     rows = ["| experiment | runs | ACC start | ACC end | communities | ideal | wrong ass. % | "
-            "isolated start → after it. 1 → end | iterations | wall s |", "|" + "---|" * 10]
-    seeds = ["| experiment | seed | ACC start → end | communities | wrong ass. % | "
+            "wrong ass. % max over it. | isolated start → after it. 1 → end | iterations | "
+            "wall s |", "|" + "---|" * 11]
+    seeds = ["| experiment | seed | ACC start → end | communities | wrong ass. % (max over it.) | "
              "isolated start → it. 1 → end | iterations | stop | wall s |", "|" + "---|" * 9]
     for exp in sorted(p for p in root.iterdir() if p.is_dir()):
         runs = sorted(p.parent for p in exp.glob("seed*/summary.json"))
@@ -72,6 +83,7 @@ def table(root: Path) -> str:
         ms = [json.loads((r / "summary.json").read_text())["metrics"] for r in runs]
         walls = [json.loads((r / "bench.json").read_text())["wall_s"]
                  if (r / "bench.json").exists() else float("nan") for r in runs]
+        worst = [_max_wrong_pct(r / "history.jsonl") for r in runs]
 
         def f(key: str, nd: int = 3, ms=ms) -> str:
             return format_ci([x.get(key) if x.get(key) is not None else float("nan")
@@ -79,14 +91,15 @@ def table(root: Path) -> str:
 
         rows.append(f"| {exp.name} | {len(ms)} | {f('eval_acc_start')} | {f('eval_acc_end')} | "
                     f"{f('communities', 1)} | {f('eval_ideal_communities', 1)} | "
-                    f"{f('eval_wrong_associations_pct', 1)} | {f('isolated_start', 1)} → "
+                    f"{f('eval_wrong_associations_pct', 1)} | {format_ci(worst, 1)} | "
+                    f"{f('isolated_start', 1)} → "
                     f"{f('isolated_first', 1)} → {f('isolated_end', 1)} | "
                     f"{f('iterations', 1)} | {mean_ci(walls)[0]:.0f} |")
-        for r, m, w in zip(runs, ms, walls, strict=False):
+        for r, m, w, top in zip(runs, ms, walls, worst, strict=True):
             nan = float("nan")
             seeds.append(f"| {exp.name} | {r.name[4:]} | {m.get('eval_acc_start', nan):.3f} → "
                          f"{m.get('eval_acc_end', nan):.3f} | {m.get('communities')} | "
-                         f"{m.get('eval_wrong_associations_pct', nan):.1f} | "
+                         f"{m.get('eval_wrong_associations_pct', nan):.1f} ({top:.1f}) | "
                          f"{m.get('isolated_start')} → {m.get('isolated_first')} → "
                          f"{m.get('isolated_end')} | {m.get('iterations')} | "
                          f"{m.get('stop_reason')} | {w:.0f} |")
