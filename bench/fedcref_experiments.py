@@ -55,11 +55,12 @@ def run(name: str, seeds: list[int], overrides: dict[str, str], out_root: Path) 
 
 def _max_wrong_pct(history: Path) -> float:
     """Largest per-iteration wrong-association share of a run (NaN without a history)."""
+    from fedclust.results import read_history
+
     if not history.exists():
         return float("nan")
-    vals = [json.loads(line).get("eval_wrong_associations_pct")
-            for line in history.read_text().splitlines() if line.strip()]
-    vals = [v for v in vals if v is not None]
+    vals = [v for h in read_history(history)
+            if (v := h.get("eval_wrong_associations_pct")) is not None]
     return max(vals) if vals else float("nan")
 
 

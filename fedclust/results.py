@@ -21,6 +21,11 @@ import numpy as np
 LOG = logging.getLogger("fedclust")
 
 
+def read_history(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a run's ``history.jsonl`` (one dict per round/iteration)."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
 def to_jsonable(value: Any) -> Any:
     """Convert numpy scalars/arrays and nested containers into JSON-serialisable values."""
     if isinstance(value, Mapping):

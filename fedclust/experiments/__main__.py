@@ -13,6 +13,7 @@ import numpy as np
 from fedclust import fcm
 from fedclust.data.tabular import load_dataset
 from fedclust.metrics import format_ci, matched_center_distance
+from fedclust.results import read_history
 
 PAPER_004 = {  # Table 1: ARI(gamma) and ||V_fed - V_sum||_F for gamma = .25 .5 .75 1
     "xclara": ([0.99269, 0.99279, 0.99289, 0.99289], [0.00893, 0.00545, 0.00250, 0.0]),
@@ -201,8 +202,7 @@ def fedcref_figure4(dirs: list[str], plot: str = "") -> str:
     histories, global_k = [], None
     for job, s in summaries(dirs):
         m = s["metrics"]
-        history = [json.loads(line) for line in (job / "history.jsonl").read_text().splitlines()
-                   if line.strip()]
+        history = read_history(job / "history.jsonl")
         histories.append(history)
         global_k = m.get("eval_global_k", global_k)
         lines.append(f"| {job.parent.name}/{job.name} | {s['seed']} | {m['iterations']} | "
