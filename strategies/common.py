@@ -116,7 +116,10 @@ def send_and_collect(
         if reply.has_error():
             out.failed[nid] = f"error reply: {reply.error.reason}"
             continue
-        problem = validate(reply.content) if validate is not None else None
+        try:
+            problem = validate(reply.content) if validate is not None else None
+        except Exception as exc:  # a reply malformed beyond what the validator anticipated
+            problem = f"validator raised {type(exc).__name__}: {exc}"
         if problem:
             out.failed[nid] = f"rejected reply: {problem}"
             continue

@@ -36,6 +36,7 @@ from fedclust.fedcref import autoencoder as ae
 from fedclust.fedcref.association import communities, mutual_edges, perfect_edges
 from fedclust.fedcref.client import derive_seed, hidden_sizes
 from fedclust.fedcref.evaluation import majority_classes, mean_accuracy, wrong_associations
+from fedclust.fedcref.stopping import StabilityStop
 from fedclust.results import Progress, RunRecorder
 from strategies.common import Exchange, send_and_collect, wait_for_nodes
 
@@ -45,12 +46,6 @@ Node = tuple[int, int]   # (client index, local cluster)
 
 def _arrays(named: dict[str, np.ndarray]) -> ArrayRecord:
     return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in named.items()})
-
-
-def _has(name: str):
-    def _check(content: RecordDict) -> str | None:
-        return None if name in content.array_records else f"missing array record '{name}'"
-    return _check
 
 
 class _Traffic:
@@ -66,6 +61,107 @@ class _Traffic:
         cs = sum(float(r.metric_records["metrics"].get("seconds", 0.0))
                  for r in ex.replies.values() if "metrics" in r.metric_records)
         self.client_seconds[phase] = self.client_seconds.get(phase, 0.0) + cs
+
+
+def _metrics(content: RecordDict, *names: str) -> str | None:
+    if "metrics" not in content.metric_records:
+        return "missing metric record 'metrics'"
+    met = content.metric_records["metrics"]
+    for name in names:
+        if name not in met:
+            return f"metrics lack '{name}'"
+        if not np.all(np.isfinite(np.asarray(met[name], dtype=float))):
+            return f"metric '{name}' is not finite"
+    return None
+
+
+def _stacked(content: RecordDict, name: str, rows: int) -> str | None:
+    """Array record ``name`` whose arrays are finite and stack ``rows`` models."""
+    if name not in content.array_records:
+        return f"missing array record '{name}'"
+    for k, arr in content.array_records[name].items():
+        a = arr.numpy()
+        if a.ndim < 2 or a.shape[0] != rows:
+            return f"'{name}.{k}' has shape {a.shape}, expected {rows} stacked models"
+        if not np.all(np.isfinite(a)):
+            return f"'{name}.{k}' has non-finite values"
+    return None
+
+
+def _check_local(content: RecordDict) -> str | None:
+    """Reply of ``train.fedcref_local``: k, identity key, version and the stacked models."""
+    problem = _metrics(content, "k", "key", "version")
+    if problem:
+        return problem
+    k = int(content.metric_records["metrics"]["k"])
+    if k < 1:
+        return f"k = {k} < 1"
+    if "models" not in content.array_records:
+        return None
+    if "clusters" not in content.array_records:
+        return "models without array record 'clusters'"
+    clusters = content.array_records["clusters"]["clusters"].numpy()
+    if clusters.ndim != 1 or np.any(clusters < 0) or np.any(clusters >= k):
+        return f"'clusters' must list local clusters in 0..{k - 1}, got {clusters.tolist()}"
+    if "W0" not in content.array_records["models"]:
+        return "'models' lacks 'W0'"
+    return _stacked(content, "models", len(clusters)) or _check_hist(content, k)
+
+
+def _check_hist(content: RecordDict, k: int) -> str | None:
+    if "eval" in content.array_records:
+        h = content.array_records["eval"]["hist"].numpy()
+        if h.ndim != 2 or h.shape[0] != k:
+            return f"'eval.hist' has shape {h.shape}, expected ({k}, classes)"
+    return None
+
+
+def _check_accept(content: RecordDict, k: int, n_foreign: int) -> str | None:
+    """Reply of ``query.fedcref_assoc``: a (k, n_foreign) accept matrix or missing keys."""
+    met = content.metric_records.get("metrics")
+    miss = list(met.get("missing", [])) if met is not None else []
+    if miss:
+        if any(not 0 <= int(i) < n_foreign for i in miss):
+            return f"'missing' indices outside 0..{n_foreign - 1}"
+        return None
+    if "accept" not in content.array_records:
+        return "neither 'accept' nor 'missing' in the reply"
+    shape = content.array_records["accept"]["accept"].numpy().shape
+    if shape != (k, n_foreign):
+        return f"'accept' has shape {shape}, expected {(k, n_foreign)}"
+    return None
+
+
+def _check_comm(content: RecordDict, n_comm: int) -> str | None:
+    """Reply of ``train.fedcref_comm``: one trained model and one count per community."""
+    problem = _stacked(content, "models", n_comm)
+    if problem:
+        return problem
+    if "counts" not in content.array_records:
+        return "missing array record 'counts'"
+    counts = content.array_records["counts"]["counts"].numpy()
+    if counts.shape != (n_comm,) or np.any(counts < 0) or not np.all(np.isfinite(counts)):
+        return f"'counts' must be {n_comm} non-negative numbers, got shape {counts.shape}"
+    return None
+
+
+def _check_refine(content: RecordDict) -> str | None:
+    problem = _metrics(content, "agreement")
+    if problem:
+        return problem
+    if "eval" in content.array_records and content.array_records["eval"]["hist"].numpy().ndim != 2:
+        return "'eval.hist' must be 2-D"
+    return None
+
+
+def _reject(ex: Exchange, nid: int, problem: str | None, phase: str) -> bool:
+    """Move node ``nid``'s reply to ``ex.failed`` if ``problem``; True when rejected."""
+    if not problem:
+        return False
+    del ex.replies[nid]
+    ex.failed[nid] = f"rejected reply: {problem}"
+    LOG.warning("[%s] node %s dropped: %s", phase, nid, ex.failed[nid])
+    return True
 
 
 def _hist(content: RecordDict) -> np.ndarray | None:
@@ -110,8 +206,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     hists: dict[int, np.ndarray] = {}        # eval: per client (K, C) at association time
     traffic = _Traffic()
     dropped: set[int] = set()
-    prev_counts: tuple[int, int] | None = None
-    calm = 0
+    stopper = StabilityStop(cfg["fedcref.stop-window"], cfg["fedcref.stop-change"])
     acc_start = float("nan")
     iso_start: int | None = None
     iso_first: int | None = None
@@ -122,7 +217,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     t = 0
     for t in range(1, cfg["fedcref.max-iterations"] + 1):
         rec: dict[str, Any] = {"iteration": t, "active_clients": len(active)}
-        dropped_now: dict[str, list[int]] = {}
+        dropped_now: dict[str, dict[int, str]] = {}   # phase -> node -> reason
 
         # 1. local cluster models ------------------------------------------------------------
         def local_content(nid: int, t: int = t) -> RecordDict:
@@ -131,7 +226,11 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
                 "seed": derive_seed(seed, t, 1)})})
 
         ex = send_and_collect(grid, nodes, local_content, "train.fedcref_local", f"local-{t}",
-                              timeout)
+                              timeout, validate=_check_local)
+        if not ex.replies:
+            raise RuntimeError(
+                f"FedCRef iteration {t}: no client answered the local phase; reasons: "
+                + "; ".join(f"node {n}: {why}" for n, why in sorted(ex.failed.items())))
         if t == 1:
             # Client order (and so community order) by the clients' own identity keys, not by
             # node ids, which differ between engines and runs (see client_key).
@@ -140,7 +239,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
             index = {nid: i for i, nid in enumerate(nodes)}
         traffic.add("local_training", ex)
         LOG.info("iteration %d: local training %.1fs", t, ex.seconds)
-        dropped_now["local"] = sorted(ex.failed)
+        dropped_now["local"] = dict(ex.failed)
         for nid, content in ex.replies.items():
             met = content.metric_records["metrics"]
             ks[nid] = int(met["k"])
@@ -188,10 +287,14 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
 
             ex = send_and_collect(grid, responding, assoc_content, "query.fedcref_assoc",
                                   f"assoc-{t}", timeout)
+            for nid in list(ex.replies):
+                _reject(ex, nid, _check_accept(ex.replies[nid], ks[nid], len(foreign(nid))),
+                        f"assoc-{t}")
             traffic.add("cross_evaluation", ex)
             retry = {}
             for nid, content in ex.replies.items():
-                miss = list(content.metric_records["metrics"].get("missing", []))
+                met = content.metric_records.get("metrics")
+                miss = list(met.get("missing", [])) if met is not None else []
                 if miss:
                     fk = foreign(nid)
                     retry[nid] = {keys_all[fk[int(i)]] for i in miss}
@@ -202,10 +305,14 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
                 ex2 = send_and_collect(grid, list(retry),
                                        lambda nid, retry=retry: assoc_content(nid, retry[nid]),
                                        "query.fedcref_assoc", f"assoc-{t}-resend", timeout)
+                for nid in list(ex2.replies):
+                    _reject(ex2, nid, _check_accept(ex2.replies[nid], ks[nid], len(foreign(nid)))
+                            or ("still missing models" if "accept" not in
+                                ex2.replies[nid].array_records else None), f"assoc-{t}-resend")
                 traffic.add("cross_evaluation", ex2)
                 replies.update(ex2.replies)
                 failed.update(ex2.failed)
-            dropped_now["assoc"] = sorted(failed)
+            dropped_now["assoc"] = failed
             LOG.info("iteration %d: cross-evaluation %.1fs", t, traffic.seconds["cross_evaluation"])
             for nid, content in replies.items():
                 if "accept" not in content.array_records:
@@ -276,11 +383,12 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
 
                 targets = [nodes[ci] for ci in sorted(by_client)]
                 ex = send_and_collect(grid, targets, comm_content, "train.fedcref_comm",
-                                      f"comm-{t}-{rnd}", timeout, validate=_has("models"))
+                                      f"comm-{t}-{rnd}", timeout)
+                for nid in list(ex.replies):
+                    _reject(ex, nid, _check_comm(ex.replies[nid], len(by_client[index[nid]])),
+                            f"comm-{t}-{rnd}")
                 traffic.add("community_training", ex)
-                if ex.failed:
-                    dropped_now.setdefault("comm", [])
-                    dropped_now["comm"] = sorted(set(dropped_now["comm"]) | set(ex.failed))
+                dropped_now["comm"] = {**ex.failed, **dropped_now.get("comm", {})}
                 contributions: dict[int, list[tuple[ae.Params, float]]] = {}
                 for nid, content in sorted(ex.replies.items(), key=lambda kv: index[kv[0]]):
                     got = ae.from_numpy({k: v.numpy() for k, v in
@@ -307,9 +415,9 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         if ae.n_models(comm_params):
             content["models"] = _arrays(ae.to_numpy(comm_params))
         ex = send_and_collect(grid, refine_targets, content, "train.fedcref_refine",
-                              f"refine-{t}", timeout)
+                              f"refine-{t}", timeout, validate=_check_refine)
         traffic.add("refinement", ex)
-        dropped_now["refine"] = sorted(ex.failed)
+        dropped_now["refine"] = dict(ex.failed)
         agreements = {}
         for nid, rep in ex.replies.items():
             agreements[nid] = float(rep.metric_records["metrics"]["agreement"])
@@ -335,27 +443,17 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
                          f"{len(active)}" + (f" acc {rec['eval_acc']:.3f}"
                                              if "eval_acc" in rec else ""))
 
-        # stopping (§4.5) -----------------------------------------------------------------------
-        counts = (len(groups), len(isolated))
-        if prev_counts is not None and all(
-                abs(c - p) <= cfg["fedcref.stop-change"] * max(p, 1)
-                for c, p in zip(counts, prev_counts, strict=False)):
-            calm += 1
-        else:
-            calm = 0
-        prev_counts = counts
-        if not active:
-            stop_reason = "no active clients"
-            break
-        if calm >= cfg["fedcref.stop-window"]:
-            stop_reason = "communities and isolated counts stable"
+        reason = stopper.update(len(groups), len(isolated), len(active))   # §4.5
+        if reason is not None:
+            stop_reason = reason
             break
 
     if cfg["plots"]:
         try:
             from fedclust.fedcref.plots import figure4
 
-            figure4(recorder.path("fedcref_figure4.png"), [recorder.history])
+            figure4(recorder.path("fedcref_figure4.png"), [recorder.history],
+                    global_k=last.get("eval_global_k"))
         except Exception as exc:  # plots never fail a run
             LOG.warning("plot failed: %s", exc)
     out: dict[str, Any] = {

@@ -50,6 +50,47 @@ def test_edges_need_both_directions() -> None:
     assert sorted(mutual_edges(accept)) == [(a, b), (a, c)]
 
 
+def test_edge_needs_both_clients_error_vectors_to_accept() -> None:
+    """Client 0's model reconstructs client 1's cluster as well as client 1's own model does
+    (D1 passes), but not vice versa (D2 fails): no edge; once both pass, an edge."""
+    rng = np.random.default_rng(5)
+    labels = np.zeros(100, int)
+    own0, own1 = rng.random((1, 100)), rng.random((1, 100))
+    good_on_1 = own1 + 1e-3 * rng.random(100)
+    good_on_1[0, :3] += 10                             # gaps normalise to ≈ 0 except outliers
+    bad_on_0 = rng.random((1, 100)) * 5                # client 1's model on client 0's samples
+    acc1 = accept_matrix(labels, own1, good_on_1, theta=0.2, alpha=0.75)         # D1
+    acc0 = accept_matrix(labels, own0, bad_on_0, theta=0.2, alpha=0.75)           # D2
+    assert acc1[0, 0] and not acc0[0, 0]
+    accept = {(0, 0): {(1, 0)} if acc0[0, 0] else set(),
+              (1, 0): {(0, 0)} if acc1[0, 0] else set()}
+    assert mutual_edges(accept) == []
+    good_on_0 = own0 + 1e-3 * rng.random(100)
+    good_on_0[0, :3] += 10
+    assert accept_matrix(labels, own0, good_on_0, theta=0.2, alpha=0.75)[0, 0]
+    accept[(0, 0)] = {(1, 0)}
+    assert mutual_edges(accept) == [((0, 0), (1, 0))]
+
+
+def test_stopping_rule_window_and_no_active() -> None:
+    from fedclust.fedcref.stopping import NO_ACTIVE, STABLE, StabilityStop
+
+    stop = StabilityStop(window=3, change=0.1)
+    # 10 → 10 → 11 (10%: calm) → 10 → stop at the 4th iteration (3 calm comparisons)
+    seq = [(10, 20), (10, 20), (11, 21), (10, 22)]
+    reasons = [stop.update(c, i, active=5) for c, i in seq]
+    assert reasons == [None, None, None, STABLE]
+    stop = StabilityStop(window=3, change=0.1)
+    # a jump of more than 10% resets the count
+    seq = [(10, 20), (10, 20), (13, 20), (13, 20), (13, 20)]
+    assert [stop.update(c, i, 5) for c, i in seq] == [None] * 5
+    assert stop.update(13, 20, 5) == STABLE
+    # zero counts compare with max(p, 1): 0 → 0 is calm
+    stop = StabilityStop(window=1, change=0.1)
+    assert stop.update(0, 0, 3) is None and stop.update(0, 0, 3) == STABLE
+    assert StabilityStop().update(4, 4, active=0) == NO_ACTIVE
+
+
 def test_accept_matrix_per_cluster() -> None:
     rng = np.random.default_rng(0)
     labels = np.r_[np.zeros(50, int), np.ones(50, int)]

@@ -97,7 +97,7 @@ def test_survives_a_dropped_client(data_root: Path, tmp_path: Path) -> None:
                             drop=drop)
     assert 1002 in summary["metrics"]["dropped_nodes"]
     hist = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
-    assert 1002 in hist[0]["dropped_nodes"]["assoc"]
+    assert hist[0]["dropped_nodes"]["assoc"]["1002"].startswith("no reply")
     assert summary["metrics"]["eval_acc_end"] > 0.8
 
 
@@ -120,7 +120,7 @@ def test_no_eval_statistics_when_evaluate_false(data_root: Path, tmp_path: Path)
 
 def test_bad_input_fails_before_any_work(data_root: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="dataset"):
-        run_server({"method": "fedcref", "dataset": "blobs", "output-dir": str(tmp_path)})
+        run_server({"method": "fedcref", "dataset": "iris", "output-dir": str(tmp_path)})
     with pytest.raises(SystemSizeError, match="needs"):
         run_server(_cfg(data_root, tmp_path, **{"num-clients": 40,
                                                 "fedcref.samples-per-cluster": 100}))
@@ -162,3 +162,77 @@ def test_result_does_not_depend_on_node_ids(data_root: Path, tmp_path: Path) -> 
     for key in ("eval_acc_start", "eval_acc_end", "communities", "isolated_end",
                 "eval_wrong_associations_pct"):
         assert got["metrics"][key] == pytest.approx(ref["metrics"][key], rel=1e-9), key
+
+
+def test_project_default_dataset_means_digits() -> None:
+    from fedclust.config import validate
+
+    assert validate({"method": "fedcref"})["dataset"] == "digits"
+
+
+def _iteration2(grid) -> tuple[set[int], dict[str, set[int]], list]:
+    """Nodes inactive in iteration 2 and, per message type, the nodes iteration 2 reached."""
+    it2 = [m for m in grid.sent if m.metadata.group_id in ("local-2", "assoc-2", "refine-2")
+           or m.metadata.group_id.startswith("comm-2-")]
+    inactive = {m.metadata.dst_node_id for m in it2
+                if m.metadata.message_type == "train.fedcref_local"
+                and not m.content.config_records["config"]["active"]}
+    to: dict[str, set[int]] = {}
+    for m in it2:
+        to.setdefault(m.metadata.message_type, set()).add(m.metadata.dst_node_id)
+    return inactive, to, it2
+
+
+def test_unchanged_models_of_inactive_clients_are_not_relayed_again(main_run) -> None:
+    _, grid, _, out = main_run
+    hist = [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+    inactive, to, it2 = _iteration2(grid)
+    assert inactive and len(inactive) == hist[0]["active_clients"] - hist[0]["active_after"]
+    assert inactive <= to["query.fedcref_assoc"]      # inactive clients still associate
+    for m in it2:
+        if m.metadata.message_type == "query.fedcref_assoc" and \
+                m.metadata.dst_node_id not in inactive:
+            n_keys = len(m.content.config_records["config"]["keys"])
+            sent = {n.rpartition("/")[0] for n in m.content.array_records["models"]} \
+                if "models" in m.content.array_records else set()
+            assert len(sent) < n_keys
+
+
+def test_inactive_clients_train_communities_but_do_not_refine(data_root: Path,
+                                                              tmp_path: Path) -> None:
+    """§4.4: τ-stable clients stop retraining and refining but keep training their
+    communities (perfect associations here, so that iteration 2 surely has communities)."""
+    _, grid = run_server(_cfg(data_root, tmp_path, plots=False,
+                              **{"fedcref.association": "perfect"}), keep_sent=True)
+    inactive, to, _ = _iteration2(grid)
+    assert inactive
+    assert inactive & to["train.fedcref_comm"]
+    assert not inactive & to.get("train.fedcref_refine", set())
+
+
+@pytest.mark.parametrize(("phase", "kind", "reason"), [
+    ("train.fedcref_local", "shape", "rejected reply: 'clusters' must list"),
+    ("query.fedcref_assoc", "shape", "rejected reply: 'accept' has shape"),
+    ("train.fedcref_comm", "nan", "rejected reply: 'models."),
+    ("train.fedcref_refine", "error", "error reply: simulated ClientApp crash"),
+])
+def test_bad_reply_is_rejected_in_every_phase(data_root: Path, tmp_path: Path, phase: str,
+                                              kind: str, reason: str) -> None:
+    from server_app.app import run_method
+    from tests.fake_grid import InProcessGrid
+    from tests.test_faults import BAD, _faulty_app
+
+    cfg = _cfg(data_root, tmp_path, **{"fedcref.max-iterations": 1})
+    summary = run_method(InProcessGrid(_faulty_app(kind, phase), 5, cfg), dict(cfg))
+    hist = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
+    drops = {why for per in hist[0]["dropped_nodes"].values() for n, why in per.items()
+             if n == str(BAD)}
+    assert drops and all(why.startswith(reason) for why in drops), hist[0]["dropped_nodes"]
+    assert BAD in summary["metrics"]["dropped_nodes"]
+    assert summary["metrics"]["eval_acc_end"] > 0.5
+
+
+def test_no_client_answering_stops_with_the_reasons(data_root: Path, tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="no client answered the local phase.*no reply"):
+        run_server(_cfg(data_root, tmp_path, **{"fedcref.max-iterations": 1}),
+                   drop=lambda nid, m: m.metadata.message_type == "train.fedcref_local")

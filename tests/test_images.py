@@ -96,3 +96,17 @@ def test_keep_frequent_classes() -> None:
     xk, yk, kept = keep_frequent_classes(x, y, 3)
     assert kept.tolist() == [0, 2, 5] and yk.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     assert xk.tolist() == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+
+
+def test_k49_filter_counts_training_samples_only(tmp_path: Path) -> None:
+    """Class 2 has 3 training samples (below the threshold) but 5 with the test split: with
+    ``split=all`` it must still be dropped (paper 000: ≥ 6000 *training* samples)."""
+    from fedclust.fedcref.client import _dataset
+
+    rng = np.random.default_rng(4)
+    y_train, y_test = np.array([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2]), np.array([2, 2, 0, 1])
+    for split, y in (("train", y_train), ("test", y_test)):
+        np.savez_compressed(tmp_path / f"k49-{split}-imgs.npz", _images(rng, len(y)))
+        np.savez_compressed(tmp_path / f"k49-{split}-labels.npz", y)
+    _, y_all = _dataset("k49", str(tmp_path), "all", 4)
+    assert sorted(np.unique(y_all).tolist()) == [0, 1] and y_all.size == 10

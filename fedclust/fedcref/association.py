@@ -91,7 +91,9 @@ def accept_matrix(labels: NDArray[np.int64], own_errors: NDArray, foreign_errors
     min_size : clusters smaller than this accept nothing
     groups : (F,) optional owner (foreign client) of each foreign model. When given, a local
         cluster accepts at most one model per foreign client: the accepted one with the
-        largest score (ties: the first). Off by default (the paper tests all pairs).
+        largest score (ties: the first). ``None`` tests all pairs as the paper does; the
+        run config turns this on by default (``fedcref.assoc-best-per-client``, a named
+        deviation, docs/fedcref.md).
     rule : ``"eq2"`` (the paper) or ``"eq2-preference"`` (eq. 2 and the preference guard,
         see the module docstring)
     beta : required preference probability β in (0, 1] of the guard

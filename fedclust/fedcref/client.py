@@ -59,8 +59,8 @@ def _dataset(name: str, data_dir: str, split: str, k49_min: int) -> tuple[NDArra
     x, y = load_image_dataset(name, data_dir, split)
     if name == "k49":
         _, y_train = load_image_dataset(name, data_dir, "train")
-        x, y, _ = keep_frequent_classes(x, y, k49_min, reference_y=y_train
-                                        if split != "all" else None)
+        # the paper keeps the classes with ≥ k49_min *training* samples, whatever the split
+        x, y, _ = keep_frequent_classes(x, y, k49_min, reference_y=y_train)
     return x, y
 
 

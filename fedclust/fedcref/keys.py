@@ -84,9 +84,16 @@ KEYS: list[Key] = [
 
 
 def check(cfg: dict[str, Any]) -> None:
-    """Cross-key rules of FedCRef."""
+    """Cross-key rules of FedCRef.
+
+    The project-wide default ``dataset=blobs`` (not an image dataset) resolves to the embedded
+    ``digits``, so that ``flwr run . --run-config 'method="fedcref"'`` needs no files.
+    """
+    if cfg["dataset"] == "blobs":
+        cfg["dataset"] = "digits"
     require(cfg["dataset"] in IMAGE_DATASETS, "dataset", cfg["dataset"],
-            "an image dataset for method=fedcref: " + ", ".join(IMAGE_DATASETS),
+            "an image dataset for method=fedcref: " + ", ".join(IMAGE_DATASETS)
+            + " ('blobs', the project default, means digits)",
             "pass dataset=digits (embedded) or dataset=mnist with data-dir=<folder>")
     require(cfg["fedcref.k-max"] == 0 or cfg["fedcref.k-max"] >= cfg["fedcref.k-min"],
             "fedcref.k-max", cfg["fedcref.k-max"], f">= fedcref.k-min ({cfg['fedcref.k-min']})",
