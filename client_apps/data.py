@@ -60,5 +60,11 @@ def load_client_data(context: Context, cfg: dict[str, Any]) -> ClientData:
         x, y = load_local_table(str(node["data-path"]), str(node.get("data-format", "")),
                                 str(node.get("label-column", "")))
         return ClientData(x, y if cfg["evaluate"] else None)
-    data = simulated_partition(cfg, int(node["partition-id"]), int(node["num-partitions"]))
+    parts = int(node["num-partitions"])
+    if parts != int(cfg["num-clients"]):
+        raise ValueError(
+            f"this node is one of num-partitions={parts} (the engine's node count) but the run "
+            f"config says 'num-clients' = {cfg['num-clients']}. Allowed: equal counts. Fix: pass "
+            f"--federation-config 'num-supernodes={cfg['num-clients']}' or num-clients={parts}.")
+    data = simulated_partition(cfg, int(node["partition-id"]), parts)
     return ClientData(data.x, data.y_eval if cfg["evaluate"] else None)

@@ -17,6 +17,8 @@ Actions (message type → what the client does → what it sends back):
 - ``query.emdcfl_group``: ground-truth cluster (Oracle baseline; only when ``evaluate=true``).
 
 Clients never send samples or labels; only models, projected embeddings, counts and metrics.
+Training, embedding and evaluation run on ``emdcfl.device`` (``cpu`` with one torch thread,
+``cuda``, or ``auto``); ``cuda`` without a GPU fails with a ConfigError (an error reply).
 """
 
 from __future__ import annotations
@@ -35,10 +37,20 @@ SPLIT_KEYS = ("dataset", "emdcfl.rotation", "emdcfl.samples", "emdcfl.test-sampl
               "emdcfl.val-fraction", "seed", "data-dir")
 
 
-def _torch_threads() -> None:
-    import torch
+def _device(cfg: dict[str, Any]) -> str:
+    """Torch device of this node (``emdcfl.device``); on the CPU, torch runs one thread.
 
-    torch.set_num_threads(1)   # 2 threads thrash on a shared 2-core box
+    Raises a ConfigError naming the key when ``cuda`` is requested but unavailable (the
+    reply is then an error reply and the server drops the node with that reason).
+    """
+    from fedclust.emdcfl.keys import resolve_device
+
+    device = resolve_device(cfg["emdcfl.device"])
+    if device == "cpu":
+        import torch
+
+        torch.set_num_threads(1)   # 2 threads thrash on a shared 2-core box
+    return device
 
 
 @lru_cache(maxsize=64)
@@ -91,13 +103,13 @@ def _train_seed(cfg: dict[str, Any], context: Context, rnd: int) -> int:
                .generate_state(1)[0])
 
 
-def _train(cfg, context, weights, rnd):
+def _train(cfg, context, weights, rnd, device="cpu"):
     from fedclust.emdcfl.model import train_local
 
     data = client_data(context, cfg)
     return train_local(model_spec(cfg), weights, data.x_train, data.y_train,
                        cfg["emdcfl.local-epochs"], cfg["emdcfl.lr"], cfg["emdcfl.batch-size"],
-                       _train_seed(cfg, context, rnd)), len(data.y_train)
+                       _train_seed(cfg, context, rnd), device=device), len(data.y_train)
 
 
 KEY_STATE = "emdcfl_keys"
@@ -115,11 +127,11 @@ def _ensure_keys(context: Context) -> bytes:
 
 @app.train("emdcfl_local")
 def train_local_handler(msg: Message, context: Context) -> Message:
-    _torch_threads()
     cfg = run_config(context)
+    device = _device(cfg)
     conf = msg.content.config_records["config"]
     (weights, loss), n = _train(cfg, context, weights_of(msg.content.array_records["model"]),
-                                int(conf["round"]))
+                                int(conf["round"]), device)
     arrays = {"model": {str(i): w for i, w in enumerate(weights)}}
     if bool(conf.get("keygen", False)):
         arrays["pub"] = {"key": np.frombuffer(_ensure_keys(context), dtype=np.uint8)}
@@ -131,8 +143,8 @@ def embed_handler(msg: Message, context: Context) -> Message:
     from fedclust.emdcfl.model import embed, embed_many
     from fedclust.emdcfl.privacy import PairContext
 
-    _torch_threads()
     cfg = run_config(context)
+    device = _device(cfg)
     spec, data = model_spec(cfg), client_data(context, cfg)
     peers = msg.content.array_records["peers"]
     ids = peers["ids"].numpy().astype(np.uint64)
@@ -142,14 +154,14 @@ def embed_handler(msg: Message, context: Context) -> Message:
         raise RuntimeError("no X25519 key pair: train.emdcfl_local with keygen must come first")
     private = bytes(context.state.config_records[KEY_STATE]["private"])
     own = weights_of(msg.content.array_records[f"m:{me}"])
-    e_train = embed(spec, own, data.x_train)
+    e_train = embed(spec, own, data.x_train, device=device)
     others = [int(i) for i in ids.tolist() if int(i) != me]
     pub_of = {int(i): p.tobytes() for i, p in zip(ids.tolist(), pubs)}
     # own val under every model (own first): images converted once, no module per peer,
     # peer models deserialised one at a time
     models = chain([own], (weights_of(msg.content.array_records[f"m:{peer}"])
                            for peer in others))
-    e_vals = embed_many(spec, models, data.x_val)
+    e_vals = embed_many(spec, models, data.x_val, device=device)
     e_val = e_vals[0]
     cap, ratio = cfg["emdcfl.max-samples"], cfg["emdcfl.proj-ratio"]
     src, ref, tgt = {}, {}, {}
@@ -166,15 +178,16 @@ def embed_handler(msg: Message, context: Context) -> Message:
 def ifca_handler(msg: Message, context: Context) -> Message:
     from fedclust.emdcfl.model import evaluate
 
-    _torch_threads()
     cfg = run_config(context)
+    device = _device(cfg)
     spec, data = model_spec(cfg), client_data(context, cfg)
     conf = msg.content.config_records["config"]
     k = int(conf["k"])
     models = [weights_of(msg.content.array_records[f"c:{j}"]) for j in range(k)]
-    losses = np.array([evaluate(spec, w, data.x_val, data.y_val)[0] for w in models])
+    losses = np.array([evaluate(spec, w, data.x_val, data.y_val, device=device)[0]
+                       for w in models])
     choice = int(np.argmin(losses))
-    (weights, loss), n = _train(cfg, context, models[choice], int(conf["round"]))
+    (weights, loss), n = _train(cfg, context, models[choice], int(conf["round"]), device)
     return reply(msg, arrays={"model": {str(i): w for i, w in enumerate(weights)}},
                  metrics={"num-examples": n, "train-loss": loss, "choice": choice,
                           "val-losses": losses.tolist()})
@@ -184,17 +197,18 @@ def ifca_handler(msg: Message, context: Context) -> Message:
 def eval_handler(msg: Message, context: Context) -> Message:
     from fedclust.emdcfl.model import evaluate
 
-    _torch_threads()
     cfg = run_config(context)
+    device = _device(cfg)
     spec, data = model_spec(cfg), client_data(context, cfg)
     weights = weights_of(msg.content.array_records["model"])
     metrics: dict[str, Any] = {"num-test": len(data.y_test)}
     if cfg["evaluate"]:
-        loss, acc = evaluate(spec, weights, data.x_test, data.y_test)
+        loss, acc = evaluate(spec, weights, data.x_test, data.y_test, device=device)
         metrics.update({"test-loss": loss, "test-acc": acc, "cluster": data.cluster,
                         "set": data.set_id})
         if data.x_test_bd is not None and data.set_id == 0:
-            metrics["backdoor-acc"] = evaluate(spec, weights, data.x_test_bd, data.y_test)[1]
+            metrics["backdoor-acc"] = evaluate(spec, weights, data.x_test_bd, data.y_test,
+                                               device=device)[1]
     return reply(msg, metrics=metrics)
 
 

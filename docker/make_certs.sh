@@ -27,7 +27,11 @@ for ((i = 0; i < N; i++)); do
   rm -f "client_credentials_$i" "client_credentials_$i.pub"
   ssh-keygen -q -t ecdsa -b 384 -N "" -C "fedclust-node-$i" -f "client_credentials_$i"
 done
-# Containers run as uid 49999 (user `app`): make the files readable there.
+# Public files readable by all; private keys by their owner only.
 chmod 644 ca.crt server.pem ./*.pub
-chmod 640 server.key ca.key client_credentials_? 2>/dev/null || true
+chmod 600 server.key ca.key client_credentials_* 2>/dev/null || true
+chmod 644 ./*.pub
 echo "certificates and $N SuperNode key pairs in $(pwd)"
+# Flower's containers run as user `app` (uid/gid 49999), which cannot read the 600 private keys
+# above: hand the folder to that uid before `docker compose up` (Flower's Docker TLS docs).
+echo "for Docker: sudo chown -R 49999:49999 $(pwd)   (undo: sudo chown -R \$USER:\$(id -gn) $(pwd))"

@@ -1,6 +1,8 @@
 """A loopback Flower deployment (SuperLink + SuperNodes as real processes) for tests and scripts.
 
-Starts ``flower-superlink`` and N ``flower-supernode`` processes on 127.0.0.1 with free ports,
+Starts ``flower-superlink`` and N ``flower-supernode`` processes on 127.0.0.1 with free ports
+(the SuperLink's port is checked to be held by *its* process group, else it is restarted on a
+new port: another program that grabbed the port first would otherwise receive our runs),
 either insecure or with TLS (a throw-away CA + server certificate) and SuperNode
 authentication (an EC key pair per node, registered with ``flwr supernode register``), waits
 until every node reports its SuperNode ID, submits runs with ``flwr run`` and reads their
@@ -17,7 +19,6 @@ Command line (used by ``scripts/deploy_local.sh``)::
 from __future__ import annotations
 
 import argparse
-import atexit
 import datetime as dt
 import ipaddress
 import json
@@ -25,11 +26,9 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,13 +37,18 @@ from typing import Any
 
 from fedclust.engine import (
     APP_DIR,
+    PortClash,
     RunOutcome,
+    TornDown,
     flwr_env,
     flwr_run,
     free_port,
+    stop_group,
     toml_value,
+    wait_for_listener,
     wait_for_run,
 )
+from fedclust.engine import log_tail as _tail
 
 CONNECTION = "deploy"
 
@@ -153,52 +157,7 @@ def node_config_arg(cfg: Mapping[str, Any]) -> str:
     return " ".join(f"{k}={toml_value(v)}" for k, v in cfg.items())
 
 
-def _stop(proc: subprocess.Popen[bytes] | None, grace: float = 10.0) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is left after ``grace`` seconds."""
-    if proc is None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)   # children (ClientApp processes) too
-    except ProcessLookupError:
-        pass
-    try:
-        proc.wait(5)
-    except subprocess.TimeoutExpired:
-        pass
-
-
-def _wait_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        if proc.poll() is not None:
-            raise RuntimeError(f"process exited ({proc.returncode}); log:\n{_tail(log)}")
-        time.sleep(0.2)
-    raise RuntimeError(f"port {port} not open after {timeout:.0f}s; log:\n{_tail(log)}")
-
-
-def _raise_exit(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)
-
-
-def _tail(path: Path, n: int = 4000) -> str:
-    try:
-        return path.read_text(errors="replace")[-n:]
-    except OSError:
-        return ""
-
-
-class LoopbackDeployment:
+class LoopbackDeployment(TornDown):
     """SuperLink + SuperNodes on 127.0.0.1 (context manager).
 
     Parameters
@@ -235,28 +194,7 @@ class LoopbackDeployment:
         self.creds: Credentials | None = None
         self._logs: list[Any] = []
 
-    # -- lifecycle ---------------------------------------------------------------------------
-    def __enter__(self) -> LoopbackDeployment:
-        # Tear down on SIGTERM too (CI cancellation, `timeout`): turn it into SystemExit so
-        # ``__exit__`` runs, and kill leftovers at interpreter exit as a last resort.
-        self._old_handler = None
-        if threading.current_thread() is threading.main_thread():
-            if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-                self._old_handler = signal.signal(signal.SIGTERM, _raise_exit)
-        atexit.register(self.close)
-        try:
-            self.start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-        atexit.unregister(self.close)
-        if self._old_handler is not None:
-            signal.signal(signal.SIGTERM, self._old_handler)
-
+    # -- lifecycle (``with``: start, then close on exit, failure or SIGTERM; see TornDown) ----
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
@@ -270,23 +208,7 @@ class LoopbackDeployment:
     def start(self, node_timeout: float = 90.0) -> None:
         if self.tls:
             self.creds = make_credentials(self.home / "certs", len(self.node_configs))
-        conn = f"[superlink]\ndefault = \"{CONNECTION}\"\n\n[superlink.{CONNECTION}]\n" \
-               f"address = \"{self.address}\"\n"
-        conn += (f"root-certificates = \"{self.creds.ca_cert}\"\n" if self.creds
-                 else "insecure = true\n")
-        (self.home / "config.toml").write_text(conn)
-        cmd = ["flower-superlink", "--host", "127.0.0.1", "--port", str(self.port),
-               "--database", str(self.home / "state.db"),
-               "--disable-runtime-dependency-installation"]
-        if self.creds:
-            cmd += ["--ssl-ca-certfile", str(self.creds.ca_cert), "--ssl-certfile",
-                    str(self.creds.server_cert), "--ssl-keyfile", str(self.creds.server_key)]
-        else:
-            cmd += ["--insecure"]
-        if self.auth:
-            cmd += ["--enable-supernode-auth"]
-        self.superlink = self._popen(cmd, self.home / "superlink.log")
-        _wait_port(self.port, self.superlink, self.home / "superlink.log", 60)
+        self._start_superlink()
         if self.auth:
             assert self.creds is not None
             for pub in self.creds.node_pubkeys:
@@ -297,6 +219,43 @@ class LoopbackDeployment:
         for i in range(len(self.node_configs)):
             self.nodes.append(self._start_node(i))
         self.wait_for_nodes(node_timeout)
+
+    def _start_superlink(self, attempts: int = 3) -> None:
+        """Start the SuperLink; make sure *it* listens on the port (not another program that
+        took the free port first), else retry on a new port."""
+        log = self.home / "superlink.log"
+        for attempt in range(attempts):
+            conn = f"[superlink]\ndefault = \"{CONNECTION}\"\n\n[superlink.{CONNECTION}]\n" \
+                   f"address = \"{self.address}\"\n"
+            conn += (f"root-certificates = \"{self.creds.ca_cert}\"\n" if self.creds
+                     else "insecure = true\n")
+            (self.home / "config.toml").write_text(conn)
+            cmd = ["flower-superlink", "--host", "127.0.0.1", "--port", str(self.port),
+                   "--database", str(self.home / "state.db"),
+                   "--disable-runtime-dependency-installation"]
+            if self.creds:
+                cmd += ["--ssl-ca-certfile", str(self.creds.ca_cert), "--ssl-certfile",
+                        str(self.creds.server_cert), "--ssl-keyfile", str(self.creds.server_key)]
+            else:
+                cmd += ["--insecure"]
+            if self.auth:
+                cmd += ["--enable-supernode-auth"]
+            self.superlink = self._popen(cmd, log)
+            try:
+                wait_for_listener(self.port, self.superlink, log, 60)
+            except PortClash as exc:
+                stop_group(self.superlink)
+                if attempt == attempts - 1:
+                    raise PortClash(f"SuperLink: {attempts} ports in a row were taken by other "
+                                    f"processes; last: {exc}") from exc
+                print(f"fedclust.deploy: port {self.port} was taken by another process; "
+                      f"retrying the SuperLink on a new port", file=sys.stderr, flush=True)
+                self.port = free_port()
+                continue
+            if self.superlink.poll() is not None:      # belt and braces: ours must be alive
+                raise RuntimeError(f"flower-superlink exited ({self.superlink.returncode}) after "
+                                   f"its port opened; log:\n{_tail(log)}")
+            return
 
     def _start_node(self, i: int) -> Node:
         port = free_port()
@@ -348,8 +307,8 @@ class LoopbackDeployment:
     def close(self) -> None:
         """Stop every process group (idempotent)."""
         for node in self.nodes:
-            _stop(node.proc)
-        _stop(self.superlink)
+            stop_group(node.proc)
+        stop_group(self.superlink)
         for fh in self._logs:
             fh.close()
         self._logs.clear()

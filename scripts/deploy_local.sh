@@ -10,6 +10,11 @@
 #
 # No data at hand? `scripts/deploy_local.sh --demo` writes 3 blob partitions first.
 # --tls: TLS on the SuperLink (self-made CA, docker/make_certs.sh) + SuperNode authentication.
+#
+# Every wait has a deadline and fails loudly (exit 1, the relevant log tail) instead of going on:
+#   FEDCLUST_PORT_TIMEOUT  (default 60 s)   SuperLink port open, held by *our* SuperLink
+#   FEDCLUST_NODES_TIMEOUT (default 180 s)  all N SuperNodes online
+#   FEDCLUST_RUN_TIMEOUT   (default 3600 s) the run reaches a finished:* status
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -43,6 +48,15 @@ start() {   # start LOGNAME CMD...: own process group, log to $WORK/LOGNAME.log
   PIDS+=($!)
 }
 free_port() { python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+die() {     # die MESSAGE [LOGNAME...]: print MESSAGE and the tails of the named logs, exit 1
+  local msg=$1; shift
+  echo "deploy_local.sh: ERROR: $msg" >&2
+  for name in "$@"; do echo "--- $WORK/$name.log (tail)" >&2; tail -n 25 "$WORK/$name.log" >&2 || true; done
+  exit 1
+}
+PORT_TIMEOUT=${FEDCLUST_PORT_TIMEOUT:-60}
+NODES_TIMEOUT=${FEDCLUST_NODES_TIMEOUT:-180}
+RUN_TIMEOUT=${FEDCLUST_RUN_TIMEOUT:-3600}
 
 if [[ ${DEMO:-0} == 1 ]]; then
   python - "$WORK/data" <<'PY'
@@ -75,7 +89,20 @@ fi
 
 start superlink flower-superlink --host 127.0.0.1 --port "$PORT" --isolation process \
   --database "$WORK/state.db" --disable-runtime-dependency-installation "${LINK_TLS[@]}"
-for _ in $(seq 120); do (echo > "/dev/tcp/127.0.0.1/$PORT") 2>/dev/null && break; sleep 0.5; done
+LINK_PID=${PIDS[-1]}
+deadline=$((SECONDS + PORT_TIMEOUT))
+until (echo > "/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; do
+  kill -0 "$LINK_PID" 2>/dev/null || die "flower-superlink exited before opening port $PORT" superlink
+  ((SECONDS < deadline)) || die "SuperLink port $PORT not open after ${PORT_TIMEOUT}s" superlink
+  sleep 0.5
+done
+# An open port is not proof that it is ours: if another program took the port first, our
+# SuperLink fails to bind and exits ("address already in use") while the port stays open.
+sleep 2
+kill -0 "$LINK_PID" 2>/dev/null \
+  || die "flower-superlink exited after port $PORT opened (port clash with another program?)" superlink
+grep -qi "address already in use" "$WORK/superlink.log" \
+  && die "port $PORT is held by another program; rerun to pick a new port" superlink
 start superexec-serverapp flower-superexec --runtime-api-address "127.0.0.1:$PORT" "${EXEC_TLS[@]}"
 for ((i = 0; i < N; i++)); do
   AUTH=()
@@ -90,9 +117,15 @@ for ((i = 0; i < N; i++)); do
   start "superexec-clientapp-$i" flower-superexec --insecure --runtime-api-address "127.0.0.1:$NPORT"
 done
 echo "SuperLink 127.0.0.1:$PORT ($( ((TLS)) && echo 'TLS + SuperNode auth' || echo insecure)), $N SuperNodes; FLWR_HOME=$FLWR_HOME"
-for _ in $(seq 180); do
+deadline=$((SECONDS + NODES_TIMEOUT)) online=0
+while true; do
   online=$(flwr supernode ls local-deploy --format json 2>/dev/null | grep -c '"online"' || true)
   ((online >= N)) && break
+  kill -0 "$LINK_PID" 2>/dev/null || die "flower-superlink exited while waiting for SuperNodes" superlink
+  if ((SECONDS >= deadline)); then
+    logs=(superlink); for ((i = 0; i < N; i++)); do logs+=("supernode-$i"); done
+    die "only $online/$N SuperNodes online after ${NODES_TIMEOUT}s" "${logs[@]}"
+  fi
   sleep 1
 done
 echo "$online/$N SuperNodes online"
@@ -102,15 +135,23 @@ RUNCFG=$WORK/run.toml
 { echo 'dataset = "local"'; echo "num-clients = $N"; echo "output-dir = \"$OUT\""
   for kv in "${OVERRIDES[@]}"; do echo "\"${kv%%=*}\" = ${kv#*=}"; done; } > "$RUNCFG"
 T0=$(date +%s)
-RUN_ID=$(flwr run "$ROOT" local-deploy --format json --run-config "$RUNCFG" \
-         | python -c 'import json,sys; t=sys.stdin.read(); print(json.loads(t[t.index("{"):])["run-id"])')
+SUBMIT=$(flwr run "$ROOT" local-deploy --format json --run-config "$RUNCFG" 2>&1) \
+  || die "flwr run failed to submit: $SUBMIT" superlink
+RUN_ID=$(python -c 'import json,sys; t=sys.argv[1]; print(json.loads(t[t.index("{"):])["run-id"])' \
+         "$SUBMIT" 2>/dev/null) || die "no run id in the output of flwr run: $SUBMIT" superlink
 echo "submitted run $RUN_ID"
 STATUS=unknown
+deadline=$((SECONDS + RUN_TIMEOUT))
 while true; do
   STATUS=$(flwr ls local-deploy --run-id "$RUN_ID" --format json 2>/dev/null | python -c \
     'import json,sys; t=sys.stdin.read(); print(json.loads(t[t.index("{"):])["runs"][0]["status"])' \
     2>/dev/null || echo unknown)
   [[ $STATUS == finished* ]] && break
+  kill -0 "$LINK_PID" 2>/dev/null || die "flower-superlink exited during run $RUN_ID (last status: $STATUS)" superlink
+  if ((SECONDS >= deadline)); then
+    flwr log "$RUN_ID" local-deploy --show 2>/dev/null | tail -n 15 >&2 || true
+    die "run $RUN_ID not finished after ${RUN_TIMEOUT}s (last status: $STATUS)" superlink superexec-serverapp
+  fi
   sleep 2
 done
 flwr log "$RUN_ID" local-deploy --show | tail -n 15 || true

@@ -46,5 +46,6 @@ METHODS: dict[str, MethodSpec] = {
         keys=("fedclust.emdcfl.keys:KEYS",),
         handlers="client_apps.emdcfl_handlers",
         cross_checks=("fedclust.emdcfl.keys:check",),
+        preflight="strategies.emdcfl:preflight",
     ),
 }

@@ -63,6 +63,28 @@ def wait_for_nodes(grid: Grid, n: int, timeout: float, poll: float = 0.5) -> lis
         time.sleep(poll)
 
 
+def connected_clients(grid: Grid, cfg: Mapping[str, object]) -> list[int]:
+    """:func:`wait_for_nodes` for a run, refusing more nodes than a simulated partition has.
+
+    With a shared dataset (any ``dataset`` but ``local``) node ``i`` holds partition ``i`` of
+    ``num-clients``: surplus nodes would hold nothing meaningful, so the run stops before any
+    work and says how to match the engine to the run config.
+    """
+    n = int(cfg["num-clients"])  # type: ignore[call-overload]
+    nodes = wait_for_nodes(grid, int(cfg["min-clients"]) or n,  # type: ignore[call-overload]
+                           float(cfg["timeout"]))  # type: ignore[arg-type]
+    if cfg["dataset"] != "local" and len(nodes) > n:
+        from fedclust.config import ConfigError
+
+        raise ConfigError(
+            f"{len(nodes)} nodes are connected but run config 'num-clients' = {n}: every node "
+            f"holds one of num-clients partitions of dataset {cfg['dataset']!r}. Allowed: at "
+            f"most num-clients nodes. Fix: in simulation pass --federation-config "
+            f"'num-supernodes={n}' (or num-clients={len(nodes)}); in deployment start {n} "
+            f"SuperNodes, or give each node its own data with dataset=\"local\".")
+    return nodes
+
+
 def send_and_collect(
     grid: Grid,
     node_ids: Iterable[int],

@@ -17,12 +17,18 @@ Rounds (global epochs) ``r = 0 … R−1``:
    members.
 
 Finally every client evaluates its cluster model on its test split (evaluation path).
+
+Every reply is checked (:mod:`fedclust.emdcfl.replies`): an error reply, a late one or one of
+the wrong shape is rejected with a logged reason, the node is named in ``history.jsonl``
+``dropped_nodes`` (node id → reason) and the phase continues with the others. A phase that
+keeps no client stops the run with a RuntimeError naming the phase and every node's reason.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import warnings
 from typing import Any
 
 import numpy as np
@@ -37,9 +43,11 @@ from fedclust.emdcfl.cluster import (
 )
 from fedclust.emdcfl.distance import pairwise_wasserstein
 from fedclust.emdcfl.model import init_weights
+from fedclust.emdcfl.privacy import projection_dim
+from fedclust.emdcfl.replies import embed_reply, eval_reply, train_reply
 from fedclust.metrics import adjusted_rand
 from fedclust.results import Progress, RunRecorder
-from strategies.common import Exchange, arrays, send_and_collect, wait_for_nodes
+from strategies.common import Exchange, arrays, connected_clients, send_and_collect
 
 LOG = logging.getLogger("fedclust")
 Weights = list[np.ndarray]
@@ -75,6 +83,40 @@ def spec_of(cfg: dict[str, Any]):
     return model_spec(cfg)
 
 
+def shapes_of(weights: Weights) -> list[tuple[int, ...]]:
+    """Array shapes of a model (what every client reply must match)."""
+    return [tuple(np.shape(w)) for w in weights]
+
+
+def require_replies(ex: Exchange, phase: str) -> None:
+    """Stop the run when a phase kept no client, naming the phase and every node's reason.
+
+    Raises
+    ------
+    RuntimeError
+        ``ex`` has no usable reply.
+    """
+    if ex.replies:
+        return
+    reasons = "; ".join(f"node {n}: {why}" for n, why in sorted(ex.failed.items()))
+    raise RuntimeError(
+        f"EMD-CFL phase '{phase}': no client left — every reply was missing, an error or "
+        f"rejected ({reasons or 'no client was asked'}). Fix the cause named above (e.g. "
+        "data-dir, node data-path files, timeout) and run again.")
+
+
+def dropped(ex: Exchange, phase: str = "") -> dict[str, str]:
+    """``history.jsonl`` ``dropped_nodes`` of one exchange: node id → reason."""
+    return {str(n): f"{phase}{why}" for n, why in sorted(ex.failed.items())}
+
+
+def reject(ex: Exchange, nid: int, why: str, group: str) -> None:
+    """Move node ``nid``'s reply to ``ex.failed`` (a check that needs the sender's id)."""
+    ex.replies.pop(nid, None)
+    ex.failed[nid] = f"rejected reply: {why}"
+    LOG.warning("[%s] node %s dropped: %s", group, nid, ex.failed[nid])
+
+
 def train_round(grid: Grid, cfg: dict[str, Any], models: dict[int, Weights], rnd: int,
                 keygen: bool, traffic: Traffic) -> tuple[dict[int, Weights], dict[int, int],
                                                          dict[int, float], dict[int, bytes],
@@ -85,16 +127,11 @@ def train_round(grid: Grid, cfg: dict[str, Any], models: dict[int, Weights], rnd
     def content(nid: int) -> RecordDict:
         return RecordDict({"model": model_record(models[nid]), "config": conf})
 
-    def check(rd: RecordDict) -> str | None:
-        if "model" not in rd.array_records:
-            return "no model"
-        if keygen and "pub" not in rd.array_records:
-            return "no public key"
-        return None
-
+    shapes = shapes_of(next(iter(models.values()))) if models else []
     ex = send_and_collect(grid, sorted(models), content, "train.emdcfl_local", f"train-{rnd}",
-                          cfg["timeout"], validate=check)
+                          cfg["timeout"], validate=train_reply(shapes, keygen))
     traffic.add(ex, "training")
+    require_replies(ex, f"train-{rnd}")
     new, counts, losses, pubs = {}, {}, {}, {}
     for nid, rd in ex.replies.items():
         new[nid] = read_model(rd.array_records["model"])
@@ -114,8 +151,11 @@ def evaluate_models(grid: Grid, cfg: dict[str, Any], models: dict[int, Weights],
         return out
     ex = send_and_collect(grid, sorted(models),
                           lambda nid: RecordDict({"model": model_record(models[nid])}),
-                          "evaluate.emdcfl_eval", "evaluate", cfg["timeout"])
+                          "evaluate.emdcfl_eval", "evaluate", cfg["timeout"],
+                          validate=eval_reply())
     traffic.add(ex, "evaluation")
+    require_replies(ex, "evaluate")
+    out["eval_dropped_nodes"] = dropped(ex)
     accs = {n: float(rd.metric_records["metrics"]["test-acc"]) for n, rd in ex.replies.items()}
     truth = {n: int(rd.metric_records["metrics"]["cluster"]) for n, rd in ex.replies.items()}
     bd = [float(rd.metric_records["metrics"]["backdoor-acc"]) for rd in ex.replies.values()
@@ -174,7 +214,8 @@ def emd_matrix(replies: dict[int, RecordDict], order: list[int], cfg: dict[str, 
     for k, (i, j) in enumerate(where):
         w[i, j], ref_w[i, j] = values[2 * k], values[2 * k + 1]
     excess = w - ref_w
-    with np.errstate(all="ignore"):
+    with warnings.catch_warnings():    # a client without any measured pair: NaN, no warning
+        warnings.simplefilter("ignore", RuntimeWarning)
         diag = np.nanmean(ref_w, axis=1) if np.isfinite(ref_w).any() else np.full(n, np.nan)
     np.fill_diagonal(w, diag)          # diagonal: mean reference distance W(train_c, val_c)
     np.fill_diagonal(excess, 0.0)
@@ -189,8 +230,15 @@ def cluster_step(grid: Grid, cfg: dict[str, Any], seen: list[int], latest: dict[
     content = RecordDict({f"m:{n}": model_record(latest[n]) for n in members})
     content["peers"] = arrays(ids=np.array(members, dtype=np.uint64),   # node ids are < 2**64
                               pub=np.stack([np.frombuffer(pubs[n], np.uint8) for n in members]))
-    ex = send_and_collect(grid, members, content, "query.emdcfl_embed", f"embed-{rnd}",
-                          cfg["timeout"])
+    spec, group = spec_of(cfg), f"embed-{rnd}"
+    check = embed_reply(members, projection_dim(spec.embed_dim, cfg["emdcfl.proj-ratio"]),
+                        cfg["emdcfl.max-samples"])
+    ex = send_and_collect(grid, members, content, "query.emdcfl_embed", group, cfg["timeout"],
+                          validate=check)
+    for nid, rd in list(ex.replies.items()):      # the one missing peer must be the sender
+        if str(nid) in rd.array_records["src"]:
+            reject(ex, nid, f"'src' holds the sender's own id {nid} as a peer", group)
+    require_replies(ex, group)
     embed_s = ex.seconds
     t0 = time.perf_counter()
     w, excess, emd_s = emd_matrix(ex.replies, members, cfg)
@@ -204,13 +252,22 @@ def cluster_step(grid: Grid, cfg: dict[str, Any], seen: list[int], latest: dict[
     traffic.add(ex, "clustering")
     info = {"emd": w, "excess": excess, "adjacency": adj, "members": members,
             "emd_s": emd_s, "embed_s": embed_s,
-            "dropped": sorted(ex.failed)}
+            "dropped": dropped(ex, "embed: ")}
     return {n: int(labels[i]) for i, n in enumerate(members)}, info
+
+
+def connected_nodes(grid: Grid, cfg: dict[str, Any]) -> list[int]:
+    """Wait for the run's nodes; a RuntimeError if none connected before ``timeout``."""
+    nodes = connected_clients(grid, cfg)
+    if not nodes:
+        raise RuntimeError(f"EMD-CFL: no node connected within timeout={cfg['timeout']:g}s; "
+                           "start the SuperNodes (or raise timeout) and run again")
+    return nodes
 
 
 def run_emdcfl(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any]:
     t_start, traffic = time.perf_counter(), Traffic()
-    nodes = wait_for_nodes(grid, cfg["min-clients"] or cfg["num-clients"], cfg["timeout"])
+    nodes = connected_nodes(grid, cfg)
     init = init_weights(spec_of(cfg), cfg["seed"])
     per_round = cfg["emdcfl.clients-per-round"] or len(nodes)
     part = Participation(nodes, min(per_round, len(nodes)), cfg["seed"])
@@ -233,7 +290,7 @@ def run_emdcfl(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[s
         record: dict[str, Any] = {"round": rnd, "participants": len(picked),
                                   "train_loss": float(np.mean(list(losses.values())))
                                   if losses else None, "train_s": ex.seconds,
-                                  "dropped_nodes": sorted(ex.failed)}
+                                  "dropped_nodes": dropped(ex, "train: ")}
         if grew:
             clustered, info = cluster_step(grid, cfg, part.seen, latest, pubs, rnd, traffic)
             emd_s += info["emd_s"]
@@ -246,7 +303,8 @@ def run_emdcfl(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[s
                                                  seen_models, counts))
             record.update({"reclustered": True, "emd_s": info["emd_s"],
                            "embed_s": info["embed_s"],
-                           "dropped_nodes": sorted(set(ex.failed) | set(info["dropped"]))})
+                           "dropped_nodes": merge_drops(record["dropped_nodes"],
+                                                        info["dropped"])})
         else:
             cluster_models.update(cluster_fedavg({n: labels[n] for n in new}, new, counts))
         record["num_clusters"] = len(set(labels.values()))
@@ -274,10 +332,45 @@ def run_emdcfl(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[s
     return out
 
 
+def merge_drops(*drops: dict[str, str]) -> dict[str, str]:
+    """Union of ``dropped_nodes`` dicts; a node dropped twice keeps both reasons."""
+    out: dict[str, str] = {}
+    for d in drops:
+        for n, why in d.items():
+            out[n] = f"{out[n]} | {why}" if n in out else why
+    return out
+
+
+def preflight(cfg: dict[str, Any]) -> None:
+    """Fail before any message when the base image files of the dataset are missing.
+
+    The simulated clients regenerate their data from ``data-dir`` (MNIST or Fashion-MNIST
+    train and test files; ``rotdigits`` is embedded). Skipped with ``emdcfl.preflight=false``
+    (a deployment whose nodes read their own ``data-path`` files).
+
+    Raises
+    ------
+    fedclust.data.images.DatasetError
+        A file is missing: the message names it, the folder searched and where to get it.
+    """
+    if not cfg["emdcfl.preflight"]:
+        return
+    from fedclust.emdcfl.data import check_files
+    from fedclust.emdcfl.keys import dataset_name
+
+    check_files(dataset_name(cfg), cfg["data-dir"])
+
+
 def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any]:
     """``method=emdcfl``: EMD-CFL, or the baseline named by ``emdcfl.algorithm``."""
+    from fedclust.emdcfl.keys import uneven_groups
+
+    preflight(cfg)
     if cfg["dataset"] == "blobs":
         LOG.warning("method=emdcfl: dataset 'blobs' (project default) means 'rotdigits'")
+    warning = uneven_groups(cfg)
+    if warning:
+        LOG.warning("method=emdcfl: %s", warning)
     algorithm = cfg["emdcfl.algorithm"]
     if algorithm == "emdcfl":
         out = run_emdcfl(grid, cfg, recorder)
@@ -286,6 +379,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
 
         out = run_baseline(algorithm, grid, cfg, recorder)
     out["algorithm"] = algorithm
-    history_drops = (h.get("dropped_nodes") or [] for h in recorder.history)
+    history_drops = [h.get("dropped_nodes") or {} for h in recorder.history]
+    history_drops.append(out.get("eval_dropped_nodes", {}))
     out.setdefault("dropped_nodes", sorted({int(n) for drops in history_drops for n in drops}))
     return out

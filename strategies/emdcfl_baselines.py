@@ -11,6 +11,10 @@ All run through the same ClientApp actions as EMD-CFL (``train.emdcfl_local``,
   keeps its model).
 - ``cfl``: Sattler's recursive bi-partitioning (EPS_1/EPS_2 on update norms, complete linkage
   on update cosine similarity), starting from one cluster.
+
+Every client trains every round (``emdcfl.clients-per-round`` must be 0: checked in
+``fedclust.emdcfl.keys.check``). Replies are checked as in EMD-CFL
+(:mod:`fedclust.emdcfl.replies`); ``dropped_nodes`` in ``history.jsonl`` maps node → reason.
 """
 
 from __future__ import annotations
@@ -27,14 +31,19 @@ from fedclust.emdcfl.cluster import cluster_fedavg
 from fedclust.emdcfl.data import GROUND_TRUTH
 from fedclust.emdcfl.keys import dataset_name
 from fedclust.emdcfl.model import init_weights
+from fedclust.emdcfl.replies import group_reply, ifca_reply
 from fedclust.results import Progress, RunRecorder
-from strategies.common import send_and_collect, wait_for_nodes
+from strategies.common import send_and_collect
 from strategies.emdcfl import (
     Traffic,
+    connected_nodes,
+    dropped,
     evaluate_models,
     finish_metrics,
     model_record,
     read_model,
+    require_replies,
+    shapes_of,
     spec_of,
     train_round,
 )
@@ -43,8 +52,9 @@ from strategies.emdcfl import (
 def _truth(grid: Grid, nodes: list[int], cfg: dict[str, Any], traffic: Traffic
            ) -> dict[int, int]:
     ex = send_and_collect(grid, nodes, RecordDict(), "query.emdcfl_group", "oracle-groups",
-                          cfg["timeout"])
+                          cfg["timeout"], validate=group_reply())
     traffic.add(ex, "clustering")
+    require_replies(ex, "oracle-groups")
     truth = {n: int(rd.metric_records["metrics"]["cluster"]) for n, rd in ex.replies.items()}
     nxt = max(truth.values(), default=-1) + 1
     for n in nodes:                         # no answer: a singleton
@@ -62,14 +72,14 @@ def _fixed(grid, cfg, recorder, nodes, labels, traffic, progress, name):
         models.update(cluster_fedavg({n: labels[n] for n in new}, new, counts))
         recorder.log_round({"round": rnd, "train_loss": float(np.mean(list(losses.values()))),
                             "train_s": ex.seconds, "num_clusters": len(models),
-                            "dropped_nodes": sorted(ex.failed)})
+                            "dropped_nodes": dropped(ex)})
         progress.step(rnd + 1, name)
     return {n: models[labels[n]] for n in nodes}, labels
 
 
 def _ifca(grid, cfg, recorder, nodes, traffic, progress):
     k = cfg["emdcfl.num-clusters"]
-    if k == 0:
+    if k == 0:                  # evaluate=true only (keys.check): the simulated ground truth
         table = GROUND_TRUTH["backdoor" if dataset_name(cfg) == "backdoor-mnist"
                              else cfg["emdcfl.rotation"]]
         k = max(2, len(set(table)))
@@ -80,8 +90,9 @@ def _ifca(grid, cfg, recorder, nodes, traffic, progress):
         content = RecordDict({f"c:{j}": model_record(models[j]) for j in range(k)})
         content["config"] = ConfigRecord({"k": k, "round": rnd})
         ex = send_and_collect(grid, nodes, content, "train.emdcfl_ifca", f"ifca-{rnd}",
-                              cfg["timeout"])
+                              cfg["timeout"], validate=ifca_reply(shapes_of(models[0]), k))
         traffic.add(ex, "training")
+        require_replies(ex, f"ifca-{rnd}")
         new, counts = {}, {}
         for n, rd in ex.replies.items():
             met = rd.metric_records["metrics"]
@@ -89,7 +100,7 @@ def _ifca(grid, cfg, recorder, nodes, traffic, progress):
             new[n], counts[n] = read_model(rd.array_records["model"]), int(met["num-examples"])
         models.update(cluster_fedavg({n: choice[n] for n in new}, new, counts))
         recorder.log_round({"round": rnd, "k": k, "choices": [choice[n] for n in nodes],
-                            "train_s": ex.seconds, "dropped_nodes": sorted(ex.failed)})
+                            "train_s": ex.seconds, "dropped_nodes": dropped(ex)})
         progress.step(rnd + 1, f"ifca k={k}")
     return {n: models[choice[n]] for n in nodes}, dict(choice)
 
@@ -127,7 +138,7 @@ def _cfl(grid, cfg, recorder, nodes, traffic, progress):
         clusters, models = next_clusters, next_models
         recorder.log_round({"round": rnd, "train_loss": float(np.mean(list(losses.values()))),
                             "norms": norms, "num_clusters": len(clusters),
-                            "train_s": ex.seconds, "dropped_nodes": sorted(ex.failed)})
+                            "train_s": ex.seconds, "dropped_nodes": dropped(ex)})
         progress.step(rnd + 1, f"cfl clusters={len(clusters)}")
     owner = {n: i for i, members in enumerate(clusters) for n in members}
     return {n: models[owner[n]] for n in nodes}, owner
@@ -137,7 +148,7 @@ def run_baseline(algorithm: str, grid: Grid, cfg: dict[str, Any], recorder: RunR
                  ) -> dict[str, Any]:
     """Run baseline ``algorithm`` and return the same metrics as EMD-CFL."""
     t_start, traffic = time.perf_counter(), Traffic()
-    nodes = wait_for_nodes(grid, cfg["min-clients"] or cfg["num-clients"], cfg["timeout"])
+    nodes = connected_nodes(grid, cfg)
     progress = Progress(cfg["emdcfl.rounds"], f"{algorithm} round")
     if algorithm == "oracle":
         final, labels = _fixed(grid, cfg, recorder, nodes, _truth(grid, nodes, cfg, traffic),

@@ -17,12 +17,12 @@ from flwr.serverapp import Grid
 
 from fedclust import fcm
 from fedclust.results import Progress, RunRecorder
-from strategies.common import all_of, arrays, expect_arrays, send_and_collect, wait_for_nodes
+from strategies.common import all_of, arrays, connected_clients, expect_arrays, send_and_collect
 from strategies.fcm_common import eval_ari, federated_scaling
 
 
 def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any]:
-    nodes = wait_for_nodes(grid, cfg["min-clients"] or cfg["num-clients"], cfg["timeout"])
+    nodes = connected_clients(grid, cfg)
     rng = np.random.default_rng(cfg["seed"])
     sc = federated_scaling(grid, nodes, cfg)
     c = cfg["fcm.n-clusters"]

@@ -38,7 +38,7 @@ from fedclust.fedcref.client import derive_seed, hidden_sizes
 from fedclust.fedcref.evaluation import majority_classes, mean_accuracy, wrong_associations
 from fedclust.fedcref.stopping import StabilityStop
 from fedclust.results import Progress, RunRecorder
-from strategies.common import Exchange, send_and_collect, wait_for_nodes
+from strategies.common import Exchange, connected_clients, send_and_collect
 
 LOG = logging.getLogger("fedclust")
 Node = tuple[int, int]   # (client index, local cluster)
@@ -194,7 +194,7 @@ def preflight(cfg: dict[str, Any]) -> None:
 
 def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any]:
     preflight(cfg)
-    nodes = wait_for_nodes(grid, cfg["min-clients"] or cfg["num-clients"], cfg["timeout"])
+    nodes = connected_clients(grid, cfg)
     index = {nid: i for i, nid in enumerate(nodes)}
     seed, timeout = cfg["seed"], cfg["timeout"]
     mode = cfg["fedcref.association"]

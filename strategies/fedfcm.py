@@ -18,7 +18,7 @@ from fedclust import fcm
 from fedclust.fedfcm import average, center_shift
 from fedclust.results import Progress, RunRecorder
 from fedclust.validity import DBStatistics, choose_k, federated_fuzzy_db
-from strategies.common import arrays, send_and_collect, wait_for_nodes
+from strategies.common import arrays, connected_clients, send_and_collect
 from strategies.fcm_common import eval_ari, federated_scaling
 
 
@@ -27,7 +27,7 @@ def _key(k: int) -> str:
 
 
 def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any]:
-    nodes = wait_for_nodes(grid, cfg["min-clients"] or cfg["num-clients"], cfg["timeout"])
+    nodes = connected_clients(grid, cfg)
     rng = np.random.default_rng(cfg["seed"])
     sc = federated_scaling(grid, nodes, cfg)
     ks = list(range(cfg["fedfcm.k-min"], cfg["fedfcm.k-max"] + 1))

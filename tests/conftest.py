@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -26,3 +27,22 @@ def data_dir() -> Path:
     if path is None:
         pytest.skip("benchmark data not found: set FEDCLUST_DATA_DIR to the shared/data folder")
     return path
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@pytest.fixture
+def fedclust_log():
+    """Warnings of the ``fedclust`` logger (it does not propagate to the root logger)."""
+    handler = _Collect()
+    logger = logging.getLogger("fedclust")
+    logger.addHandler(handler)
+    yield handler.messages
+    logger.removeHandler(handler)

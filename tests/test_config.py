@@ -63,3 +63,25 @@ def test_pyproject_lists_every_run_config_key():
     from fedclust.config import sync_readme
 
     assert not sync_readme(root / "README.md", check=True), "run `python -m fedclust.config sync`"
+
+
+def test_more_nodes_than_partitions_stops_before_any_message(tmp_path):
+    """5 simulated nodes for a 3-client run (the README's `num-supernodes` mismatch)."""
+    sent = []
+    with pytest.raises(ValueError, match="num-supernodes=3"):
+        run_server({"output-dir": str(tmp_path / "run"), "num-clients": 3}, num_nodes=5,
+                   inspect=lambda msg, rep: sent.append(msg))
+    assert sent == []
+
+
+def test_client_refuses_a_partition_count_other_than_num_clients():
+    from flwr.app import Context, RecordDict
+
+    from client_apps.data import load_client_data
+    from fedclust.config import validate
+
+    cfg = validate({"num-clients": 3})
+    ctx = Context(run_id=1, node_id=1, node_config={"partition-id": 0, "num-partitions": 5},
+                  state=RecordDict(), run_config={})
+    with pytest.raises(ValueError, match="num-supernodes=3"):
+        load_client_data(ctx, cfg)

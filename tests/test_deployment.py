@@ -15,6 +15,8 @@ round (3 round trips).
 from __future__ import annotations
 
 import json
+import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -87,18 +89,43 @@ def test_deployment_tls_and_supernode_auth_matches_simulation(tmp_path):
 
 
 def test_unregistered_supernode_is_refused_with_auth(tmp_path):
-    """With SuperNode authentication a node whose key was not registered never joins."""
-    from fedclust.deploy import make_credentials
+    """With SuperNode authentication a node whose key was not registered never joins.
+
+    The test cannot pass for the wrong reason: in the same window a *registered* control node,
+    started at the same moment with the same flags, must come online (so the SuperLink is
+    reachable and accepts authenticated nodes), and the stranger must be refused by the
+    SuperLink's activation check (its log says so and it exits with an error), not fail for
+    some other reason.
+    """
+    from fedclust.deploy import CONNECTION, make_credentials
 
     data = write_partitions({**BASE, "method": "exact-fcm", "num-clients": 1}, tmp_path / "d")
     with LoopbackDeployment([{"data-path": str(data[0])}], tls=True, auth=True,
                             workdir=tmp_path / "flwr") as dep:
-        stranger = make_credentials(tmp_path / "stranger", 1)
-        dep.creds.node_keys.append(stranger.node_keys[0])
-        dep.node_configs.append({"data-path": str(data[0])})
-        node = dep._start_node(1)
-        dep.nodes.append(node)
-        with pytest.raises(RuntimeError):
-            dep.wait_for_nodes(timeout=20)
-        assert node.node_id is None or node.node_id not in dep.online_node_ids()
-        assert dep.nodes[0].node_id in dep.online_node_ids()
+        extra = make_credentials(tmp_path / "extra", 2)   # [0] stranger, [1] control
+        reg = dep.flwr(["supernode", "register", str(extra.node_pubkeys[1]), CONNECTION])
+        assert reg.returncode == 0, reg.stdout + reg.stderr
+        dep.creds.node_keys += [extra.node_keys[0], extra.node_keys[1]]
+        dep.node_configs += [{"data-path": str(data[0])}, {"data-path": str(data[0])}]
+        stranger, control = dep._start_node(1), dep._start_node(2)
+        dep.nodes += [stranger, control]
+        deadline = time.monotonic() + 120
+        online: set[int] = set()
+        while time.monotonic() < deadline:
+            text = stranger.log_path.read_text(errors="replace")
+            m = re.search(r"SuperNode ID: (\d+)", control.log_path.read_text(errors="replace"))
+            online = dep.online_node_ids()
+            if m:
+                control.node_id = int(m.group(1))
+            if (control.node_id in online and not stranger.alive
+                    and "Failed to activate SuperNode" in text):
+                break
+            assert control.alive, f"control node exited:\n{dep.logs()}"
+            time.sleep(1)
+        text = stranger.log_path.read_text(errors="replace")
+        assert control.node_id is not None and control.node_id in online, dep.logs()
+        assert "Failed to initialize the connection to the SuperLink" in text, text[-3000:]
+        assert "Failed to activate SuperNode" in text, text[-3000:]
+        assert not stranger.alive and stranger.proc.returncode != 0, text[-3000:]
+        assert re.search(r"SuperNode ID: \d+", text) is None, text[-3000:]
+        assert online == {dep.nodes[0].node_id, control.node_id}

@@ -8,6 +8,11 @@ launches ``flwr-simulation`` (the SuperLink, or its SuperExec) makes the Simulat
 on that cluster. This test starts a private 1-CPU Ray head on a free port (never ``ray stop``,
 which would stop every Ray instance on the machine), runs a small job, checks that the job's
 driver is ``flwr-simulation`` *on that cluster*, and that the result equals the in-process run.
+
+Every port the head opens is chosen free (GCS, Ray client server, node manager, object
+manager, dashboard agent HTTP/gRPC, runtime-env agent, metrics export), and the dashboard is
+off, so parallel CI jobs or a user's own Ray on the same machine do not clash with it (worker
+processes use Ray's default worker port range, where Ray itself skips ports in use).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedclust.engine import SimulationSuperLink, free_port
+from fedclust.engine import SimulationSuperLink, free_ports
 from tests.fake_grid import run_server
 
 RAY = str(Path(sys.executable).parent / "ray")   # the venv's CLI, also when not on PATH
@@ -32,9 +37,17 @@ RAY = str(Path(sys.executable).parent / "ray")   # the venv's CLI, also when not
 pytestmark = pytest.mark.slow
 
 
-def _ray_head(port: int, temp_dir: str) -> subprocess.Popen[bytes]:
+# `ray start` flags of every port the head listens on (ray 2.55; `ray start --help`).
+PORT_FLAGS = ("--port", "--ray-client-server-port", "--node-manager-port",
+              "--object-manager-port", "--dashboard-agent-listen-port",
+              "--dashboard-agent-grpc-port", "--runtime-env-agent-port", "--metrics-export-port")
+
+
+def _ray_head(ports: list[int], temp_dir: str) -> subprocess.Popen[bytes]:
+    port_args = [a for flag, port in zip(PORT_FLAGS, ports, strict=True)
+                 for a in (flag, str(port))]
     return subprocess.Popen(
-        [RAY, "start", "--head", "--block", "--port", str(port), "--num-cpus", "1",
+        [RAY, "start", "--head", "--block", *port_args, "--num-cpus", "1",
          "--include-dashboard=false", "--disable-usage-stats", "--temp-dir", temp_dir],
         stdout=open(os.path.join(temp_dir, "head.log"), "wb"), stderr=subprocess.STDOUT,
         start_new_session=True)
@@ -42,10 +55,10 @@ def _ray_head(port: int, temp_dir: str) -> subprocess.Popen[bytes]:
 
 def test_simulation_runs_on_an_existing_ray_cluster(tmp_path):
     ray = pytest.importorskip("ray")
-    port = free_port()
+    ports = free_ports(len(PORT_FLAGS))
     temp_dir = tempfile.mkdtemp(prefix="ray", dir="/tmp")   # short: Ray's socket paths
-    head = _ray_head(port, temp_dir)
-    address = f"127.0.0.1:{port}"
+    head = _ray_head(ports, temp_dir)
+    address = f"127.0.0.1:{ports[0]}"
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:

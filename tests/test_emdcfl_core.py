@@ -303,3 +303,43 @@ def test_to_tensor_uses_the_authors_normalisation_per_image_type():
                                rtol=1e-6)
     with pytest.raises(ValueError, match="RGB"):
         to_tensor(np.zeros((1, 2, 2, 4), dtype=np.uint8))
+
+
+def test_device_cpu_path_equals_the_default_and_cuda_is_validated(monkeypatch):
+    """emdcfl.device: the CPU path is bit-identical to the default; ``cuda`` without a GPU is a
+    ConfigError before any work; ``auto`` picks cuda only when torch sees one. (No GPU here:
+    the CUDA path itself is not exercised.)"""
+    import torch
+
+    from client_apps.emdcfl_handlers import _device
+    from fedclust.config import ConfigError, validate
+    from fedclust.emdcfl.keys import resolve_device
+    from fedclust.emdcfl.model import ModelSpec, embed_many, evaluate, init_weights, train_local
+
+    spec = ModelSpec(1, 8, 4, 8, 16, 10)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, size=(40, 8, 8), dtype=np.uint8)
+    y = rng.integers(0, 10, size=40)
+    w0 = init_weights(spec, 0)
+    (wa, la), (wb, lb) = (train_local(spec, w0, x, y, 1, 0.05, 16, 3),
+                          train_local(spec, w0, x, y, 1, 0.05, 16, 3, device="cpu"))
+    assert la == lb and all(np.array_equal(a, b) for a, b in zip(wa, wb, strict=True))
+    assert evaluate(spec, wa, x, y) == evaluate(spec, wa, x, y, device="cpu")
+    np.testing.assert_array_equal(embed_many(spec, [wa], x)[0],
+                                  embed_many(spec, [wa], x, device="cpu")[0])
+
+    base = {"method": "emdcfl", "dataset": "rotdigits", "num-clients": 4}
+    assert validate(base)["emdcfl.device"] == "cpu" and resolve_device("cpu") == "cpu"
+    threads: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", threads.append)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == "cpu"
+    with pytest.raises(ConfigError, match=r"'emdcfl.device' = 'cuda'.*Allowed.*Fix"):
+        validate({**base, "emdcfl.device": "cuda"})
+    with pytest.raises(ConfigError, match="emdcfl.device"):
+        resolve_device("cuda")
+    assert _device({"emdcfl.device": "auto"}) == "cpu" and threads == [1]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert validate({**base, "emdcfl.device": "cuda"})["emdcfl.device"] == "cuda"
+    assert resolve_device("auto") == "cuda"
+    assert _device({"emdcfl.device": "auto"}) == "cuda" and threads == [1]   # no 1-thread cap

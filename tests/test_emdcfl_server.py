@@ -36,8 +36,30 @@ def planted_nodes(tmp_path):
     return configs
 
 
+def _numbers(value) -> list[int | float]:
+    """Scalars of a ConfigRecord/MetricRecord value (lists flattened)."""
+    if isinstance(value, (list, tuple)):
+        return [x for v in value for x in _numbers(v)]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return [value]
+    return []
+
+
+def _int_views(secret: bytes) -> set[int]:
+    """Integers a secret could be sent as: whole, and every 4/8-byte word, both byte orders."""
+    out = set()
+    for order in ("big", "little"):
+        out.add(int.from_bytes(secret, order))
+        for width in (4, 8):
+            for i in range(0, len(secret) - width + 1, width):
+                word = int.from_bytes(secret[i:i + width], order)
+                out |= {word, word - (1 << 8 * width) if word >> (8 * width - 1) else word}
+    return out
+
+
 def test_end_to_end_separates_two_planted_groups_and_never_leaks_the_pair_seed(tmp_path):
     seen: list[bytes] = []
+    numbers: list[int | float] = []
 
     def inspect(instruction, reply):
         for msg in (instruction, reply):
@@ -48,6 +70,8 @@ def test_end_to_end_separates_two_planted_groups_and_never_leaks_the_pair_seed(t
                             seen.append(bytes(v.data))
                         elif isinstance(v, (bytes, str)):
                             seen.append(v if isinstance(v, bytes) else v.encode())
+                        else:                        # ints, floats, lists of Config/Metric
+                            numbers.extend(_numbers(v))
 
     summary, grid = run_server({**TINY, "output-dir": str(tmp_path / "out")}, inspect=inspect,
                                node_configs=planted_nodes(tmp_path))
@@ -79,6 +103,25 @@ def test_end_to_end_separates_two_planted_groups_and_never_leaks_the_pair_seed(t
             secrets += [s, pair_seed(s, a, b)]
     for s in secrets:
         assert s not in blob and s[:16] not in blob and s[16:] not in blob
+    # ... nor as numbers in ConfigRecord/MetricRecord values (ints, floats, lists)
+    assert numbers, "no scalar values inspected"
+    ints = {int(x) for x in numbers if float(x).is_integer()}
+    for s in secrets:
+        assert not ints & _int_views(s)
+
+    # The pair projection R never reaches the server: not its float32 bytes (row- or
+    # column-major), not one row or column, not as metric values.
+    from fedclust.emdcfl.privacy import PairContext
+
+    values = {float(x) for x in numbers}
+    for i, a in enumerate(nodes):
+        for b in nodes[i + 1:]:
+            r = PairContext(bytes(keys[a]["private"]), a, b, bytes(keys[b]["public"]),
+                            TINY["emdcfl.embed-dim"], 0.9).R
+            assert r.shape == (32, 28)
+            for part in (r, r.T.copy(), r[0], r[:, 0].copy(), r.astype(np.float64)):
+                assert part.tobytes() not in blob
+            assert not values & {float(x) for x in r[0]}
 
 
 @pytest.mark.parametrize("override, key", [

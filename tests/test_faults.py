@@ -10,7 +10,6 @@ A late reply from an earlier phase must never be mistaken for an answer to the c
 from __future__ import annotations
 
 import json
-import logging
 
 import numpy as np
 import pytest
@@ -21,25 +20,6 @@ from server_app.app import run_method
 from server_app.inprocess import InProcessGrid
 
 BAD = 1002
-
-
-class _Collect(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
-@pytest.fixture
-def fedclust_log():
-    """Warnings of the ``fedclust`` logger (it does not propagate to the root logger)."""
-    handler = _Collect()
-    logger = logging.getLogger("fedclust")
-    logger.addHandler(handler)
-    yield handler.messages
-    logger.removeHandler(handler)
 
 
 def _faulty_app(kind: str, phase: str):

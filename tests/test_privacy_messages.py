@@ -2,8 +2,11 @@
 
 Each method runs end to end through the real ServerApp loop and ClientApp handlers on the
 in-process grid; ``inspect`` sees every reply. A reply fails the test if any array (or bytes
-value) contains one of the sending client's samples as a row (float64 or float32), or its
-ground-truth label vector (or a 16+-long prefix of it with at least 3 distinct labels).
+value) contains one of the sending client's samples as a row (float64 or float32, to a relative
+1e-6) — raw, or scaled the way FCM/FedFCM clients scale it (with the exact shift/scale the server
+sent, and with the client's own min-max and standard scaling) — or any contiguous window of
+8 or more of its ground-truth labels (windows with at least 3 distinct labels; shorter or
+near-constant runs match counts and accept bits by chance).
 Exact FCM under SecAgg+ must, in addition, send no plain arrays at all: only SecAgg+ key
 material and masked integer vectors.
 """
@@ -11,7 +14,7 @@ material and masked integer vectors.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -43,32 +46,82 @@ def _values(msg: Message) -> list[np.ndarray]:
     return out
 
 
-def _row_set(x: np.ndarray) -> tuple[int, set[bytes]]:
-    x = x.reshape(len(x), -1)
-    rows = {r.tobytes() for r in x.astype(np.float64)} | {r.tobytes() for r in
-                                                           x.astype(np.float32)}
-    return x.shape[1], rows
+def scaled_views(x: np.ndarray, transforms: Sequence[tuple[np.ndarray, np.ndarray]] = ()
+                 ) -> list[np.ndarray]:
+    """``x`` as it may exist on the client: raw, with each ``(shift, scale)`` the server sent
+    (exactly as the FCM/FedFCM handlers apply it), and min-max / standard scaled locally."""
+    from fedclust.data import scaling
+
+    x = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
+    views = [x]
+    for shift, scale in transforms:
+        if np.size(shift) == x.shape[1]:
+            views.append(scaling.apply(x, shift, scale))
+    st = scaling.column_stats(x)
+    views += [scaling.apply(x, *scaling.scaler(st, kind)) for kind in ("minmax", "standard")]
+    return views
 
 
-def leaks(values: list[np.ndarray], x: np.ndarray, y: np.ndarray | None) -> list[str]:
-    """Which of ``values`` contain a sample row of ``x`` or the labels ``y``."""
-    d, rows = _row_set(x)
+def _row_hits(rows: np.ndarray, view: np.ndarray, rtol: float = 1e-6) -> bool:
+    """Whether any of ``rows`` equals a row of ``view`` to a relative ``rtol`` (float32 copies
+    of a row match too). Rows that are constant (e.g. all zeros) are ignored."""
+    rows = rows[np.ptp(rows, axis=1) > 0] if rows.shape[1] > 1 else rows[rows[:, 0] != 0]
+    if not len(rows):
+        return False
+    atol = 1e-9 * max(1.0, float(np.abs(view).max(initial=0.0)))
+    # pre-filter on the most varied column, then compare whole rows
+    col = int(np.argmax([np.unique(view[:, j]).size for j in range(view.shape[1])]))
+    order = np.argsort(view[:, col], kind="stable")
+    key = view[order, col]
+    for r in rows:
+        tol = atol + rtol * abs(r[col])
+        lo, hi = np.searchsorted(key, r[col] - tol), np.searchsorted(key, r[col] + tol, "right")
+        if hi > lo:
+            cand = view[order[lo:hi]]
+            if np.any(np.all(np.abs(cand - r) <= atol + rtol * np.abs(cand), axis=1)):
+                return True
+    return False
+
+
+WINDOW = 8
+
+
+def _label_windows(y: np.ndarray) -> set[bytes]:
+    yy = np.ascontiguousarray(y.astype(np.int64).ravel())
+    if yy.size < WINDOW:
+        return set()
+    win = np.lib.stride_tricks.sliding_window_view(yy, WINDOW)
+    return {w.tobytes() for w in win if np.unique(w).size >= 3}
+
+
+def leaks(values: list[np.ndarray], x: np.ndarray, y: np.ndarray | None,
+          transforms: Sequence[tuple[np.ndarray, np.ndarray]] = ()) -> list[str]:
+    """Which of ``values`` contain a sample row of ``x`` (raw or scaled, see
+    :func:`scaled_views`) or a window of ``WINDOW``+ consecutive labels of ``y``."""
+    views = scaled_views(x, transforms)
+    d = views[0].shape[1]
+    windows = _label_windows(y) if y is not None else set()
     found = []
     for arr in values:
         flat = np.ascontiguousarray(arr).ravel()
-        for dt in (np.float64, np.float32):
-            a = flat.astype(dt) if flat.dtype.kind in "fiu" else flat
-            if a.size >= d and a.size % d == 0:
-                hit = [r for r in a.reshape(-1, d) if r.tobytes() in rows and np.any(r != 0)]
-                if hit:
-                    found.append(f"sample row in array of shape {arr.shape}")
+        if flat.dtype.kind in "fiu" and flat.size >= d and flat.size % d == 0:
+            rows = flat.astype(np.float64).reshape(-1, d)
+            finite = rows[np.all(np.isfinite(rows), axis=1)]
+            for i, view in enumerate(views):
+                if len(finite) and _row_hits(finite, view):
+                    found.append(f"sample row ({'raw' if i == 0 else 'scaled'}) in array of "
+                                 f"shape {arr.shape}")
                     break
-        if y is not None and y.size >= 16 and flat.dtype.kind in "fiu" and flat.size >= 16:
-            yy = y.astype(np.int64).ravel()
-            # a prefix with >= 3 distinct labels (booleans/constant runs match by chance)
-            if (flat.size <= yy.size and np.unique(yy[: flat.size]).size >= 3
-                    and np.array_equal(flat.astype(np.int64), yy[: flat.size])):
-                found.append(f"labels in array of shape {arr.shape}")
+        if windows and flat.dtype.kind in "fiu" and flat.size >= WINDOW:
+            ints = flat
+            if flat.dtype.kind == "f":
+                ok = np.isfinite(flat) & (np.abs(flat) < 2**31)
+                ints = flat[ok] if np.all(ok) and np.all(flat == np.round(flat)) else None
+            if ints is not None:
+                win = np.lib.stride_tricks.sliding_window_view(
+                    np.ascontiguousarray(ints.astype(np.int64)), WINDOW)
+                if any(w.tobytes() in windows for w in win):
+                    found.append(f"labels (a window of {WINDOW}+) in array of shape {arr.shape}")
     return found
 
 
@@ -131,13 +184,21 @@ def test_no_client_message_contains_samples_or_labels(tmp_path, name):
     full = validate({**cfg, "output-dir": str(tmp_path)})
     data = {nid: loader(ctx, full) for nid, ctx in grid.contexts.items()}
     sent_by = {m.metadata.message_id: m.metadata.dst_node_id for m in grid.sent}
+    # the exact (shift, scale) FCM/FedFCM clients were told to apply
+    transforms = {(rec["shift"].numpy().tobytes(), rec["scale"].numpy().tobytes()):
+                  (rec["shift"].numpy(), rec["scale"].numpy())
+                  for m in grid.sent if m.has_content()
+                  for key, rec in m.content.array_records.items()
+                  if key == "scaling" and "shift" in rec and "scale" in rec}
+    if name in ("exact-fcm", "fedfcm"):
+        assert transforms, "no scaling was sent: the scaled-row check would be vacuous"
     problems = []
     for rep in replies:
         nid = sent_by[rep.metadata.reply_to_message_id]
         values = _values(rep)
         for x, y in data[nid]:
             problems += [f"{rep.metadata.message_type} from {nid}: {p}"
-                         for p in leaks(values, x, y)]
+                         for p in leaks(values, x, y, list(transforms.values()))]
     assert not problems, problems[:5]
     if name == "exact-fcm-secagg":
         train = [r for r in replies if r.metadata.message_type == "train"]
@@ -149,10 +210,25 @@ def test_no_client_message_contains_samples_or_labels(tmp_path, name):
 
 
 def test_the_detector_catches_a_leak():
-    """The checks above can fail: a reply carrying a sample row or the labels is flagged."""
+    """The checks above can fail: a reply carrying a sample row (raw, float32, scaled by the
+    server's transform or locally) or a window of the labels is flagged; aggregates are not."""
+    from fedclust.data import scaling
+
     rng = np.random.default_rng(0)
-    x, y = rng.random((50, 3)), np.tile(np.arange(5), 10)
+    x, y = rng.random((50, 3)) * 40 - 7, rng.permutation(np.tile(np.arange(5), 10))
+    shift, scale = x.min(0) - 1.5, x.max(0) - x.min(0) + 3.0     # a federated min-max
     assert leaks([np.vstack([np.zeros((2, 3)), x[7:8]])], x, y)
     assert leaks([x[3].astype(np.float32)], x, y)
-    assert leaks([y[:20].astype(np.int32)], x, y)
-    assert not leaks([x.mean(axis=0), np.bincount(y)], x, y)
+    assert leaks([scaling.apply(x[11:12], shift, scale)], x, y, [(shift, scale)])
+    assert leaks([scaling.apply(x[11:12], shift, scale).astype(np.float32)], x, y,
+                 [(shift, scale)])
+    assert not leaks([scaling.apply(x[11:12], shift, scale)], x, y)   # transform unknown
+    local_minmax = (x - x.min(0)) / (x.max(0) - x.min(0))
+    local_standard = (x - x.mean(0)) / x.std(0)
+    assert leaks([local_minmax[20]], x, y)
+    assert leaks([local_standard[30:33]], x, y)
+    assert leaks([y[:20].astype(np.int32)], x, y)                      # a prefix
+    assert leaks([np.concatenate([[7, 7, 7], y[23:31], [9]])], x, y)   # a window of 8 inside
+    assert leaks([y[10:30].astype(np.float64)], x, y)                  # labels as floats
+    assert not leaks([y[23:30]], x, y)                                 # 7 < 8 labels
+    assert not leaks([x.mean(axis=0), np.bincount(y), x[5] + 1e-3], x, y)

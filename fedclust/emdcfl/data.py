@@ -127,6 +127,22 @@ def _base(name: str, data_dir: str, split: str) -> tuple[NDArray, NDArray]:
     return x, y.astype(np.int64)
 
 
+def check_files(dataset: str, data_dir: str) -> None:
+    """Load the base images of ``dataset`` (train and test) as every simulated client will.
+
+    Raises
+    ------
+    ValueError
+        Unknown dataset.
+    fedclust.data.images.DatasetError
+        A base file is missing under ``data_dir`` (the message names the file and the fix).
+    """
+    if dataset not in BASE_IMAGES:
+        raise ValueError(f"unknown EMD-CFL dataset {dataset!r}; one of {DATASETS}")
+    for split in ("train", "test"):
+        _base(BASE_IMAGES[dataset], data_dir, split)
+
+
 def _slice(pool_size: int, set_id: int, index: int, n: int, seed: int, tag: int
            ) -> NDArray[np.int64]:
     """Indices of the ``index``-th slice of ``n`` in set ``set_id``'s own shuffle (wraps)."""

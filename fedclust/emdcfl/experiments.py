@@ -4,7 +4,8 @@
 client sizes and ε with a narrow CNN and fewer epochs); ``SMALL`` is the earlier, smaller
 ``cpu`` preset; ``CPU_BACKDOOR`` (``cpu-backdoor``) is ``CPU`` for Backdoor MNIST (30 clients,
 the authors' lr 0.01, ε 0.06 calibrated on a held-out seed); ``PAPER`` reproduces the authors'
-sizes (4 878 train images per client, 10 × 10 epochs, the 64/128-channel CNN) for GPU users.
+sizes (4 878 train images per client, 10 × 10 epochs, the 64/128-channel CNN) for GPU users
+(``emdcfl.device=auto``: clients train, embed and evaluate on CUDA when available).
 Usage::
 
     python -m fedclust.emdcfl.experiments run --preset cpu --dataset rotmnist --rotation max \
@@ -43,6 +44,7 @@ PAPER: dict[str, Any] = {
     **CPU, "emdcfl.samples": 5420, "emdcfl.test-samples": 250, "emdcfl.rounds": 10,
     "emdcfl.local-epochs": 10, "emdcfl.lr": 0.01, "emdcfl.batch-size": 64,
     "emdcfl.conv1": 64, "emdcfl.conv2": 128, "emdcfl.workers": 2,
+    "emdcfl.device": "auto",        # CUDA when torch sees a GPU, else the CPU
 }
 CPU_BACKDOOR: dict[str, Any] = {
     # Backdoor MNIST (3 sets x 10 clients) on the cpu sizes with the authors' learning rate.

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedclust.config import Key, require
+from fedclust.config import ConfigError, Key, require
 from fedclust.emdcfl.data import DATASETS, ROTATIONS
 
 ALGORITHMS = ("emdcfl", "oracle", "fedavg", "local", "ifca", "cfl")
+DEVICES = ("cpu", "cuda", "auto")
 
 KEYS: list[Key] = [
     Key("emdcfl.algorithm", str, "emdcfl",
@@ -50,6 +51,11 @@ KEYS: list[Key] = [
     Key("emdcfl.cfl-eps1", float, 0.4, "CFL EPS_1 (split when mean update norm < EPS_1)",
         low=0.0),
     Key("emdcfl.cfl-eps2", float, 1.6, "CFL EPS_2 (and max update norm > EPS_2)", low=0.0),
+    Key("emdcfl.device", str, "cpu", "torch device of client training, embedding and "
+        "evaluation: cpu (one thread), cuda, or auto (cuda if torch.cuda.is_available())",
+        choices=DEVICES),
+    Key("emdcfl.preflight", bool, True, "check on the server that the base image files "
+        "exist before any message (false: a deployment whose nodes all read `data-path`)"),
 ]
 
 
@@ -70,6 +76,69 @@ def check(cfg: dict[str, Any]) -> None:
             "pass evaluate=true or choose another algorithm")
     require(cfg["emdcfl.max-samples"] >= 2, "emdcfl.max-samples", cfg["emdcfl.max-samples"],
             ">= 2", "pass emdcfl.max-samples=512")
+    algorithm = cfg["emdcfl.algorithm"]
+    require(algorithm == "emdcfl" or p in (0, cfg["num-clients"]), "emdcfl.clients-per-round",
+            p, f"0 (all clients) with emdcfl.algorithm={algorithm!r}: partial participation is "
+            "implemented for emdcfl only; the baselines train every client every round",
+            "pass emdcfl.clients-per-round=0, or emdcfl.algorithm=\"emdcfl\"")
+    require(algorithm != "ifca" or cfg["evaluate"] or cfg["emdcfl.num-clusters"] > 0,
+            "emdcfl.num-clusters", 0, "k >= 1 for IFCA with evaluate=false (0 reads the "
+            "ground-truth cluster count, which a deployment does not have)",
+            "pass emdcfl.num-clusters=<k>, e.g. emdcfl.num-clusters=4")
+    if cfg["emdcfl.device"] == "cuda":
+        check_cuda()
+
+
+def check_cuda() -> None:
+    """Raise a :class:`ConfigError` when ``emdcfl.device="cuda"`` but torch sees no GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            "run config 'emdcfl.device' = 'cuda' is invalid (torch.cuda.is_available() is "
+            f"False: torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}). "
+            "Allowed: 'cpu', or 'cuda' on a machine with a CUDA GPU and a CUDA build of torch, "
+            "or 'auto' (cuda when available, else cpu). Fix: pass emdcfl.device=\"auto\" or "
+            "emdcfl.device=\"cpu\", or install a CUDA build of torch.")
+
+
+def resolve_device(name: str) -> str:
+    """Torch device of ``emdcfl.device``: ``auto`` → ``cuda`` if available, else ``cpu``.
+
+    Raises
+    ------
+    ConfigError
+        ``cuda`` requested but not available.
+    """
+    if name == "cpu":
+        return "cpu"
+    if name == "cuda":
+        check_cuda()
+        return "cuda"
+    if name != "auto":
+        raise ConfigError(f"run config 'emdcfl.device' = {name!r} is invalid. Allowed: "
+                          f"{', '.join(map(repr, DEVICES))}. Fix: pass emdcfl.device=\"cpu\".")
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def num_groups(cfg: dict[str, Any]) -> int:
+    """Data-generating groups of the simulated dataset (4 rotations, or 3 Backdoor sets)."""
+    from fedclust.emdcfl.data import num_sets
+
+    return num_sets(dataset_name(cfg))
+
+
+def uneven_groups(cfg: dict[str, Any]) -> str | None:
+    """Warning text when ``num-clients`` is not a multiple of the number of groups."""
+    n, s = cfg["num-clients"], num_groups(cfg)
+    if n % s == 0:
+        return None
+    return (f"num-clients={n} is not a multiple of the {s} data groups of "
+            f"{dataset_name(cfg)!r}: groups get {n // s + 1} or {n // s} clients (client i is "
+            f"in group i % {s}); pass num-clients={max(s, n - n % s)} or "
+            f"{n - n % s + s} for even groups (the paper uses 10 per group)")
 
 
 def dataset_name(cfg: dict[str, Any]) -> str:

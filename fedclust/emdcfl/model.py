@@ -114,18 +114,27 @@ def to_tensor(x: NDArray) -> torch.Tensor:
 
 def train_local(spec: ModelSpec, weights: Weights, x: NDArray, y: NDArray, epochs: int,
                 lr: float, batch_size: int, seed: int, momentum: float = 0.9,
-                weight_decay: float = 1e-6) -> tuple[Weights, float]:
+                weight_decay: float = 1e-6, device: str = "cpu") -> tuple[Weights, float]:
     """ClientUpdate: ``epochs`` passes of minibatch SGD over ``(x, y)`` (tail batch dropped).
 
-    Returns the new weights and the mean training loss of the last epoch.
+    Parameters
+    ----------
+    device : str, default "cpu"
+        Torch device of the model and data (``"cuda"`` on a GPU). The minibatch order is drawn
+        on the CPU from ``seed`` whatever the device.
+
+    Returns
+    -------
+    weights, loss
+        The new weights (numpy, on the host) and the mean training loss of the last epoch.
     """
     # channels-last: ~1.5x faster convolutions on one CPU thread (bench/bench_emdcfl_pipeline.py)
-    model = build(spec, weights).to(memory_format=torch.channels_last)
+    model = build(spec, weights).to(device=device, memory_format=torch.channels_last)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum,
                           weight_decay=weight_decay)
-    xt = to_tensor(x).contiguous(memory_format=torch.channels_last)
-    yt = torch.from_numpy(np.asarray(y, dtype=np.int64))
+    xt = to_tensor(x).to(device).contiguous(memory_format=torch.channels_last)
+    yt = torch.from_numpy(np.asarray(y, dtype=np.int64)).to(device)
     gen = torch.Generator().manual_seed(int(seed))
     loss_fn = nn.CrossEntropyLoss()
     last = float("nan")
@@ -136,7 +145,7 @@ def train_local(spec: ModelSpec, weights: Weights, x: NDArray, y: NDArray, epoch
         # epoch of progress); every image still gets sampled across epochs
         stop = len(xt) - len(xt) % batch_size if len(xt) > batch_size else len(xt)
         for start in range(0, stop, batch_size):
-            idx = order[start:start + batch_size]
+            idx = order[start:start + batch_size].to(device)
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(xt[idx].contiguous(memory_format=torch.channels_last)),
                            yt[idx])
@@ -150,12 +159,16 @@ def train_local(spec: ModelSpec, weights: Weights, x: NDArray, y: NDArray, epoch
 
 @torch.no_grad()
 def evaluate(spec: ModelSpec, weights: Weights, x: NDArray, y: NDArray,
-             batch_size: int = 128) -> tuple[float, float]:
-    """(mean cross-entropy loss, accuracy) of the model on ``(x, y)``; eval mode, no grads."""
+             batch_size: int = 128, device: str = "cpu") -> tuple[float, float]:
+    """(mean cross-entropy loss, accuracy) of the model on ``(x, y)``; eval mode, no grads.
+
+    ``device`` is the torch device the weights and images are moved to (default ``"cpu"``).
+    """
     if len(x) == 0:
         return float("nan"), float("nan")
-    w = _tensors(weights)
-    xt, yt = to_tensor(x), torch.from_numpy(np.asarray(y, dtype=np.int64))
+    w = _tensors(weights, device)
+    xt = to_tensor(x).to(device)
+    yt = torch.from_numpy(np.asarray(y, dtype=np.int64)).to(device)
     loss, correct = 0.0, 0
     for s in range(0, len(xt), batch_size):
         out = F.linear(_features(w, xt[s:s + batch_size]), w[6], w[7])
@@ -186,9 +199,10 @@ def _pool2(h: torch.Tensor) -> torch.Tensor:
                          torch.maximum(h[:, :, 1::2, 0::2], h[:, :, 1::2, 1::2]))
 
 
-def _tensors(weights: Weights) -> list[torch.Tensor]:
-    """The weight arrays as tensors sharing their memory (no module, no copy)."""
-    return [torch.from_numpy(np.asarray(w, dtype=np.float32)) for w in weights]
+def _tensors(weights: Weights, device: str = "cpu") -> list[torch.Tensor]:
+    """The weight arrays as tensors on ``device`` (on the CPU they share the arrays' memory:
+    no module, no copy)."""
+    return [torch.from_numpy(np.asarray(w, dtype=np.float32)).to(device) for w in weights]
 
 
 def _features(w: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -207,28 +221,29 @@ def _features(w: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def embed(spec: ModelSpec, weights: Weights, x: NDArray | torch.Tensor, batch_size: int = 128
-          ) -> NDArray[np.float32]:
+def embed(spec: ModelSpec, weights: Weights, x: NDArray | torch.Tensor, batch_size: int = 128,
+          device: str = "cpu") -> NDArray[np.float32]:
     """Penultimate-layer embeddings of ``x`` (eval mode, no gradients), shape (N, embed_dim)."""
-    return embed_many(spec, [weights], x, batch_size)[0]
+    return embed_many(spec, [weights], x, batch_size, device)[0]
 
 
 @torch.no_grad()
 def embed_many(spec: ModelSpec, models: Iterable[Weights], x: NDArray | torch.Tensor,
-               batch_size: int = 128) -> list[NDArray[np.float32]]:
+               batch_size: int = 128, device: str = "cpu") -> list[NDArray[np.float32]]:
     """Embeddings of the same images ``x`` under each model of ``models``.
 
-    The images are converted to a tensor once and every model runs functionally from its
-    weight arrays (no module construction or state-dict loading per model). Chunks of 128
-    images keep the intermediate maps in cache (~1.7x faster than 1 024 on one thread).
+    The images are converted to a tensor (on ``device``) once and every model runs
+    functionally from its weight arrays (no module construction or state-dict loading per
+    model). Chunks of 128 images keep the intermediate maps in cache (~1.7x faster than 1 024
+    on one thread). The embeddings are returned as host (numpy) arrays.
     """
-    xt = x if isinstance(x, torch.Tensor) else to_tensor(x)
+    xt = (x if isinstance(x, torch.Tensor) else to_tensor(x)).to(device)
     out = []
     for weights in models:
         if len(weights) != 8:
             raise ValueError(f"expected 8 weight arrays, got {len(weights)}")
-        w = _tensors(weights)
+        w = _tensors(weights, device)
         parts = [_features(w, xt[s:s + batch_size]) for s in range(0, len(xt), batch_size)]
-        out.append(torch.cat(parts).numpy().astype(np.float32, copy=False) if parts
+        out.append(torch.cat(parts).cpu().numpy().astype(np.float32, copy=False) if parts
                    else np.zeros((0, spec.embed_dim), np.float32))
     return out

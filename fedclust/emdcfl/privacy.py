@@ -58,11 +58,16 @@ def pair_generators(seed: bytes) -> dict[str, np.random.Generator]:
             for name, ch in zip(("projection", "sub-a", "sub-b"), children)}
 
 
+def projection_dim(dim: int, ratio: float) -> int:
+    """Columns of ``R``: ``int(ratio·dim)``, at least 1 (the authors' ``proj_dim``)."""
+    return max(1, int(ratio * dim))
+
+
 def projection_matrix(rng: np.random.Generator, dim: int, ratio: float) -> NDArray[np.float32]:
     """``R`` of shape ``(dim, int(ratio·dim))``: Gaussian / sqrt(dim), rows scaled to unit norm."""
     if not 0.0 < ratio <= 1.0:
         raise ValueError(f"projection ratio must be in (0, 1], got {ratio}")
-    k = max(1, int(ratio * dim))
+    k = projection_dim(dim, ratio)
     r = rng.standard_normal((dim, k)) / np.sqrt(dim)
     r /= np.maximum(np.linalg.norm(r, axis=1, keepdims=True), 1e-12)
     return r.astype(np.float32)
