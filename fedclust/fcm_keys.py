@@ -7,7 +7,7 @@ from typing import Any
 from fedclust.config import Key, require
 
 FCM_KEYS: list[Key] = [
-    Key("fcm.n-clusters", int, 4, "number of clusters C", low=1),
+    Key("fcm.n-clusters", int, 4, "number of clusters C", low=2),
     Key("fcm.m", float, 2.0, "fuzzifier m (lambda in paper 004); m -> 1 is hard k-means",
         low=1.0, low_open=True),
     Key("fcm.epsilon", float, 0.005, "stop when ||V(t+1) - V(t)||_F < epsilon", low=0.0),

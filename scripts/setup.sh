@@ -9,5 +9,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 . .venv/bin/activate
 python -m pip install -q --upgrade pip
-python -c "import torch" 2>/dev/null || python -m pip install -q torch==2.13.0
+# Where pip's default index serves CUDA builds (stock PyPI on Linux), set
+# TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu to get the CPU build.
+python -c "import torch" 2>/dev/null || python -m pip install -q torch==2.13.0 \
+    ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 python -m pip install -q -e ".[test]"

@@ -63,6 +63,20 @@ def wait_for_nodes(grid: Grid, n: int, timeout: float, poll: float = 0.5) -> lis
         time.sleep(poll)
 
 
+def reject(ex: Exchange, nid: int, problem: str | None, phase: str) -> bool:
+    """Move node ``nid``'s reply to ``ex.failed`` when ``problem``; True when rejected.
+
+    For checks that need more than one reply (e.g. the feature count the others agree on) or
+    the node's own request (e.g. how many models it was sent).
+    """
+    if not problem:
+        return False
+    del ex.replies[nid]
+    ex.failed[nid] = f"rejected reply: {problem}"
+    LOG.warning("[%s] node %s dropped: %s", phase, nid, ex.failed[nid])
+    return True
+
+
 def connected_clients(grid: Grid, cfg: Mapping[str, object]) -> list[int]:
     """:func:`wait_for_nodes` for a run, refusing more nodes than a simulated partition has.
 

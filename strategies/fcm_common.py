@@ -11,7 +11,7 @@ from flwr.serverapp import Grid
 
 from fedclust.data import scaling
 from fedclust.metrics import ari_from_contingency
-from strategies.common import Exchange, arrays, send_and_collect
+from strategies.common import Exchange, arrays, reject, send_and_collect
 
 
 @dataclass
@@ -31,6 +31,12 @@ def federated_scaling(grid: Grid, nodes: list[int], cfg: dict[str, Any]) -> Scal
     kind = cfg["scaling"]
     ex = send_and_collect(grid, nodes, RecordDict(), "query.fcm_stats", "scaling",
                           cfg["timeout"], validate=_stats_ok)
+    dims = {nid: _n_features(c) for nid, c in ex.replies.items()}
+    if dims:
+        common = max(set(dims.values()), key=list(dims.values()).count)
+        for nid, d in dims.items():
+            reject(ex, nid, None if d == common else
+                   f"{d} features where the other clients have {common}", "scaling")
     if not ex.replies:
         raise RuntimeError(f"no client answered the scaling phase: {ex.failed}")
     stats = []
@@ -53,10 +59,23 @@ def _stats_ok(content: RecordDict) -> str | None:
     if "stats" not in content.array_records:
         return "missing 'stats'"
     rec = content.array_records["stats"]
-    arrs = [a.numpy() for a in rec.values()]
-    if not arrs or any(a.ndim not in (1, 2) for a in arrs):
-        return "malformed statistics"
+    if "stats" in rec:
+        arr = rec["stats"].numpy()
+        if arr.ndim != 2 or arr.shape[0] != 5:
+            return f"'stats.stats' has shape {arr.shape}, expected (5, features)"
+    elif "min" in rec and "max" in rec:
+        if rec["min"].numpy().ndim != 1 or rec["min"].numpy().shape != rec["max"].numpy().shape:
+            return "'stats.min' and 'stats.max' must be 1-D arrays of the same length"
+    else:
+        return "'stats' needs 'stats' or 'min' and 'max'"
+    if any(np.any(np.isnan(a.numpy())) for a in rec.values()):   # ±inf: an empty client
+        return "NaN in the statistics"
     return None
+
+
+def _n_features(content: RecordDict) -> int:
+    rec = content.array_records["stats"]
+    return int((rec["stats"] if "stats" in rec else rec["min"]).numpy().shape[-1])
 
 
 def summed_contingency(tables: list[np.ndarray]) -> np.ndarray:

@@ -38,7 +38,7 @@ from fedclust.fedcref.client import derive_seed, hidden_sizes
 from fedclust.fedcref.evaluation import majority_classes, mean_accuracy, wrong_associations
 from fedclust.fedcref.stopping import StabilityStop
 from fedclust.results import Progress, RunRecorder
-from strategies.common import Exchange, connected_clients, send_and_collect
+from strategies.common import Exchange, connected_clients, reject, send_and_collect
 
 LOG = logging.getLogger("fedclust")
 Node = tuple[int, int]   # (client index, local cluster)
@@ -152,16 +152,6 @@ def _check_refine(content: RecordDict) -> str | None:
     if "eval" in content.array_records and content.array_records["eval"]["hist"].numpy().ndim != 2:
         return "'eval.hist' must be 2-D"
     return None
-
-
-def _reject(ex: Exchange, nid: int, problem: str | None, phase: str) -> bool:
-    """Move node ``nid``'s reply to ``ex.failed`` if ``problem``; True when rejected."""
-    if not problem:
-        return False
-    del ex.replies[nid]
-    ex.failed[nid] = f"rejected reply: {problem}"
-    LOG.warning("[%s] node %s dropped: %s", phase, nid, ex.failed[nid])
-    return True
 
 
 def _hist(content: RecordDict) -> np.ndarray | None:
@@ -288,7 +278,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
             ex = send_and_collect(grid, responding, assoc_content, "query.fedcref_assoc",
                                   f"assoc-{t}", timeout)
             for nid in list(ex.replies):
-                _reject(ex, nid, _check_accept(ex.replies[nid], ks[nid], len(foreign(nid))),
+                reject(ex, nid, _check_accept(ex.replies[nid], ks[nid], len(foreign(nid))),
                         f"assoc-{t}")
             traffic.add("cross_evaluation", ex)
             retry = {}
@@ -306,7 +296,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
                                        lambda nid, retry=retry: assoc_content(nid, retry[nid]),
                                        "query.fedcref_assoc", f"assoc-{t}-resend", timeout)
                 for nid in list(ex2.replies):
-                    _reject(ex2, nid, _check_accept(ex2.replies[nid], ks[nid], len(foreign(nid)))
+                    reject(ex2, nid, _check_accept(ex2.replies[nid], ks[nid], len(foreign(nid)))
                             or ("still missing models" if "accept" not in
                                 ex2.replies[nid].array_records else None), f"assoc-{t}-resend")
                 traffic.add("cross_evaluation", ex2)
@@ -385,7 +375,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
                 ex = send_and_collect(grid, targets, comm_content, "train.fedcref_comm",
                                       f"comm-{t}-{rnd}", timeout)
                 for nid in list(ex.replies):
-                    _reject(ex, nid, _check_comm(ex.replies[nid], len(by_client[index[nid]])),
+                    reject(ex, nid, _check_comm(ex.replies[nid], len(by_client[index[nid]])),
                             f"comm-{t}-{rnd}")
                 traffic.add("community_training", ex)
                 dropped_now["comm"] = {**ex.failed, **dropped_now.get("comm", {})}

@@ -162,3 +162,22 @@ def test_unused_record_types_do_not_break_validation():
                                                "WS": Array(np.ones((2, 3)))}),
                           "extra": ArrayRecord({"z": Array(np.ones(1))})})
     assert _sums_ok(2, 3)(content) is None
+
+
+def test_scaling_reply_with_another_feature_count_is_rejected(tmp_path, fedclust_log):
+    """A node whose data has another number of columns (e.g. a wrong CSV in deployment)."""
+
+    def call(msg: Message, context) -> Message:
+        rep = client_app(msg, context)
+        if context.node_id == BAD and msg.metadata.message_type == "query.fcm_stats":
+            rec = rep.content.array_records["stats"]
+            for key in list(rec):
+                rec[key] = Array(np.ascontiguousarray(rec[key].numpy()[..., :-1]))
+        return rep
+
+    cfg = {**CFG["exact-fcm"], "num-clients": 4, "seed": 1, "blobs.n-features": 3}
+    summary, history = _run(tmp_path, "exact-fcm", InProcessGrid(call, 4, cfg))
+    assert BAD in summary["metrics"]["dropped_nodes"]
+    assert any(f"node {BAD} dropped: rejected reply: 2 features where the other clients have 3"
+               in m for m in fedclust_log), fedclust_log[-3:]
+    assert np.load(tmp_path / "centers.npy").shape[1] == 3

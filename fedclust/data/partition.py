@@ -103,15 +103,21 @@ def make_partition(kind: str, dataset: object, num_clients: int, seed: int, alph
         if column not in groups:
             raise PartitionError(
                 f"run config 'partition.column' = {column!r} is not a grouping column of this "
-                f"dataset. Allowed: {sorted(groups) or 'none (this dataset has no such column)'}.")
+                f"dataset. Allowed: {sorted(groups) or 'none (this dataset has no such column)'}."
+                f" Fix: pass one of those, or another partition.kind (iid, stratified, "
+                f"dirichlet).")
         return by_column(groups[column], num_clients)
     if kind == "recipe":
         counts = dataset.recipe  # type: ignore[attr-defined]
         if counts is None:
-            raise PartitionError("partition.kind='recipe' needs a dataset with a built-in recipe "
-                                 "(e.g. 'motivational').")
+            raise PartitionError(f"run config 'partition.kind' = 'recipe' on dataset "
+                                 f"{dataset.name!r}, which has no built-in recipe. Allowed: "
+                                 f"'recipe' only with dataset='motivational'. Fix: "
+                                 f"partition.kind=iid (or stratified, dirichlet).")
         if len(counts) != num_clients:
-            raise PartitionError(f"this recipe has {len(counts)} clients but 'num-clients' = "
-                                 f"{num_clients}. Fix: num-clients={len(counts)}.")
+            raise PartitionError(f"this recipe has {len(counts)} clients but there are "
+                                 f"{num_clients} partitions ('num-clients', and in simulation "
+                                 f"the engine's num-supernodes). Fix: num-clients={len(counts)} "
+                                 f"with --federation-config 'num-supernodes={len(counts)}'.")
         return recipe(y, counts, seed)
     raise PartitionError(f"unknown partition.kind {kind!r}")
