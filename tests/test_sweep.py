@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from fedclust.sweep import flatten, total_jobs
 
 
@@ -40,3 +42,16 @@ def test_bad_override_fails_before_running(tmp_path):
 def test_command_line_replaces_the_experiments_sweep_params_in_the_count():
     params = {"app.seed": "range(3)", "app.g2.dim": "2,4,8"}
     assert total_jobs(["app.seed=0", "app.g2.dim=2,4"], params) == 2
+
+
+@pytest.mark.slow
+def test_single_job_on_the_simulation_engine(tmp_path):
+    """engine=flwr (the default): the job runs through `flwr run` on a private SuperLink."""
+    out = subprocess.run(
+        [sys.executable, "-m", "fedclust.sweep", "-m", "engine=flwr", "method=exact-fcm",
+         "app.num-clients=3", "app.fcm.max-rounds=2", "app.plots=false",
+         f"hydra.sweep.dir={tmp_path}"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "job 1/1" in out.stdout
+    summaries = [json.loads(p.read_text()) for p in tmp_path.rglob("summary.json")]
+    assert len(summaries) == 1 and summaries[0]["num_clients"] == 3
