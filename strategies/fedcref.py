@@ -433,7 +433,9 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
                          f"{len(active)}" + (f" acc {rec['eval_acc']:.3f}"
                                              if "eval_acc" in rec else ""))
 
-        reason = stopper.update(len(groups), len(isolated), len(active))   # §4.5
+        # a client that no longer answers cannot become stable: it does not keep the run going
+        reason = stopper.update(len(groups), len(isolated),
+                                len(active & set(responding)))   # §4.5
         if reason is not None:
             stop_reason = reason
             break

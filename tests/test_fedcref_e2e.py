@@ -236,3 +236,14 @@ def test_no_client_answering_stops_with_the_reasons(data_root: Path, tmp_path: P
     with pytest.raises(RuntimeError, match="no client answered the local phase.*no reply"):
         run_server(_cfg(data_root, tmp_path, **{"fedcref.max-iterations": 1}),
                    drop=lambda nid, m: m.metadata.message_type == "train.fedcref_local")
+
+
+def test_a_client_that_left_does_not_keep_the_run_going(data_root: Path, tmp_path: Path) -> None:
+    """Node 1004 answers only the first local phase: once the others are stable the run stops
+    with 'no active clients' instead of waiting for the one that left."""
+    summary, _ = run_server(
+        _cfg(data_root, tmp_path, **{"fedcref.max-iterations": 3}),
+        drop=lambda nid, m: nid == 1004 and m.metadata.group_id != "local-1")
+    m = summary["metrics"]
+    assert m["stop_reason"] == "no active clients", m
+    assert 1004 in m["dropped_nodes"]
