@@ -179,13 +179,51 @@ class TornDown:
         self._old_handler = None
 
 
+def _stat(pid: int | str) -> tuple[int, int] | None:
+    """(parent pid, start time) of a process from ``/proc``, None if it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[1]), int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def descendants(pid: int) -> dict[int, int]:
+    """Live descendants of ``pid`` with their start times (from ``/proc``; empty without it).
+
+    Flower starts some children in their own session (e.g. the SuperLink's SuperExec), which a
+    signal to our process group does not reach.
+    """
+    info = {int(p.name): st for p in Path("/proc").glob("[0-9]*") if (st := _stat(p.name))}
+    out: dict[int, int] = {}
+    frontier = {pid}
+    while frontier:
+        kids = {c: st[1] for c, st in info.items() if st[0] in frontier and c not in out}
+        out.update(kids)
+        frontier = set(kids)
+    return out
+
+
+def _kill_all(family: dict[int, int], sig: int) -> None:
+    """Signal the processes of ``family`` that are still the same processes (start time)."""
+    for pid, started in family.items():
+        st = _stat(pid)
+        if st is not None and st[1] == started:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+
 def stop_group(proc: subprocess.Popen[bytes] | None, grace: float = 10.0) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is left after ``grace`` seconds."""
+    """SIGTERM the process group and every descendant (also those in other sessions), then
+    SIGKILL whatever is left after ``grace`` seconds."""
     if proc is None:
         return
+    family = descendants(proc.pid)
+    _kill_all(family, signal.SIGTERM)
     try:
         os.killpg(proc.pid, signal.SIGTERM)
     except ProcessLookupError:
+        _kill_all(family, signal.SIGKILL)
         return
     try:
         proc.wait(grace)
@@ -195,6 +233,7 @@ def stop_group(proc: subprocess.Popen[bytes] | None, grace: float = 10.0) -> Non
         os.killpg(proc.pid, signal.SIGKILL)   # children (ClientApp processes) too
     except ProcessLookupError:
         pass
+    _kill_all(family, signal.SIGKILL)
     try:
         proc.wait(5)
     except subprocess.TimeoutExpired:
