@@ -1,11 +1,12 @@
 """The real app on Flower's Deployment Engine: SuperLink + 3 SuperNodes on loopback.
 
 Each SuperNode owns its own data file (``data-path`` = one simulation partition written to an
-.npz), the run uses ``dataset="local"``; the result must equal the in-process run of the same
-seed (exact FCM: the same centers to 1e-9; the in-process grid equals the Simulation Engine,
-see ``tests/test_flwr_smoke_fcm.py``). Run status is read with ``flwr ls`` (``flwr run`` exits 0
-on failed runs). Ports are free ports chosen at start; every process is torn down in
-``LoopbackDeployment.__exit__`` even when an assertion fails.
+.npz), the run uses ``dataset="local"``; the result must equal the Simulation Engine run of the
+same seed (insecure test) or the in-process run (TLS test; the in-process grid equals the
+Simulation Engine, see ``tests/test_flwr_smoke_fcm.py``): exact FCM the same centers to 1e-9.
+Run status is read with ``flwr ls`` (``flwr run`` exits 0 on failed runs). Ports are free ports
+chosen at start; every process is torn down in ``LoopbackDeployment.__exit__`` even when an
+assertion fails.
 
 A deployment round trip costs ~6 s idle (3-s polling + one fresh ClientApp process per
 message), so jobs are tiny: exact FCM with 2 rounds (4 round trips), FedFCM K∈{2,3} with one
@@ -62,18 +63,34 @@ def assert_same_result(dep_out: Path, ref_out: Path, method: str) -> None:
     assert ma["dropped_nodes"] == [] and mb["dropped_nodes"] == []
 
 
-def run_methods_on_deployment(tmp_path: Path, tls: bool) -> None:
+def reference_runs(tmp_path: Path, engine: str) -> dict[str, Path]:
+    """The same jobs with the shared dataset, in-process or on Flower's Simulation Engine."""
+    outs = {name: tmp_path / f"{name}-ref-{engine}" for name in JOBS}
+    if engine == "inprocess":
+        for name, job in JOBS.items():
+            run_server({**BASE, **job, "output-dir": str(outs[name])})
+        return outs
+    from fedclust.engine import SimulationSuperLink
+
+    with SimulationSuperLink(workdir=tmp_path / "sim") as link:
+        for name, job in JOBS.items():
+            res = link.run({**BASE, **job, "output-dir": str(outs[name])},
+                           num_supernodes=BASE["num-clients"])
+            assert res.ok, f"{name} (simulation): {res.status}\n{res.log[-3000:]}"
+    return outs
+
+
+def run_methods_on_deployment(tmp_path: Path, tls: bool, reference: str) -> None:
     data = write_partitions({**BASE, "method": "exact-fcm"}, tmp_path / "data")
     nodes = [{"data-path": str(p)} for p in data]
+    refs = reference_runs(tmp_path, reference)
     with LoopbackDeployment(nodes, tls=tls, auth=tls, workdir=tmp_path / "flwr") as dep:
         assert len({n.node_id for n in dep.nodes}) == 3
         for name, job in JOBS.items():
             out = tmp_path / f"{name}-deploy"
             res = dep.run({**BASE, **job, "dataset": "local", "output-dir": str(out)}, timeout=600)
             assert res.ok, f"{name}: run {res.run_id} {res.status}\n{res.log[-3000:]}\n{dep.logs()}"
-            ref = tmp_path / f"{name}-ref"
-            run_server({**BASE, **job, "output-dir": str(ref)})
-            assert_same_result(out, ref, name)
+            assert_same_result(out, refs[name], name)
     log = (tmp_path / "flwr" / "superlink.log").read_text(errors="replace")
     # flwr warns loudly when TLS or SuperNode authentication is off
     assert ("Starting insecure HTTP server" in log) is (not tls)
@@ -81,11 +98,13 @@ def run_methods_on_deployment(tmp_path: Path, tls: bool) -> None:
 
 
 def test_deployment_insecure_matches_simulation(tmp_path):
-    run_methods_on_deployment(tmp_path, tls=False)
+    # reference: the same jobs on Flower's Simulation Engine (3 SuperNodes)
+    run_methods_on_deployment(tmp_path, tls=False, reference="simulation")
 
 
 def test_deployment_tls_and_supernode_auth_matches_simulation(tmp_path):
-    run_methods_on_deployment(tmp_path, tls=True)
+    # reference: the in-process grid (equal to the Simulation Engine, tests/test_flwr_smoke_fcm)
+    run_methods_on_deployment(tmp_path, tls=True, reference="inprocess")
 
 
 def test_unregistered_supernode_is_refused_with_auth(tmp_path):
