@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fedclust.config import Key, require
@@ -61,6 +62,10 @@ def preflight(cfg: dict[str, Any]) -> None:
     """
     if cfg["dataset"] == "local":
         return
+    if cfg["dataset"] == "bank" and cfg["scaling"] != "standard":
+        logging.getLogger("fedclust").warning(
+            "dataset=bank with scaling=%s: paper 003 standardizes the bank features "
+            "(pass scaling=standard, as conf/dataset/bank.yaml does)", cfg["scaling"])
     from fedclust.data.partition import make_partition
     from fedclust.data.tabular import load_dataset
 
