@@ -1,4 +1,5 @@
-"""FedCRef and EMD-CFL on the Deployment Engine (3-4 SuperNodes on loopback, insecure).
+"""FedCRef and EMD-CFL on the Deployment Engine (3-4 SuperNodes on loopback), insecure and with
+TLS + SuperNode authentication.
 
 Each SuperNode reads its own .npz (the simulation partition written out by the method's own
 client loader), the run uses ``dataset="local"``; status is read with ``flwr ls``; the
@@ -78,12 +79,13 @@ def _comparable(metrics: dict[str, Any], method: str = "") -> dict[str, Any]:
             and isinstance(v, (bool, int, float, str))}
 
 
+@pytest.mark.parametrize("tls", [False, True], ids=["insecure", "tls-auth"])
 @pytest.mark.parametrize(("cfg", "files"), [(FEDCREF, fedcref_files), (EMDCFL, emdcfl_files)],
                          ids=["fedcref", "emdcfl"])
-def test_method_on_the_deployment_engine(tmp_path, cfg, files):
+def test_method_on_the_deployment_engine(tmp_path, cfg, files, tls):
     nodes = files(cfg, tmp_path / "data")
     out = tmp_path / "deploy"
-    with LoopbackDeployment(nodes, workdir=tmp_path / "flwr") as dep:
+    with LoopbackDeployment(nodes, tls=tls, auth=tls, workdir=tmp_path / "flwr") as dep:
         # EMD-CFL keeps its dataset name in deployment: it fixes the model's input shape; the
         # nodes still read only their own data-path.
         dataset = "local" if cfg["method"] == "fedcref" else cfg["dataset"]
