@@ -362,10 +362,10 @@ def preflight(cfg: dict[str, Any]) -> None:
 
 
 def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any]:
-    """``method=emdcfl``: EMD-CFL, or the baseline named by ``emdcfl.algorithm``."""
+    """``method=emdcfl``: EMD-CFL, or the baseline named by ``emdcfl.algorithm``
+    (``preflight`` runs before, from the ServerApp's method registry)."""
     from fedclust.emdcfl.keys import uneven_groups
 
-    preflight(cfg)
     if cfg["dataset"] == "blobs":
         LOG.warning("method=emdcfl: dataset 'blobs' (project default) means 'rotdigits'")
     warning = uneven_groups(cfg)

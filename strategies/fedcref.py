@@ -183,7 +183,7 @@ def preflight(cfg: dict[str, Any]) -> None:
 
 
 def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any]:
-    preflight(cfg)
+    """``method=fedcref`` (``preflight`` runs before, from the ServerApp's method registry)."""
     nodes = connected_clients(grid, cfg)
     index = {nid: i for i, nid in enumerate(nodes)}
     seed, timeout = cfg["seed"], cfg["timeout"]
