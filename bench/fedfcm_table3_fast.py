@@ -1,0 +1,340 @@
+"""Paper 003 Table 3 without Flower: FedFCM jobs computed directly with the core numpy functions.
+
+One job here performs exactly the computation of one in-process Flower FedFCM job
+(``strategies/fedfcm.py`` + the ``fcm_stats`` / ``fedfcm_local`` / ``fedfcm_db`` handlers of
+``client_apps/fcm_handlers.py`` + ``strategies/fcm_common.federated_scaling`` + the partition of
+``client_apps/data.simulated_partition``), in the same order and with the same seeds:
+
+* client ``l`` holds partition ``l`` of ``make_partition(partition.kind, ds, P, seed, ...)``;
+  the server's reply dict is filled in node order = partition order, so local centers are
+  stacked (k-means averaging) and statistics summed in that order;
+* federated scaling: per-client min/max (or count/mean/M2 for ``standard``) combined as the
+  server does, every client scales its rows with the resulting ``(shift, scale)``;
+* ``rng = default_rng(seed)`` draws ``random_centers(low, high, k, rng)`` for k = k-min..k-max in
+  order; k-means averaging uses ``random_state = seed * 1000 + k`` and k-means++ in round 1 only
+  (``previous = None``), federated averaging starts from ``previous = initial centers``;
+* every round, only the K still moving are sent; K converges (and is no longer sent) once its
+  center shift is ``<= fedfcm.tol``; at most ``fedfcm.max-rounds`` rounds;
+* FedFuzzDB of every K from the clients' ``db_statistics``; ``choose_k``; evaluation ARI from
+  summed contingency tables when ``evaluate`` is true.
+
+Jobs whose local FCM input is identical (round 1 of the k-means and federated-averaging jobs of
+one data set, seed and P) reuse the memoised local step, which is a pure function.
+
+Each job writes ``OUT/<averaging>/D<dim>-s<sigma>-P<clients>-seed<seed>/summary.json`` in the
+layout of ``RunRecorder.finish`` (so ``python -m fedclust.experiments fedfcm-table3 OUT/...``
+reads it unchanged) and one line to ``OUT/jobs.jsonl``. Existing summaries are skipped
+(resume).
+
+Usage::
+
+    # the grid (defaults: every D in 2..256 that exists, sigma 10..100, P 1/2/5/10, seeds 0..19)
+    python bench/fedfcm_table3_fast.py --out /work/runs/fedfcm_table3_fast
+    # reproduce stored Flower jobs (compares best_k and every FedFuzzDB value)
+    python bench/fedfcm_table3_fast.py --check /work/runs/fedfcm_table3_kmeans/0 ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fedclust import fcm  # noqa: E402
+from fedclust.config import validate  # noqa: E402
+from fedclust.data import scaling  # noqa: E402
+from fedclust.data.partition import make_partition  # noqa: E402
+from fedclust.data.tabular import Dataset, load_dataset  # noqa: E402
+from fedclust.fedfcm import average, center_shift, labels_from_centers, local_step  # noqa: E402
+from fedclust.metrics import contingency  # noqa: E402
+from fedclust.validity import DBStatistics, choose_k, db_statistics, federated_fuzzy_db  # noqa: E402
+from strategies.fcm_common import eval_ari  # noqa: E402
+
+DIMS = (2, 4, 8, 16, 32, 64, 128, 256)
+SIGMAS = tuple(range(10, 101, 10))
+CLIENTS = (1, 2, 5, 10)
+
+# The run-config overrides of conf/experiment/fedfcm_table3.yaml (+ method/dataset/partition).
+BASE_RUN_CONFIG = {"method": "fedfcm", "dataset": "g2", "partition.kind": "iid",
+                   "fcm.n-clusters": 2, "scaling": "minmax", "plots": False,
+                   "fedfcm.k-min": 2, "fedfcm.k-max": 6, "fedfcm.local-index": False}
+
+
+def run_config(dim: int, sigma: int, clients: int, seed: int, averaging: str, data_dir: str,
+               output_dir: str) -> dict[str, Any]:
+    return validate({**BASE_RUN_CONFIG, "g2.dim": dim, "g2.sigma": sigma,
+                     "num-clients": clients, "seed": seed, "fedfcm.averaging": averaging,
+                     "data-dir": data_dir, "output-dir": output_dir})
+
+
+class LocalStepCache:
+    """Memo of ``local_step`` by (client data key, centers bytes): exact reuse only."""
+
+    def __init__(self) -> None:
+        self.store: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self.hits = self.calls = 0
+
+    def step(self, key: tuple, x: np.ndarray, centers: np.ndarray, cfg: dict[str, Any]
+             ) -> tuple[np.ndarray, np.ndarray]:
+        self.calls += 1
+        full = (key, centers.shape, centers.tobytes())
+        got = self.store.get(full)
+        if got is None:
+            c, s, _ = local_step(x, centers, cfg["fedfcm.m"], cfg["fedfcm.local-tol"],
+                                 cfg["fedfcm.local-max-iter"])
+            got = self.store[full] = (c, s)
+        else:
+            self.hits += 1
+        return got
+
+    def clear(self) -> None:
+        self.store.clear()
+
+
+def server_scaling(parts: list[np.ndarray], kind: str):
+    """``strategies.fcm_common.federated_scaling`` on the clients' ``fcm_stats`` replies."""
+    stats = []
+    for x in parts:
+        st = scaling.column_stats(x)
+        if kind == "standard":   # the client sends the packed array; the server unpacks it
+            stats.append(scaling.ColumnStats.from_array(st.as_array()))
+        else:
+            stats.append(scaling.ColumnStats(0, st.min, st.max, np.zeros_like(st.min),
+                                             np.zeros_like(st.min)))
+    total = scaling.combine(stats) if kind == "standard" else scaling.ColumnStats(
+        0, np.min([s.min for s in stats], axis=0), np.max([s.max for s in stats], axis=0),
+        np.zeros_like(stats[0].min), np.zeros_like(stats[0].min))
+    shift, scale = scaling.scaler(total, kind)
+    low, high = (total.min - shift) / scale, (total.max - shift) / scale
+    return shift, scale, low, high
+
+
+def fedfcm_job(ds: Dataset, cfg: dict[str, Any], cache: LocalStepCache | None = None
+               ) -> dict[str, Any]:
+    """The metrics dict of ``strategies.fedfcm.run`` for run config ``cfg`` (no Flower)."""
+    n_clients, seed = int(cfg["num-clients"]), int(cfg["seed"])
+    idx = make_partition(cfg["partition.kind"], ds, n_clients, seed,
+                         float(cfg["partition.alpha"]), cfg["partition.column"])
+    raw = [ds.x[i] for i in idx]
+    ys = [ds.y[i] for i in idx]
+    shift, scale, low, high = server_scaling(raw, cfg["scaling"])
+    xs = [scaling.apply(x, shift, scale) for x in raw]   # the server always sends scaling
+    data_key = (ds.name, cfg["partition.kind"], n_clients, seed, cfg["scaling"])
+    cache = cache or LocalStepCache()
+
+    rng = np.random.default_rng(cfg["seed"])
+    ks = list(range(cfg["fedfcm.k-min"], cfg["fedfcm.k-max"] + 1))
+    centers = {k: fcm.random_centers(low, high, k, rng) for k in ks}
+    previous: dict[int, np.ndarray | None] = {
+        k: (None if cfg["fedfcm.averaging"] == "kmeans" else centers[k]) for k in ks}
+    rounds_of = {k: 0 for k in ks}
+    active = set(ks)
+    for rnd in range(1, cfg["fedfcm.max-rounds"] + 1):
+        # one message per client carrying the centers of every active K, in node order
+        replies = [{k: cache.step((*data_key, cl, k), x, centers[k], cfg) for k in sorted(active)}
+                   for cl, x in enumerate(xs)]
+        shifts = {}
+        for k in sorted(active):
+            locals_ = [r[k][0] for r in replies]
+            supports = [r[k][1] for r in replies]
+            new = average(cfg["fedfcm.averaging"], locals_, supports, k, previous[k],
+                          seed * 1000 + k)
+            shifts[k] = center_shift(centers[k], new)
+            centers[k], previous[k] = new, new
+            rounds_of[k] = rnd
+        active -= {k for k, s in shifts.items() if s <= cfg["fedfcm.tol"]}
+        if not active:
+            break
+
+    fed_db, aris = [], {}
+    for k in ks:
+        stats = []
+        for x in xs:
+            s = db_statistics(x, centers[k], cfg["fedfcm.m"], cfg["fedfcm.q"])
+            arr = np.concatenate([[s.n], s.spread_sums, s.membership_sums])   # message packing
+            stats.append(DBStatistics(int(arr[0]), arr[1:1 + k], arr[1 + k:]))
+        fed_db.append(federated_fuzzy_db(stats, centers[k], cfg["fedfcm.p"], cfg["fedfcm.q"]))
+        if cfg["evaluate"]:
+            tables = []
+            for x, y in zip(xs, ys):
+                labels = labels_from_centers(x, centers[k])
+                tables.append(contingency(y, labels, int(y.max()) + 1 if y.size else 0, k))
+            aris[k] = eval_ari(tables)
+    choice = choose_k(ks, fed_db)
+    metrics: dict[str, Any] = {
+        **choice.as_dict(), "fedfuzzdb": dict(zip(map(str, ks), fed_db)),
+        "rounds": {str(k): rounds_of[k] for k in ks}, "unconverged_k": sorted(active),
+        "averaging": cfg["fedfcm.averaging"], "n_clients": n_clients, "dropped_nodes": [],
+    }
+    if cfg["evaluate"]:
+        metrics["eval_ari"] = {str(k): v for k, v in aris.items()}
+        metrics["eval_ari_best_k"] = aris[choice.best_k]
+    return metrics
+
+
+def summary_of(cfg: dict[str, Any], metrics: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """``RunRecorder.finish`` layout."""
+    from fedclust.results import to_jsonable
+
+    return to_jsonable({"method": cfg["method"], "dataset": cfg["dataset"], "seed": cfg["seed"],
+                        "num_clients": cfg["num-clients"], "config": cfg,
+                        "wall_time_s": round(seconds, 4), "metrics": metrics,
+                        "engine": "bench/fedfcm_table3_fast.py"})
+
+
+def compare(stored: dict[str, Any], got: dict[str, Any]) -> float:
+    """Max relative FedFuzzDB difference; raises if best_k or the K set differ."""
+    from fedclust.results import to_jsonable
+
+    a, b = stored["metrics"]["fedfuzzdb"], to_jsonable(got["fedfuzzdb"])
+    if set(a) != set(b):
+        raise AssertionError(f"K sets differ: {sorted(a)} vs {sorted(b)}")
+    if stored["metrics"]["best_k"] != got["best_k"]:
+        raise AssertionError(f"best_k {stored['metrics']['best_k']} vs {got['best_k']}")
+    worst = 0.0
+    for k in a:
+        if isinstance(a[k], float) and isinstance(b[k], float):
+            worst = max(worst, abs(a[k] - b[k]) / max(abs(a[k]), 1e-300))
+        elif a[k] != b[k]:          # "inf" / None (NaN) as written by to_jsonable
+            raise AssertionError(f"FedFuzzDB K={k}: {a[k]!r} vs {b[k]!r}")
+    return worst
+
+
+def check(dirs: list[str], tol: float) -> int:
+    worst, bad = 0.0, 0
+    datasets: dict[tuple, Dataset] = {}
+    for d in dirs:
+        stored = json.loads((Path(d) / "summary.json").read_text())
+        cfg = validate(stored["config"])
+        key = (cfg["g2.dim"], cfg["g2.sigma"])
+        if key not in datasets:
+            datasets[key] = load_dataset(cfg)
+        t0 = time.perf_counter()
+        got = fedfcm_job(datasets[key], cfg)
+        dt = time.perf_counter() - t0
+        try:
+            rel = compare(stored, got)
+            ok = rel <= tol and stored["metrics"]["rounds"] == got["rounds"]
+        except AssertionError as exc:
+            rel, ok = float("inf"), False
+            print(f"  {exc}")
+        worst = max(worst, rel)
+        bad += not ok
+        print(f"{'OK ' if ok else 'BAD'} {d}: {cfg['fedfcm.averaging']} D={cfg['g2.dim']} "
+              f"sigma={cfg['g2.sigma']} P={cfg['num-clients']} seed={cfg['seed']} "
+              f"best_k={got['best_k']} (stored {stored['metrics']['best_k']}) "
+              f"max rel diff {rel:.2e} | flower {stored['wall_time_s']:.2f}s, here {dt:.3f}s",
+              flush=True)
+    print(f"{len(dirs) - bad}/{len(dirs)} jobs reproduced; max relative FedFuzzDB diff {worst:.3e}")
+    return 1 if bad else 0
+
+
+def available_dims(data_dir: str, dims: list[int], sigmas: list[int]) -> list[int]:
+    root = Path(data_dir) / "clustering" / "g2"
+    return [d for d in dims if all((root / f"g2-{d}-{s}.csv.gz").exists() for s in sigmas)]
+
+
+def grid(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dims = available_dims(args.data_dir, args.dims, args.sigmas)
+    missing = sorted(set(args.dims) - set(dims))
+    if missing:
+        print(f"no complete G2 sets for D = {missing}: skipped", flush=True)
+    jobs = []   # ordered by D so that an interrupted run misses the largest D
+    for d in dims:
+        for s in args.sigmas:
+            for seed in args.seeds:
+                for p in args.clients:
+                    for avg in args.averaging:
+                        if avg == "fedavg" and p == 1:
+                            continue   # one client: both averagings are the same central FCM
+                        jobs.append((d, s, seed, p, avg))
+    n = len(jobs)
+    print(f"{n} jobs: D={dims} sigma={args.sigmas} seeds={args.seeds[0]}..{args.seeds[-1]} "
+          f"P={args.clients} averaging={args.averaging} -> {out}", flush=True)
+    def job_dir_of(d: int, s: int, seed: int, p: int, avg: str) -> Path:
+        return out / avg / f"D{d}-s{s}-P{p}-seed{seed}"
+
+    pending = sum(not (job_dir_of(*j) / "summary.json").exists() for j in jobs)
+    if pending < n:
+        print(f"{n - pending} jobs already done (summary.json exists): skipped", flush=True)
+    t_start = time.perf_counter()
+    done_here = 0
+    cache = LocalStepCache()
+    ds, ds_key = None, None
+    with open(out / "jobs.jsonl", "a") as log:
+        for i, (d, s, seed, p, avg) in enumerate(jobs, 1):
+            job_dir = job_dir_of(d, s, seed, p, avg)
+            if (job_dir / "summary.json").exists():
+                continue
+            cfg = run_config(d, s, p, seed, avg, args.data_dir, str(job_dir))
+            if ds_key != (d, s):
+                ds, ds_key = load_dataset(cfg), (d, s)
+                cache.clear()
+            t0 = time.perf_counter()
+            metrics = fedfcm_job(ds, cfg, cache)
+            dt = time.perf_counter() - t0
+            job_dir.mkdir(parents=True, exist_ok=True)
+            summary = summary_of(cfg, metrics, dt)
+            (job_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            log.write(json.dumps({"job": str(job_dir.relative_to(out)), "seconds": round(dt, 4),
+                                  "config": {k: cfg[k] for k in (
+                                      "fedfcm.averaging", "num-clients", "g2.dim", "g2.sigma",
+                                      "seed")},
+                                  "metrics": {"best_k": metrics["best_k"],
+                                              "fedfuzzdb": metrics["fedfuzzdb"],
+                                              "rounds": metrics["rounds"]}}) + "\n")
+            log.flush()
+            done_here += 1
+            el = time.perf_counter() - t_start
+            if done_here == 1 or i % args.every == 0 or i == n:
+                eta = el / done_here * (pending - done_here)
+                print(f"job {i}/{n} D={d} sigma={s} seed={seed} P={p} {avg}: best_k="
+                      f"{metrics['best_k']} {dt:.3f}s | elapsed {el:.0f}s | ETA {eta:.0f}s | "
+                      f"local-step cache {cache.hits}/{cache.calls}", flush=True)
+    print(f"done: {done_here} jobs in {time.perf_counter() - t_start:.0f}s", flush=True)
+    return 0
+
+
+def ints(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        if ".." in part:     # a..b or a..b:step (inclusive)
+            a, _, rest = part.partition("..")
+            b, _, step = rest.partition(":")
+            out += list(range(int(a), int(b) + 1, int(step or 1)))
+        else:
+            out.append(int(part))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="/work/runs/fedfcm_table3_fast")
+    ap.add_argument("--data-dir", default=os.environ.get("FEDCLUST_DATA_DIR", ""))
+    ap.add_argument("--dims", type=ints, default=list(DIMS))
+    ap.add_argument("--sigmas", type=ints, default=list(SIGMAS))
+    ap.add_argument("--clients", type=ints, default=list(CLIENTS))
+    ap.add_argument("--seeds", type=ints, default=list(range(20)), help="e.g. 0..19")
+    ap.add_argument("--averaging", type=lambda t: t.split(","), default=["kmeans", "fedavg"])
+    ap.add_argument("--every", type=int, default=50, help="print progress every N jobs")
+    ap.add_argument("--check", nargs="+", metavar="JOB_DIR",
+                    help="recompute stored Flower jobs and compare (no grid run)")
+    ap.add_argument("--tol", type=float, default=1e-9, help="relative tolerance for --check")
+    args = ap.parse_args()
+    if args.check:
+        return check(args.check, args.tol)
+    return grid(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
