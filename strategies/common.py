@@ -77,17 +77,41 @@ def reject(ex: Exchange, nid: int, problem: str | None, phase: str) -> bool:
     return True
 
 
+def check_each(ex: Exchange, check: Callable[[int, RecordDict], str | None], phase: str
+               ) -> None:
+    """Reject every reply of ``ex`` for which ``check(node, content)`` names a problem.
+
+    For checks that need the node (what it was sent) or the other replies; like the
+    ``validate`` of :func:`send_and_collect`, an exception in the check rejects the reply.
+    """
+    for nid in list(ex.replies):
+        try:
+            problem = check(nid, ex.replies[nid])
+        except Exception as exc:  # a reply malformed beyond what the check anticipated
+            problem = f"check raised {type(exc).__name__}: {exc}"
+        reject(ex, nid, problem, phase)
+
+
 def connected_clients(grid: Grid, cfg: Mapping[str, object]) -> list[int]:
     """:func:`wait_for_nodes` for a run, refusing more nodes than a simulated partition has.
 
-    With a shared dataset (any ``dataset`` but ``local``) node ``i`` holds partition ``i`` of
-    ``num-clients``: surplus nodes would hold nothing meaningful, so the run stops before any
-    work and says how to match the engine to the run config.
+    With a shared dataset (any ``dataset`` but ``local``; for EMD-CFL, unless
+    ``emdcfl.preflight=false`` says the nodes bring their own files) node ``i`` holds partition
+    ``i`` of ``num-clients``: surplus nodes would hold nothing meaningful, so the run stops
+    before any work and says how to match the engine to the run config. (Only nodes connected
+    when ``num-clients`` are reached are seen: in deployment, later ones are not counted.)
+    A RuntimeError when no node connected within ``timeout``.
     """
     n = int(cfg["num-clients"])  # type: ignore[call-overload]
     nodes = wait_for_nodes(grid, int(cfg["min-clients"]) or n,  # type: ignore[call-overload]
                            float(cfg["timeout"]))  # type: ignore[arg-type]
-    if cfg["dataset"] != "local" and len(nodes) > n:
+    if not nodes:
+        raise RuntimeError(f"no node connected within timeout={float(cfg['timeout']):g}s "  # type: ignore[arg-type]
+                           "(run config 'timeout'): start the SuperNodes, or raise timeout, "
+                           "and run again")
+    own_data = cfg["dataset"] == "local" or (cfg["method"] == "emdcfl"
+                                             and not cfg.get("emdcfl.preflight", True))
+    if not own_data and len(nodes) > n:
         from fedclust.config import ConfigError
 
         raise ConfigError(

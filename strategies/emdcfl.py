@@ -47,7 +47,7 @@ from fedclust.emdcfl.privacy import projection_dim
 from fedclust.emdcfl.replies import embed_reply, eval_reply, train_reply
 from fedclust.metrics import adjusted_rand
 from fedclust.results import Progress, RunRecorder
-from strategies.common import Exchange, arrays, connected_clients, send_and_collect
+from strategies.common import Exchange, arrays, check_each, connected_clients, send_and_collect
 
 LOG = logging.getLogger("fedclust")
 Weights = list[np.ndarray]
@@ -108,13 +108,6 @@ def require_replies(ex: Exchange, phase: str) -> None:
 def dropped(ex: Exchange, phase: str = "") -> dict[str, str]:
     """``history.jsonl`` ``dropped_nodes`` of one exchange: node id → reason."""
     return {str(n): f"{phase}{why}" for n, why in sorted(ex.failed.items())}
-
-
-def reject(ex: Exchange, nid: int, why: str, group: str) -> None:
-    """Move node ``nid``'s reply to ``ex.failed`` (a check that needs the sender's id)."""
-    ex.replies.pop(nid, None)
-    ex.failed[nid] = f"rejected reply: {why}"
-    LOG.warning("[%s] node %s dropped: %s", group, nid, ex.failed[nid])
 
 
 def train_round(grid: Grid, cfg: dict[str, Any], models: dict[int, Weights], rnd: int,
@@ -235,9 +228,8 @@ def cluster_step(grid: Grid, cfg: dict[str, Any], seen: list[int], latest: dict[
                         cfg["emdcfl.max-samples"])
     ex = send_and_collect(grid, members, content, "query.emdcfl_embed", group, cfg["timeout"],
                           validate=check)
-    for nid, rd in list(ex.replies.items()):      # the one missing peer must be the sender
-        if str(nid) in rd.array_records["src"]:
-            reject(ex, nid, f"'src' holds the sender's own id {nid} as a peer", group)
+    check_each(ex, lambda nid, rd: f"'src' holds the sender's own id {nid} as a peer"   # the
+               if str(nid) in rd.array_records["src"] else None, group)   # missing peer: itself
     require_replies(ex, group)
     embed_s = ex.seconds
     t0 = time.perf_counter()
@@ -256,18 +248,9 @@ def cluster_step(grid: Grid, cfg: dict[str, Any], seen: list[int], latest: dict[
     return {n: int(labels[i]) for i, n in enumerate(members)}, info
 
 
-def connected_nodes(grid: Grid, cfg: dict[str, Any]) -> list[int]:
-    """Wait for the run's nodes; a RuntimeError if none connected before ``timeout``."""
-    nodes = connected_clients(grid, cfg)
-    if not nodes:
-        raise RuntimeError(f"EMD-CFL: no node connected within timeout={cfg['timeout']:g}s; "
-                           "start the SuperNodes (or raise timeout) and run again")
-    return nodes
-
-
 def run_emdcfl(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any]:
     t_start, traffic = time.perf_counter(), Traffic()
-    nodes = connected_nodes(grid, cfg)
+    nodes = connected_clients(grid, cfg)
     init = init_weights(spec_of(cfg), cfg["seed"])
     per_round = cfg["emdcfl.clients-per-round"] or len(nodes)
     part = Participation(nodes, min(per_round, len(nodes)), cfg["seed"])

@@ -33,10 +33,9 @@ from fedclust.emdcfl.keys import dataset_name
 from fedclust.emdcfl.model import init_weights
 from fedclust.emdcfl.replies import group_reply, ifca_reply
 from fedclust.results import Progress, RunRecorder
-from strategies.common import send_and_collect
+from strategies.common import connected_clients, send_and_collect
 from strategies.emdcfl import (
     Traffic,
-    connected_nodes,
     dropped,
     evaluate_models,
     finish_metrics,
@@ -72,7 +71,7 @@ def _fixed(grid, cfg, recorder, nodes, labels, traffic, progress, name):
         models.update(cluster_fedavg({n: labels[n] for n in new}, new, counts))
         recorder.log_round({"round": rnd, "train_loss": float(np.mean(list(losses.values()))),
                             "train_s": ex.seconds, "num_clusters": len(models),
-                            "dropped_nodes": dropped(ex)})
+                            "dropped_nodes": dropped(ex, "train: ")})
         progress.step(rnd + 1, name)
     return {n: models[labels[n]] for n in nodes}, labels
 
@@ -100,7 +99,7 @@ def _ifca(grid, cfg, recorder, nodes, traffic, progress):
             new[n], counts[n] = read_model(rd.array_records["model"]), int(met["num-examples"])
         models.update(cluster_fedavg({n: choice[n] for n in new}, new, counts))
         recorder.log_round({"round": rnd, "k": k, "choices": [choice[n] for n in nodes],
-                            "train_s": ex.seconds, "dropped_nodes": dropped(ex)})
+                            "train_s": ex.seconds, "dropped_nodes": dropped(ex, "train: ")})
         progress.step(rnd + 1, f"ifca k={k}")
     return {n: models[choice[n]] for n in nodes}, dict(choice)
 
@@ -138,7 +137,7 @@ def _cfl(grid, cfg, recorder, nodes, traffic, progress):
         clusters, models = next_clusters, next_models
         recorder.log_round({"round": rnd, "train_loss": float(np.mean(list(losses.values()))),
                             "norms": norms, "num_clusters": len(clusters),
-                            "train_s": ex.seconds, "dropped_nodes": dropped(ex)})
+                            "train_s": ex.seconds, "dropped_nodes": dropped(ex, "train: ")})
         progress.step(rnd + 1, f"cfl clusters={len(clusters)}")
     owner = {n: i for i, members in enumerate(clusters) for n in members}
     return {n: models[owner[n]] for n in nodes}, owner
@@ -148,7 +147,7 @@ def run_baseline(algorithm: str, grid: Grid, cfg: dict[str, Any], recorder: RunR
                  ) -> dict[str, Any]:
     """Run baseline ``algorithm`` and return the same metrics as EMD-CFL."""
     t_start, traffic = time.perf_counter(), Traffic()
-    nodes = connected_nodes(grid, cfg)
+    nodes = connected_clients(grid, cfg)
     progress = Progress(cfg["emdcfl.rounds"], f"{algorithm} round")
     if algorithm == "oracle":
         final, labels = _fixed(grid, cfg, recorder, nodes, _truth(grid, nodes, cfg, traffic),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,8 +33,12 @@ def federated_scaling(grid: Grid, nodes: list[int], cfg: dict[str, Any]) -> Scal
     ex = send_and_collect(grid, nodes, RecordDict(), "query.fcm_stats", "scaling",
                           cfg["timeout"], validate=_stats_ok)
     dims = {nid: _n_features(c) for nid, c in ex.replies.items()}
-    if dims:
-        common = max(set(dims.values()), key=list(dims.values()).count)
+    votes = Counter(dims.values()).most_common()
+    if len(votes) > 1 and votes[0][1] == votes[1][1]:
+        raise RuntimeError(f"the clients disagree on the number of features with no majority "
+                           f"(features: clients = {dict(votes)}): check every node's data")
+    if votes:
+        common = votes[0][0]
         for nid, d in dims.items():
             reject(ex, nid, None if d == common else
                    f"{d} features where the other clients have {common}", "scaling")

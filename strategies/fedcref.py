@@ -38,7 +38,7 @@ from fedclust.fedcref.client import derive_seed, hidden_sizes
 from fedclust.fedcref.evaluation import majority_classes, mean_accuracy, wrong_associations
 from fedclust.fedcref.stopping import StabilityStop
 from fedclust.results import Progress, RunRecorder
-from strategies.common import Exchange, connected_clients, reject, send_and_collect
+from strategies.common import Exchange, check_each, connected_clients, send_and_collect
 
 LOG = logging.getLogger("fedclust")
 Node = tuple[int, int]   # (client index, local cluster)
@@ -75,37 +75,54 @@ def _metrics(content: RecordDict, *names: str) -> str | None:
     return None
 
 
-def _stacked(content: RecordDict, name: str, rows: int) -> str | None:
-    """Array record ``name`` whose arrays are finite and stack ``rows`` models."""
+def model_shapes(sizes: list[int], rows: int) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of ``rows`` stacked autoencoders with layer sizes ``sizes``."""
+    out: dict[str, tuple[int, ...]] = {}
+    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=False)):
+        out[f"W{i}"], out[f"b{i}"] = (rows, fan_in, fan_out), (rows, 1, fan_out)
+    return out
+
+
+def _models(content: RecordDict, name: str, shapes: dict[str, tuple[int, ...]]) -> str | None:
+    """Array record ``name`` holds exactly the arrays ``shapes`` names, of those shapes, finite."""
     if name not in content.array_records:
         return f"missing array record '{name}'"
-    for k, arr in content.array_records[name].items():
-        a = arr.numpy()
-        if a.ndim < 2 or a.shape[0] != rows:
-            return f"'{name}.{k}' has shape {a.shape}, expected {rows} stacked models"
+    rec = content.array_records[name]
+    if set(rec) != set(shapes):
+        return f"'{name}' has arrays {sorted(rec)}, expected {sorted(shapes)}"
+    for k, shape in shapes.items():
+        a = rec[k].numpy()
+        if a.shape != shape:
+            return f"'{name}.{k}' has shape {a.shape}, expected {shape}"
         if not np.all(np.isfinite(a)):
             return f"'{name}.{k}' has non-finite values"
     return None
 
 
-def _check_local(content: RecordDict) -> str | None:
-    """Reply of ``train.fedcref_local``: k, identity key, version and the stacked models."""
+def _check_local(content: RecordDict, sizes: list[int] | None, hidden: list[int]
+                 ) -> str | None:
+    """Reply of ``train.fedcref_local``: k, identity key, version and the stacked models
+    (layer sizes ``sizes`` once known, else those its own input width implies)."""
     problem = _metrics(content, "k", "key", "version")
     if problem:
         return problem
     k = int(content.metric_records["metrics"]["k"])
     if k < 1:
         return f"k = {k} < 1"
-    if "models" not in content.array_records:
-        return None
-    if "clusters" not in content.array_records:
-        return "models without array record 'clusters'"
-    clusters = content.array_records["clusters"]["clusters"].numpy()
-    if clusters.ndim != 1 or np.any(clusters < 0) or np.any(clusters >= k):
-        return f"'clusters' must list local clusters in 0..{k - 1}, got {clusters.tolist()}"
-    if "W0" not in content.array_records["models"]:
-        return "'models' lacks 'W0'"
-    return _stacked(content, "models", len(clusters)) or _check_hist(content, k)
+    if "models" in content.array_records:
+        if "clusters" not in content.array_records:
+            return "models without array record 'clusters'"
+        clusters = content.array_records["clusters"]["clusters"].numpy()
+        if clusters.ndim != 1 or np.any(clusters < 0) or np.any(clusters >= k) \
+                or len(np.unique(clusters)) != len(clusters):
+            return (f"'clusters' must list distinct local clusters in 0..{k - 1}, got "
+                    f"{clusters.tolist()}")
+        w0 = content.array_records["models"].get("W0")
+        if w0 is None or w0.numpy().ndim != 3:
+            return "'models' lacks a 3-D 'W0'"
+        dims = sizes or ae.layer_sizes(int(w0.numpy().shape[1]), hidden)
+        problem = _models(content, "models", model_shapes(dims, len(clusters)))
+    return problem or _check_hist(content, k)
 
 
 def _check_hist(content: RecordDict, k: int) -> str | None:
@@ -132,11 +149,13 @@ def _check_accept(content: RecordDict, k: int, n_foreign: int) -> str | None:
     return None
 
 
-def _check_comm(content: RecordDict, n_comm: int) -> str | None:
-    """Reply of ``train.fedcref_comm``: one trained model and one count per community."""
-    problem = _stacked(content, "models", n_comm)
+def _check_comm(content: RecordDict, shapes: dict[str, tuple[int, ...]]) -> str | None:
+    """Reply of ``train.fedcref_comm``: the models it was sent (same names and shapes), trained,
+    and one sample count per community."""
+    problem = _models(content, "models", shapes)
     if problem:
         return problem
+    n_comm = shapes["W0"][0]
     if "counts" not in content.array_records:
         return "missing array record 'counts'"
     counts = content.array_records["counts"]["counts"].numpy()
@@ -203,7 +222,8 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     progress = Progress(cfg["fedcref.max-iterations"], "fedcref iteration")
     last: dict[str, Any] = {}
     stop_reason = "max-iterations"
-    layer = None
+    layer: list[int] | None = None
+    hidden = hidden_sizes(cfg)
     t = 0
     for t in range(1, cfg["fedcref.max-iterations"] + 1):
         rec: dict[str, Any] = {"iteration": t, "active_clients": len(active)}
@@ -215,8 +235,17 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
                 "active": nid in active, "iteration": t,
                 "seed": derive_seed(seed, t, 1)})})
 
+        def check_local(nid: int, content: RecordDict) -> str | None:
+            nonlocal layer     # the first valid model fixes the layer sizes of the run
+            problem = _check_local(content, layer, hidden)
+            if problem is None and layer is None and "models" in content.array_records:
+                layer = ae.layer_sizes(
+                    content.array_records["models"]["W0"].numpy().shape[1], hidden)
+            return problem
+
         ex = send_and_collect(grid, nodes, local_content, "train.fedcref_local", f"local-{t}",
-                              timeout, validate=_check_local)
+                              timeout)
+        check_each(ex, check_local, f"local-{t}")
         if not ex.replies:
             raise RuntimeError(
                 f"FedCRef iteration {t}: no client answered the local phase; reasons: "
@@ -242,8 +271,6 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
                 for i, q in enumerate(clusters):
                     store[(index[nid], int(q))] = (version, {
                         name: Array(mrec[name].numpy()[i:i + 1]) for name in mrec})
-                if layer is None and len(clusters):
-                    layer = ae.layer_sizes(mrec["W0"].numpy().shape[1], hidden_sizes(cfg))
             h = _hist(content)
             if h is not None:
                 hists[nid] = h
@@ -277,9 +304,8 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
 
             ex = send_and_collect(grid, responding, assoc_content, "query.fedcref_assoc",
                                   f"assoc-{t}", timeout)
-            for nid in list(ex.replies):
-                reject(ex, nid, _check_accept(ex.replies[nid], ks[nid], len(foreign(nid))),
-                        f"assoc-{t}")
+            check_each(ex, lambda nid, c: _check_accept(c, ks[nid], len(foreign(nid))),
+                       f"assoc-{t}")
             traffic.add("cross_evaluation", ex)
             retry = {}
             for nid, content in ex.replies.items():
@@ -295,10 +321,9 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
                 ex2 = send_and_collect(grid, list(retry),
                                        lambda nid, retry=retry: assoc_content(nid, retry[nid]),
                                        "query.fedcref_assoc", f"assoc-{t}-resend", timeout)
-                for nid in list(ex2.replies):
-                    reject(ex2, nid, _check_accept(ex2.replies[nid], ks[nid], len(foreign(nid)))
-                            or ("still missing models" if "accept" not in
-                                ex2.replies[nid].array_records else None), f"assoc-{t}-resend")
+                check_each(ex2, lambda nid, c: _check_accept(c, ks[nid], len(foreign(nid)))
+                           or (None if "accept" in c.array_records else "still missing models"),
+                           f"assoc-{t}-resend")
                 traffic.add("cross_evaluation", ex2)
                 replies.update(ex2.replies)
                 failed.update(ex2.failed)
@@ -374,9 +399,10 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
                 targets = [nodes[ci] for ci in sorted(by_client)]
                 ex = send_and_collect(grid, targets, comm_content, "train.fedcref_comm",
                                       f"comm-{t}-{rnd}", timeout)
-                for nid in list(ex.replies):
-                    reject(ex, nid, _check_comm(ex.replies[nid], len(by_client[index[nid]])),
-                            f"comm-{t}-{rnd}")
+                sent_shapes = {nid: model_shapes(layer, len(by_client[index[nid]]))
+                               for nid in targets}
+                check_each(ex, lambda nid, c, shapes=sent_shapes: _check_comm(c, shapes[nid]),
+                           f"comm-{t}-{rnd}")
                 traffic.add("community_training", ex)
                 dropped_now["comm"] = {**ex.failed, **dropped_now.get("comm", {})}
                 contributions: dict[int, list[tuple[ae.Params, float]]] = {}
@@ -452,7 +478,8 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         "iterations": t, "stop_reason": stop_reason,
         "communities": last.get("communities"), "isolated_start": iso_start,
         "isolated_first": iso_first, "isolated_end": last.get("isolated"),
-        "active_clients": len(active),
+        "active_clients": len(active & set(responding)),
+        "active_unresponsive": sorted(active - set(responding)),
         "bytes_sent": traffic.sent, "bytes_received": traffic.received,
         "seconds": traffic.seconds, "client_seconds": traffic.client_seconds,
         "dropped_nodes": sorted(dropped), "association": mode,

@@ -102,7 +102,7 @@ def test_deployment_insecure_matches_simulation(tmp_path):
     run_methods_on_deployment(tmp_path, tls=False, reference="simulation")
 
 
-def test_deployment_tls_and_supernode_auth_matches_simulation(tmp_path):
+def test_deployment_tls_and_supernode_auth_matches_inprocess(tmp_path):
     # reference: the in-process grid (equal to the Simulation Engine, tests/test_flwr_smoke_fcm)
     run_methods_on_deployment(tmp_path, tls=True, reference="inprocess")
 

@@ -181,3 +181,14 @@ def test_scaling_reply_with_another_feature_count_is_rejected(tmp_path, fedclust
     assert any(f"node {BAD} dropped: rejected reply: 2 features where the other clients have 3"
                in m for m in fedclust_log), fedclust_log[-3:]
     assert np.load(tmp_path / "centers.npy").shape[1] == 3
+
+
+def test_check_each_rejects_a_reply_whose_check_raises():
+    """Per-node checks after an exchange: a reply malformed beyond what the check expected
+    (here a missing record) is rejected with the reason, never crashes the server loop."""
+    from strategies.common import Exchange, check_each
+
+    ex = Exchange(replies={1: RecordDict(), 2: RecordDict()})
+    check_each(ex, lambda nid, c: c.array_records["accept"]["accept"] if nid == 1 else None, "p")
+    assert list(ex.replies) == [2]
+    assert ex.failed[1].startswith("rejected reply: check raised KeyError")
