@@ -56,7 +56,7 @@ from fedclust.data.tabular import Dataset, load_dataset  # noqa: E402
 from fedclust.fedfcm import average, center_shift, labels_from_centers, local_step  # noqa: E402
 from fedclust.metrics import contingency  # noqa: E402
 from fedclust.validity import DBStatistics, choose_k, db_statistics, federated_fuzzy_db  # noqa: E402
-from strategies.fcm_common import eval_ari  # noqa: E402
+from strategies.fcm_common import combine_scaling, eval_ari  # noqa: E402
 
 DIMS = (2, 4, 8, 16, 32, 64, 128, 256)
 SIGMAS = tuple(range(10, 101, 10))
@@ -109,12 +109,7 @@ def server_scaling(parts: list[np.ndarray], kind: str):
         else:
             stats.append(scaling.ColumnStats(0, st.min, st.max, np.zeros_like(st.min),
                                              np.zeros_like(st.min)))
-    total = scaling.combine(stats) if kind == "standard" else scaling.ColumnStats(
-        0, np.min([s.min for s in stats], axis=0), np.max([s.max for s in stats], axis=0),
-        np.zeros_like(stats[0].min), np.zeros_like(stats[0].min))
-    shift, scale = scaling.scaler(total, kind)
-    low, high = (total.min - shift) / scale, (total.max - shift) / scale
-    return shift, scale, low, high
+    return combine_scaling(stats, kind)
 
 
 def fedfcm_job(ds: Dataset, cfg: dict[str, Any], cache: LocalStepCache | None = None

@@ -52,12 +52,18 @@ def federated_scaling(grid: Grid, nodes: list[int], cfg: dict[str, Any]) -> Scal
         else:
             lo, hi = rec["min"].numpy(), rec["max"].numpy()
             stats.append(scaling.ColumnStats(0, lo, hi, np.zeros_like(lo), np.zeros_like(lo)))
+    return Scaling(*combine_scaling(stats, kind), ex)
+
+
+def combine_scaling(stats: list[scaling.ColumnStats], kind: str
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The server's side of the scaling phase: ``(shift, scale)`` from the clients' statistics
+    and the federated bounds ``(low, high)`` in the scaled space."""
     total = scaling.combine(stats) if kind == "standard" else scaling.ColumnStats(
         0, np.min([s.min for s in stats], axis=0), np.max([s.max for s in stats], axis=0),
         np.zeros_like(stats[0].min), np.zeros_like(stats[0].min))
     shift, scale = scaling.scaler(total, kind)
-    low, high = (total.min - shift) / scale, (total.max - shift) / scale
-    return Scaling(shift, scale, low, high, ex)
+    return shift, scale, (total.min - shift) / scale, (total.max - shift) / scale
 
 
 def _stats_ok(content: RecordDict) -> str | None:
