@@ -18,7 +18,7 @@ Rounds (global epochs) ``r = 0 … R−1``:
 
 Finally every client evaluates its cluster model on its test split (evaluation path).
 
-Every reply is checked (:mod:`fedclust.emdcfl.replies`): an error reply, a late one or one of
+Every reply is checked (:mod:`strategies.emdcfl_replies`): an error reply, a late one or one of
 the wrong shape is rejected with a logged reason, the node is named in ``history.jsonl``
 ``dropped_nodes`` (node id → reason) and the phase continues with the others. A phase that
 keeps no client stops the run with a RuntimeError naming the phase and every node's reason.
@@ -44,10 +44,10 @@ from fedclust.emdcfl.cluster import (
 from fedclust.emdcfl.distance import pairwise_wasserstein
 from fedclust.emdcfl.model import init_weights
 from fedclust.emdcfl.privacy import projection_dim
-from fedclust.emdcfl.replies import embed_reply, eval_reply, train_reply
 from fedclust.metrics import adjusted_rand
 from fedclust.results import Progress, RunRecorder
 from strategies.common import Exchange, arrays, check_each, connected_clients, send_and_collect
+from strategies.emdcfl_replies import embed_reply, eval_reply, train_reply
 
 LOG = logging.getLogger("fedclust")
 Weights = list[np.ndarray]

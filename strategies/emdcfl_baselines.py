@@ -14,7 +14,7 @@ All run through the same ClientApp actions as EMD-CFL (``train.emdcfl_local``,
 
 Every client trains every round (``emdcfl.clients-per-round`` must be 0: checked in
 ``fedclust.emdcfl.keys.check``). Replies are checked as in EMD-CFL
-(:mod:`fedclust.emdcfl.replies`); ``dropped_nodes`` in ``history.jsonl`` maps node → reason.
+(:mod:`strategies.emdcfl_replies`); ``dropped_nodes`` in ``history.jsonl`` maps node → reason.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from fedclust.emdcfl.cluster import cluster_fedavg
 from fedclust.emdcfl.data import GROUND_TRUTH
 from fedclust.emdcfl.keys import dataset_name
 from fedclust.emdcfl.model import init_weights
-from fedclust.emdcfl.replies import group_reply, ifca_reply
 from fedclust.results import Progress, RunRecorder
 from strategies.common import connected_clients, send_and_collect
 from strategies.emdcfl import (
@@ -46,6 +45,7 @@ from strategies.emdcfl import (
     spec_of,
     train_round,
 )
+from strategies.emdcfl_replies import group_reply, ifca_reply
 
 
 def _truth(grid: Grid, nodes: list[int], cfg: dict[str, Any], traffic: Traffic

@@ -122,7 +122,7 @@ def _train_content(shapes, *, dtype=np.float32, loss=0.5, n=10, pub=32):
 
 
 def test_train_reply_check_covers_shapes_dtypes_metrics_and_the_public_key():
-    from fedclust.emdcfl.replies import train_reply
+    from strategies.emdcfl_replies import train_reply
 
     shapes = [(2, 3), (3,)]
     check = train_reply(shapes, keygen=True)
@@ -137,7 +137,7 @@ def test_train_reply_check_covers_shapes_dtypes_metrics_and_the_public_key():
 
 
 def test_embed_reply_check_covers_peers_projection_width_and_sample_cap():
-    from fedclust.emdcfl.replies import embed_reply
+    from strategies.emdcfl_replies import embed_reply
 
     def content(peers, width=5, rows=4):
         arrs = {str(p): Array(np.ones((rows, width), np.float32)) for p in peers}

@@ -1,5 +1,7 @@
 """Checks of client replies for EMD-CFL and its baselines (``validate=`` of ``send_and_collect``).
 
+Lives in strategies/ (not fedclust/) because it reads Flower RecordDicts.
+
 A reply that fails a check is rejected with the returned reason, logged, and its node is
 recorded in ``history.jsonl`` ``dropped_nodes``; the phase continues with the other clients.
 Each check covers every record, key, dtype, shape and value range that the server loop reads
