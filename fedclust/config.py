@@ -98,8 +98,17 @@ def _message(key: Key, raw: Any, problem: str) -> str:
         f"run config '{key.name}' = {raw!r} is invalid ({problem}). "
         f"Allowed: {key.allowed()} — {key.help}. "
         f"Fix: pass e.g. --run-config '{key.name}={_toml(key.default)}' "
-        f"or the Hydra override {key.name}={_toml(key.default)}."
+        f"or the Hydra override {_hydra_override(key)}."
     )
+
+
+def _hydra_override(key: Key) -> str:
+    """The ``fedclust-sweep`` form of ``key``: run-config keys live under ``app.``; the method
+    is chosen with its config group."""
+    if key.name == "method":
+        return f"method={key.default}"
+    value = key.default if isinstance(key.default, str) else _toml(key.default)
+    return f"app.{key.name}={value}" if value != "" else f"app.{key.name}=''"
 
 
 def _toml(value: Scalar) -> str:

@@ -251,11 +251,38 @@ class FuzzyCMeans:
     shifts_ : list of float
     """
 
+    _PARAMS = ("n_clusters", "m", "tol", "max_iter", "init", "random_state")
+
     def __init__(self, n_clusters: int = 3, m: float = 2.0, tol: float = 0.005,
                  max_iter: int = 30, init: str | ArrayLike = "uniform",
                  random_state: int | np.random.Generator | None = None) -> None:
         self.n_clusters, self.m, self.tol, self.max_iter = n_clusters, m, tol, max_iter
         self.init, self.random_state = init, random_state
+
+    # scikit-learn's estimator protocol (``clone``, grid search) without importing sklearn on
+    # the client path: clients construct this class in every message.
+    def get_params(self, deep: bool = True) -> dict[str, object]:
+        """Constructor parameters, as :meth:`sklearn.base.BaseEstimator.get_params`."""
+        return {name: getattr(self, name) for name in self._PARAMS}
+
+    def set_params(self, **params: object) -> FuzzyCMeans:
+        """Set constructor parameters; unknown names raise ``ValueError``."""
+        for name, value in params.items():
+            if name not in self._PARAMS:
+                raise ValueError(f"invalid parameter {name!r} for FuzzyCMeans; "
+                                 f"valid: {', '.join(self._PARAMS)}")
+            setattr(self, name, value)
+        return self
+
+    def __repr__(self) -> str:
+        return f"FuzzyCMeans({', '.join(f'{k}={v!r}' for k, v in self.get_params().items())})"
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "cluster_centers_"):
+            from sklearn.exceptions import NotFittedError
+
+            raise NotFittedError("This FuzzyCMeans instance is not fitted yet: call fit(X) "
+                                 "before predict or predict_proba.")
 
     def _validate(self, x: Float) -> None:
         if not isinstance(self.n_clusters, (int, np.integer)) or self.n_clusters < 1:
@@ -293,10 +320,12 @@ class FuzzyCMeans:
 
     def predict_proba(self, x: ArrayLike) -> Float:
         """Memberships ``(n, n_clusters)``; rows sum to 1."""
+        self._check_fitted()
         return memberships(x, self.cluster_centers_, self.m)
 
     def predict(self, x: ArrayLike) -> NDArray[np.int64]:
         """Index of the highest membership (= the nearest center)."""
+        self._check_fitted()
         return squared_distances(_as_2d(x), self.cluster_centers_).argmin(axis=1)
 
     def fit_predict(self, x: ArrayLike, y: object = None) -> NDArray[np.int64]:

@@ -64,14 +64,19 @@ def support_weighted_average(local_centers: Sequence[Float], supports: Sequence[
     return out
 
 
-def average(method: str, local_centers: Sequence[Float], supports: Sequence[Float],
+def average(method: str, local_centers: Sequence[Float], supports: Sequence[Float] | None,
             n_clusters: int, previous: Float | None, random_state: int = 0) -> Float:
-    """Dispatch to :func:`kmeans_average` or :func:`support_weighted_average`."""
+    """Dispatch to :func:`kmeans_average` or :func:`support_weighted_average`.
+
+    Only federated averaging uses ``supports``; k-means averaging needs the local centers alone
+    (paper 003 shares nothing else), so clients send supports only for ``method="fedavg"``.
+    """
     if method == "kmeans":
         return kmeans_average(local_centers, n_clusters, previous, random_state)
     if method == "fedavg":
-        if previous is None:
-            raise ValueError("federated averaging needs the previous global centers")
+        if previous is None or supports is None:
+            raise ValueError("federated averaging needs the previous global centers and the "
+                             "local supports")
         return support_weighted_average(local_centers, supports, previous)
     raise ValueError(f"averaging must be one of {AVERAGING}, got {method!r}")
 

@@ -73,9 +73,9 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     """Run one composed job; return its summary."""
     run_config = flatten(OmegaConf.to_container(cfg.app, resolve=True))
     n = int(cfg.num_supernodes or run_config.get("num-clients", 5))
-    from fedclust.config import validate
+    from server_app.app import check_run_config
 
-    validate(run_config)      # fail fast, before starting any engine
+    check_run_config(run_config)      # fail fast (keys, data files), before starting any engine
     if cfg.engine == "inprocess":
         from server_app.inprocess import run_server
 

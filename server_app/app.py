@@ -45,14 +45,24 @@ def output_dir(cfg: dict[str, Any]) -> Path:
     return Path.home() / "fedclust-runs" / cfg["method"] / name
 
 
-def run_method(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
-    """Validate, preflight, run the method's server loop and write ``summary.json``."""
-    _setup_logging()
-    cfg = validate(run_config)            # bad input stops here, before any work
+def check_run_config(run_config: dict[str, Any]) -> dict[str, Any]:
+    """Validate ``run_config`` and run the method's preflight (e.g. data files exist).
+
+    Bad input stops here, before any engine starts or any message is sent; returns the typed
+    config.
+    """
+    cfg = validate(run_config)
     spec = METHODS[cfg["method"]]
     if spec.preflight:
         _load(spec.preflight)(cfg)
-    runner = _load(spec.runner)
+    return cfg
+
+
+def run_method(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
+    """Validate, preflight, run the method's server loop and write ``summary.json``."""
+    _setup_logging()
+    cfg = check_run_config(run_config)
+    runner = _load(METHODS[cfg["method"]].runner)
     recorder = RunRecorder(output_dir(cfg), cfg["method"], cfg["dataset"], cfg["seed"],
                            cfg["num-clients"], cfg)
     LOG.info("method=%s dataset=%s clients=%s -> %s", cfg["method"], cfg["dataset"],

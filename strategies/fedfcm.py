@@ -39,11 +39,13 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     dropped_all = set(sc.exchange.failed)
     traffic = [sc.exchange.bytes_sent, sc.exchange.bytes_received]
     progress = Progress(cfg["fedfcm.max-rounds"], "fedfcm round")
+    needs_support = cfg["fedfcm.averaging"] == "fedavg"
     for rnd in range(1, cfg["fedfcm.max-rounds"] + 1):
         content = RecordDict({"centers": arrays(**{_key(k): centers[k] for k in sorted(active)}),
                               "scaling": sc.record()})
         ex = send_and_collect(grid, nodes, content, "train.fedfcm_local", f"round-{rnd}",
-                              cfg["timeout"], validate=_local_ok(sorted(active), centers))
+                              cfg["timeout"],
+                              validate=_local_ok(sorted(active), centers, needs_support))
         traffic[0] += ex.bytes_sent
         traffic[1] += ex.bytes_received
         dropped_all |= set(ex.failed)
@@ -51,8 +53,8 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         if ex.replies:
             for k in sorted(active):
                 locals_ = [r.array_records["local"][_key(k)].numpy() for r in ex.replies.values()]
-                supports = [r.array_records["local"][f"{_key(k)}.support"].numpy()
-                            for r in ex.replies.values()]
+                supports = ([r.array_records["local"][f"{_key(k)}.support"].numpy()
+                             for r in ex.replies.values()] if needs_support else None)
                 seed = int(cfg["seed"]) * 1000 + k
                 new = average(cfg["fedfcm.averaging"], locals_, supports, k, previous[k], seed)
                 shifts[k] = center_shift(centers[k], new)
@@ -116,14 +118,16 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     return metrics
 
 
-def _local_ok(ks: list[int], centers: dict[int, np.ndarray]):
+def _local_ok(ks: list[int], centers: dict[int, np.ndarray], needs_support: bool):
     def check(content: RecordDict) -> str | None:
         if "local" not in content.array_records:
             return "missing 'local'"
         rec = content.array_records["local"]
         for k in ks:
-            if _key(k) not in rec or f"{_key(k)}.support" not in rec:
+            if _key(k) not in rec:
                 return f"no local centers for K={k}"
+            if needs_support and f"{_key(k)}.support" not in rec:
+                return f"no supports for K={k} (federated averaging needs them)"
             a = rec[_key(k)].numpy()
             if a.shape != centers[k].shape or not np.all(np.isfinite(a)):
                 return f"local centers for K={k} have shape {a.shape} or non-finite values"

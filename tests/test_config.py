@@ -85,3 +85,24 @@ def test_client_refuses_a_partition_count_other_than_num_clients():
                   state=RecordDict(), run_config={})
     with pytest.raises(ValueError, match="num-supernodes=3"):
         load_client_data(ctx, cfg)
+
+
+@pytest.mark.parametrize("override", [{"fcm.m": 0.5}, {"partition.kind": "random"},
+                                      {"method": "kmeans"}, {"evaluate": "maybe"},
+                                      {"fcm.fraction": 1.5}])
+def test_the_suggested_hydra_override_composes(override):
+    """The error's 'Hydra override' must work on `fedclust-sweep` as printed."""
+    import re
+
+    from hydra import compose, initialize_config_dir
+
+    from fedclust.sweep import CONF_DIR, flatten
+
+    with pytest.raises(ConfigError) as err:
+        validate(override)
+    fix = re.search(r"Hydra override (\S+?)\.?$", str(err.value)).group(1)
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cfg = compose("config", overrides=[fix])
+    from omegaconf import OmegaConf
+
+    validate(flatten(OmegaConf.to_container(cfg.app, resolve=False)) | {"output-dir": "x"})

@@ -79,16 +79,30 @@ def test_privacy_guard_withholds_tiny_clients(tmp_path):
     assert history[0]["withheld"] == 0 and history[0]["contributed"] == 12
 
 
-@pytest.mark.parametrize("q", [1.0, 2.0])
-def test_fedfuzzdb_equals_central_index_on_pooled_data(q):
+def central_fuzzy_db_by_definition(x, centers, m, p, q):
+    """Paper 003 eqs. 7-13 on pooled data, written out independently of fedclust.validity."""
+    n, k = x.shape[0], centers.shape[0]
+    dist = np.linalg.norm(x[:, None, :] - centers[None, :, :], axis=2)          # (n, K)
+    u = 1.0 / ((dist[:, :, None] / dist[:, None, :]) ** (2 / (m - 1))).sum(axis=2)
+    s = u.sum(0) / n * ((dist**q).sum(0) / n) ** (1 / q)                         # eq. 12-13
+    r = np.zeros(k)
+    for i in range(k):
+        r[i] = max((s[i] + s[j]) / (np.abs(centers[i] - centers[j]) ** p).sum() ** (1 / p)
+                   for j in range(k) if j != i)
+    return r.mean()
+
+
+@pytest.mark.parametrize("p, q, m", [(2.0, 1.0, 2.0), (2.0, 2.0, 2.0), (1.0, 1.0, 1.5)])
+def test_fedfuzzdb_equals_central_index_on_pooled_data(p, q, m):
     from sklearn.datasets import make_blobs
 
     x, y = make_blobs(900, centers=4, n_features=3, random_state=5)
     centers = fcm.FuzzyCMeans(4, random_state=0, max_iter=50).fit(x).cluster_centers_
+    central = central_fuzzy_db_by_definition(x, centers, m, p, q)
+    assert abs(fuzzy_db(x, centers, m, p, q) - central) < 1e-9
     for parts in (partition.iid(900, 9, 1), partition.dirichlet(y, 6, 0.2, 2)):
-        stats = [db_statistics(x[p], centers, 2.0, q) for p in parts]
-        assert abs(federated_fuzzy_db(stats, centers, 2.0, q) - fuzzy_db(x, centers, 2.0, 2.0, q)
-                   ) < 1e-9
+        stats = [db_statistics(x[i], centers, m, q) for i in parts]
+        assert abs(federated_fuzzy_db(stats, centers, p, q) - central) < 1e-9
 
 
 def test_fuzzy_db_matches_its_definition():
@@ -100,3 +114,22 @@ def test_fuzzy_db_matches_its_definition():
     r = [max((s[i] + s[j]) / np.linalg.norm(c[i] - c[j]) for j in range(3) if j != i)
          for i in range(3)]
     assert abs(fuzzy_db(x, c) - np.mean(r)) < 1e-12
+
+
+def test_participants_are_resampled_every_round_and_init_lies_in_the_federated_bounds(tmp_path):
+    picked: dict[str, set[int]] = {}
+
+    def inspect(msg, rep):
+        if msg.metadata.message_type == "query.fcm_sums":
+            picked.setdefault(msg.metadata.group_id, set()).add(msg.metadata.dst_node_id)
+
+    cfg = {"method": "exact-fcm", "num-clients": 8, "fcm.fraction": 0.25, "fcm.epsilon": 0.0,
+           "fcm.max-rounds": 6, "scaling": "none", "output-dir": str(tmp_path), "plots": False}
+    run_server(cfg, inspect=inspect)
+    assert len(picked) == 6 and all(len(s) == 2 for s in picked.values())
+    assert len({frozenset(s) for s in picked.values()}) > 1          # γ resampled each round
+    from fedclust.config import validate
+
+    x = load_dataset(validate(cfg)).x
+    init = np.load(tmp_path / "initial_centers.npy")
+    assert np.all(init >= x.min(0)) and np.all(init <= x.max(0))

@@ -102,3 +102,22 @@ def test_local_sums_do_not_depend_on_threads_or_block_size():
     assert np.array_equal(one[0], two[0]) and np.array_equal(one[1], two[1])   # bitwise
     big = fcm.local_sums(x, v, chunk_size=50_000)
     np.testing.assert_allclose(big[1], one[1], rtol=1e-12)
+
+
+def test_estimator_follows_the_scikit_learn_protocol():
+    from sklearn.base import clone
+    from sklearn.exceptions import NotFittedError
+
+    est = fcm.FuzzyCMeans(4, m=1.7, tol=1e-4, init="k-means++", random_state=3)
+    twin = clone(est)
+    assert twin is not est and twin.get_params() == est.get_params()
+    assert twin.set_params(n_clusters=2).n_clusters == 2 and est.n_clusters == 4
+    with pytest.raises(ValueError, match="invalid parameter"):
+        est.set_params(clusters=2)
+    x = np.random.default_rng(1).normal(size=(50, 2))
+    with pytest.raises(NotFittedError, match="fit"):
+        est.predict(x)
+    with pytest.raises(NotFittedError):
+        est.predict_proba(x)
+    labels = est.fit_predict(x)
+    assert labels.shape == (50,) and set(labels) <= set(range(4))

@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+import pytest
 
 from fedclust.fedfcm import fedfcm_simulate, kmeans_average, support_weighted_average
 from fedclust.validity import choose_k, elbow
@@ -77,3 +78,32 @@ def test_dropped_client_is_recorded_and_the_run_completes(tmp_path):
     assert "1002" in history[0]["dropped_nodes"]
     assert 1002 in summary["metrics"]["dropped_nodes"]
     assert summary["metrics"]["best_k"] == 4
+
+
+@pytest.mark.parametrize("averaging, sends_support", [("kmeans", False), ("fedavg", True)])
+def test_local_replies_carry_supports_only_for_federated_averaging(tmp_path, averaging,
+                                                                   sends_support):
+    """Paper 003: k-means averaging shares the local centers and nothing else."""
+    keys = []
+
+    def inspect(msg, rep):
+        if msg.metadata.message_type == "train.fedfcm_local" and rep.has_content():
+            keys.extend(rep.content.array_records["local"].keys())
+
+    summary, _ = run_server({"method": "fedfcm", "dataset": "motivational",
+                             "partition.kind": "recipe", "num-clients": 3, "fedfcm.k-max": 3,
+                             "fedfcm.averaging": averaging, "plots": False,
+                             "output-dir": str(tmp_path)}, inspect=inspect)
+    assert keys and any(k.endswith(".support") for k in keys) == sends_support
+    assert summary["metrics"]["best_k"] in (2, 3)
+
+
+def test_kmeans_averaging_after_round_one_starts_from_the_previous_centers():
+    """Rounds > 1 initialise k-means with the previous global centers: center k stays center k."""
+    truth = np.array([[0.0, 0.0], [5.0, 5.0], [10.0, 0.0]])
+    rng = np.random.default_rng(1)
+    locals_ = [truth[rng.permutation(3)] + rng.normal(scale=0.01, size=(3, 2)) for _ in range(4)]
+    for order in ([2, 0, 1], [1, 2, 0], [0, 1, 2]):
+        previous = truth[order] + 0.3
+        got = kmeans_average(locals_, 3, previous=previous, random_state=0)
+        assert np.abs(got - truth[order]).max() < 0.05

@@ -24,6 +24,12 @@ PAPER_004 = {  # Table 1: ARI(gamma) and ||V_fed - V_sum||_F for gamma = .25 .5 
 PAPER_003_T1 = {"central": [0.8707, 0.5687, 0.4869, 0.4348, 0.5440, 0.6707, 0.5680],
                 "kmeans": [0.8179, 0.6055, 0.4951, 0.4289, 0.6202, 0.5072, 0.6221],
                 "fedavg": [1.0047, 0.9143, 1.1683, 2.9158, 1.5063, 0.9248, 1.2115]}
+PAPER_003_LOCAL = {  # Tables 1-2: local clients 1-3, K = 2..5
+    "kmeans": [[0.6426, 0.6437, 0.6381], [0.7289, 0.6991, 0.7704], [1.0637, 1.0706, 1.1248],
+               [0.9260, 0.8927, 0.9496]],
+    "fedavg": [[1.0356, 0.8620, 0.9685], [0.8880, 0.8370, 0.8647], [1.1924, 0.9221, 1.1662],
+               [2.8867, 2.4132, 2.9538]]}
+PAPER_004_GAMMAS = (0.25, 0.5, 0.75, 1.0)
 PAPER_003_T3 = {"kmeans": {1: 92.9, 2: 91.4, 5: 88.0, 10: 87.2},
                 "fedavg": {2: 90.4, 5: 89.5, 10: 88.9}}
 
@@ -61,13 +67,15 @@ def fcm_table1(dirs: list[str]) -> str:
     lines = ["| dataset | γ | ARI (ours, mean ± 95% CI) | ARI (paper) | ‖V_fed − V_sum‖_F (ours) "
              "| (paper) | rounds | seeds |", "|---|---|---|---|---|---|---|---|"]
     for name in PAPER_004:
-        for gi, g in enumerate(gammas):
+        for g in gammas:
             r = rows.get((name, g))
             if not r:
                 continue
             pa, pd = PAPER_004[name]
-            lines.append(f"| {name} | {g} | {format_ci(r['ari'], 5)} | {pa[gi]:.5f} | "
-                         f"{format_ci(r['dist'], 5)} | {pd[gi]:.5f} | {np.mean(r['rounds']):.1f} | "
+            gi = PAPER_004_GAMMAS.index(g) if g in PAPER_004_GAMMAS else None
+            paper = [f"{pa[gi]:.5f}", f"{pd[gi]:.5f}"] if gi is not None else ["—", "—"]
+            lines.append(f"| {name} | {g} | {format_ci(r['ari'], 5)} | {paper[0]} | "
+                         f"{format_ci(r['dist'], 5)} | {paper[1]} | {np.mean(r['rounds']):.1f} | "
                          f"{len(r['ari'])} |")
     return "\n".join(lines)
 
@@ -113,12 +121,15 @@ def fedfcm_table1(dirs: list[str], plot: str = "") -> str:
         out.append(f"**{avg} averaging** ({len(runs)} seeds): federated argmin K = "
                    f"{_counts(best)}; clients' local argmin K = {_counts(lbest)}\n")
         out.append("| K | federated (ours) | federated (paper) | central (ours) | central (paper) "
-                   "| local client 1 "
-                   "| local client 2 | local client 3 |")
+                   "| local client 1 (ours / paper) "
+                   "| local client 2 (ours / paper) | local client 3 (ours / paper) |")
         out.append("|---|---|---|---|---|---|---|---|")
+        paper_local = PAPER_003_LOCAL[avg]
         for i, k in enumerate(ks):
-            loc = [f"{np.nanmean(local[:, c, i]):.4f}" if np.isfinite(local[:, c, i]).any()
-                   else "—" for c in range(local.shape[1])]
+            loc = [(f"{np.nanmean(local[:, c, i]):.4f}" if np.isfinite(local[:, c, i]).any()
+                    else "—") + (f" / {paper_local[k - 2][c]:.4f}"
+                                 if 2 <= k < 2 + len(paper_local) and c < 3 else "")
+                   for c in range(local.shape[1])]
             out.append(f"| {k} | {format_ci(list(fed[:, i]), 4)} | "
                        f"{PAPER_003_T1[avg][i]:.4f} | {central[i]:.4f} | "
                        f"{PAPER_003_T1['central'][i]:.4f} | " + " | ".join(loc) + " |")
