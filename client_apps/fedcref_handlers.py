@@ -86,14 +86,39 @@ def _init_state(context: Context, cfg: dict[str, Any], x: np.ndarray, y: np.ndar
                 k: int, seed: int) -> core.ClientState:
     kind = cfg["fedcref.init"]
     estimate = cfg["fedcref.estimate-k"] or k == 0
-    if kind == "dirty" and y is None:
-        y = _data(context, {**cfg, "evaluate": True})[1]
+    if kind == "dirty":
+        if y is None:
+            y = _data(context, {**cfg, "evaluate": True})[1]
+        k = dirty_k(y, k, context.node_config.get("data-path"))
     labels = initial_clustering(
         kind, x, max(k, 2), y_true=y, dirtiness=cfg["fedcref.dirtiness"],
         estimate_k=estimate and kind != "dirty", k_max=cfg["fedcref.k-estimate-max"],
         dec_options={"pretrain_epochs": cfg["fedcref.dec-pretrain-epochs"],
                      "maxiter": cfg["fedcref.dec-maxiter"]}, random_state=seed)
     return core.ClientState(labels=labels, k=int(labels.max()) + 1 if kind != "dirty" else k)
+
+
+def dirty_k(y: np.ndarray | None, k: int, where: Any = None) -> int:
+    """K_i of the ``dirty`` start: the number of true classes on the client.
+
+    The dirty split is built from the client's true classes (a simulation), so K_i is not
+    free: a node-config ``num-clusters`` must agree with it, and a node without classes
+    cannot use it.
+    """
+    src = f"data file {where}" if where else "this client's data"
+    if y is None or len(y) == 0:
+        raise ValueError(
+            f"fedcref.init='dirty' builds the start from the true classes, but {src} has none "
+            "(no 'y' array). Fix: give the node's .npz a 'y' array, or use "
+            "fedcref.init='kmeans' or 'dec' (K_i from the node-config key num-clusters, or "
+            "estimated by silhouette when it is absent).")
+    n_true = int(np.unique(y).size)
+    if k and k != n_true:
+        raise ValueError(
+            f"node-config num-clusters={k} but {src} holds {n_true} classes, which is the "
+            "dirty start's K_i. Fix: drop num-clusters from the node config or set it to "
+            f"{n_true}.")
+    return n_true
 
 
 def _setup(msg: Message, context: Context) -> tuple[dict, np.ndarray, np.ndarray | None,
