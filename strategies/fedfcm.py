@@ -74,8 +74,14 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     # FedFuzzDB (eq. 15-17) and optional local index / evaluation tables, every K in one message.
     content = RecordDict({"centers": arrays(**{_key(k): centers[k] for k in ks}),
                           "scaling": sc.record()})
+    index_progress = Progress(1, "fedfuzzdb")
+    index_progress.logger.info("fedfuzzdb: asking %d clients for the index statistics of K %d..%d%s",
+                               len(nodes), ks[0], ks[-1],
+                               " and their local index" if cfg["fedfcm.local-index"] else "")
     ex = send_and_collect(grid, nodes, content, "query.fedfcm_db", "fedfuzzdb", cfg["timeout"],
                           validate=_db_ok(ks))
+    index_progress.step(1, f"K {ks[0]}..{ks[-1]} scored | {len(ex.replies)} clients"
+                        + (" (with local index)" if cfg["fedfcm.local-index"] else ""))
     dropped_all |= set(ex.failed)
     fed_db, local_db, aris = [], {}, {}
     for k in ks:
