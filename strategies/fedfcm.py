@@ -75,7 +75,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     content = RecordDict({"centers": arrays(**{_key(k): centers[k] for k in ks}),
                           "scaling": sc.record()})
     index_progress = Progress(1, "fedfuzzdb")
-    index_progress.logger.info("fedfuzzdb: asking %d clients for the index statistics of K %d..%d%s",
+    index_progress.logger.info("fedfuzzdb: asking %d clients for the statistics of K %d..%d%s",
                                len(nodes), ks[0], ks[-1],
                                " and their local index" if cfg["fedfcm.local-index"] else "")
     ex = send_and_collect(grid, nodes, content, "query.fedfcm_db", "fedfuzzdb", cfg["timeout"],
