@@ -36,15 +36,48 @@ def test_wasserstein_is_zero_on_identical_clouds_and_the_shift_length_under_tran
     assert wasserstein(q, -q, metric="cosine") > 1.9       # opposite directions: cos dist ~2
 
 
-def test_sinkhorn_is_close_to_exact_and_non_convergence_is_an_error():
+def test_sinkhorn_is_close_to_exact_and_exact_non_convergence_is_an_error():
     rng = np.random.default_rng(1)
     p, q = rng.normal(size=(60, 4)), rng.normal(size=(50, 4)) + 1.0
     exact = wasserstein(p, q, metric="euclidean")
     approx = wasserstein(p, q, metric="euclidean", solver="sinkhorn", reg=0.01)
     assert approx == pytest.approx(exact, rel=0.1)
     big = rng.normal(size=(300, 4))
-    with pytest.raises(EMDError, match="num-itermax"):
+    with pytest.raises(EMDError, match="exact EMD did not converge.*num-itermax"):
         wasserstein(big, big + 0.1, metric="euclidean", num_itermax=5)
+
+
+def test_sinkhorn_non_convergence_and_underflow_are_errors():
+    rng = np.random.default_rng(3)
+    p, q = rng.normal(size=(60, 4)), rng.normal(size=(50, 4)) + 1.0
+    with pytest.raises(EMDError, match="Sinkhorn did not converge in 3 iterations"):
+        wasserstein(p, q, metric="euclidean", solver="sinkhorn", reg=0.01, num_itermax=3)
+    # the same pair converges with POT's iteration budget: the limit, not the data, failed
+    assert np.isfinite(wasserstein(p, q, metric="euclidean", solver="sinkhorn", reg=0.01))
+    with pytest.raises(EMDError, match="numerical errors.*sinkhorn-reg"):
+        wasserstein(p, q + 30.0, metric="euclidean", solver="sinkhorn", reg=1e-4)
+
+
+def test_sinkhorn_passes_other_warnings_on(monkeypatch):
+    """A warning that is not POT's convergence warning (here numpy's divide-by-zero text) is
+    re-emitted, not reported as non-convergence."""
+    import warnings
+
+    import ot
+
+    rng = np.random.default_rng(4)
+    p, q = rng.normal(size=(40, 3)), rng.normal(size=(30, 3))
+    quiet = wasserstein(p, q, metric="euclidean", solver="sinkhorn", reg=0.05)
+    real = ot.sinkhorn
+
+    def noisy(*args, **kwargs):
+        warnings.warn("divide by zero encountered in divide", RuntimeWarning, stacklevel=2)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ot, "sinkhorn", noisy)
+    with pytest.warns(RuntimeWarning, match="divide by zero"):
+        value = wasserstein(p, q, metric="euclidean", solver="sinkhorn", reg=0.05)
+    assert value == quiet
 
 
 def test_pairwise_parallel_equals_serial():

@@ -168,3 +168,12 @@ def test_baselines_run_on_the_same_data_and_model(algorithm, tmp_path):
         assert m["eval_ari"] == 1.0
     if algorithm == "ifca":
         assert m["num_clusters"] <= 2                 # k = 2 ground-truth groups
+
+
+def test_end_to_end_with_sinkhorn_separates_two_planted_groups(tmp_path):
+    cfg = {**TINY, "emdcfl.solver": "sinkhorn", "emdcfl.sinkhorn-reg": 0.01,
+           "output-dir": str(tmp_path / "out")}
+    m = run_server(cfg, node_configs=planted_nodes(tmp_path))[0]["metrics"]
+    excess = np.load(tmp_path / "out" / "emd_excess.npy")
+    assert m["eval_ari"] == 1.0 and m["num_clusters"] == 2, (m, excess)
+    assert np.isfinite(excess).all() and m["emd_s"] > 0

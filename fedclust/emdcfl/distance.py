@@ -5,7 +5,9 @@ with uniform weights ``a = 1/n``, ``b = 1/m`` and ground cost ``M = ot.dist(P, Q
 (the authors use ``metric="cosine"``). The exact network-simplex solver (``ot.emd2``) is the
 default; a non-converged solve (iteration limit hit, infeasible or unbounded) raises
 :class:`EMDError` instead of the silent warning POT gives. Sinkhorn (entropic, ``reg`` relative
-to ``max(M)``) is an option (paper App. E.2).
+to ``max(M)``) is an option (paper App. E.2); its two failures, POT's "did not converge"
+(``numItermax`` reached) and "numerical errors" (underflow) warnings, raise :class:`EMDError`
+too, while any other warning is passed on unchanged.
 
 The pairwise matrix is computed in parallel over pairs with worker processes (joblib/loky).
 """
@@ -13,10 +15,16 @@ The pairwise matrix is computed in parallel over pairs with worker processes (jo
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
 from numpy.typing import NDArray
+
+# POT 0.9 (ot/bregman/_sinkhorn.py, sinkhorn_knopp) reports both failures only as UserWarnings
+SINKHORN_NOT_CONVERGED = "Sinkhorn did not converge"     # numItermax reached
+SINKHORN_NUMERICAL = "numerical errors at iteration"      # u/v hit 0, inf or NaN; last iterate
+SINKHORN_STOP = 1e-9                                     # marginal-violation tolerance
 
 
 class EMDError(RuntimeError):
@@ -61,15 +69,22 @@ def wasserstein(p: NDArray, q: NDArray, metric: str = "cosine", solver: str = "e
         return float(cost)
     if solver == "sinkhorn":
         scale = float(m.max()) or 1.0
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            try:
-                plan = ot.sinkhorn(a, b, m / scale, reg, numItermax=int(num_itermax),
-                                   stopThr=1e-9)
-            except Warning as exc:      # POT warns when Sinkhorn hits numItermax
-                raise EMDError(f"Sinkhorn did not converge: {exc}") from None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            plan = ot.sinkhorn(a, b, m / scale, reg, numItermax=int(num_itermax),
+                               stopThr=SINKHORN_STOP)
+        for w in caught:
+            text = str(w.message)
+            if text.startswith(SINKHORN_NOT_CONVERGED):
+                raise EMDError(f"Sinkhorn did not converge in {num_itermax} iterations "
+                               f"(reg {reg}); raise emdcfl.num-itermax or "
+                               f"emdcfl.sinkhorn-reg")
+            if SINKHORN_NUMERICAL in text:
+                raise EMDError(f"Sinkhorn stopped on numerical errors ({text.strip()}): "
+                               f"exp(-M/reg) underflows at reg {reg}; raise "
+                               f"emdcfl.sinkhorn-reg or use emdcfl.solver=\"emd\"")
+        for w in caught:                # anything else is not a convergence failure: pass on
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         return float((plan * m).sum())
     raise ValueError(f"unknown solver {solver!r}")
 
