@@ -314,6 +314,31 @@ def test_experiment_table_keeps_runs_with_other_epochs_or_clients_apart(tmp_path
     assert any(f"| 0,1,2 | 86.67 ± {half:.2f} |" in line for line in lines)
 
 
+def test_experiment_table_reports_wall_time_overhead_over_the_oracle_of_the_same_seeds(
+        tmp_path):
+    """The paper's ~9 % is EMD-CFL's wall time over the Oracle's (App. D.1), paired by seed."""
+    import json
+
+    from fedclust.emdcfl.experiments import table
+
+    rows = []
+    for alg, seed, seconds in [("emdcfl", 0, 420.0), ("emdcfl", 1, 300.0), ("oracle", 0, 280.0),
+                               ("oracle", 5, 1.0)]:
+        cfg = {"dataset": "rotmnist", "emdcfl.rotation": "max", "emdcfl.algorithm": alg,
+               "seed": seed, "emdcfl.epsilon": 0.1, "emdcfl.local-epochs": 2,
+               "num-clients": 40, "emdcfl.lr": 0.05}
+        metrics = {"eval_acc_mean": 0.9, "eval_acc_worst": 0.8, "eval_ari": 1.0,
+                   "num_clusters": 4, "emd_s": 60.0, "emd_share_of_run": 0.15,
+                   "clustering_s": 140.0, "clustering_share_of_run": 0.35}
+        rows.append(json.dumps({"config": cfg, "seconds": seconds, "metrics": metrics}))
+    (tmp_path / "results.jsonl").write_text("\n".join(rows) + "\n")
+    emd = next(line for line in table(tmp_path).splitlines() if "| emdcfl |" in line)
+    # only seed 0 has both runs: 420 / 280 - 1 = +50 %
+    assert emd.endswith("| 60.0 (15.0 %) | 140.0 (35.0 %) | +50 % (420 s vs 280 s; seeds 0) |")
+    oracle = next(line for line in table(tmp_path).splitlines() if "| oracle |" in line)
+    assert oracle.endswith("|  |  |  |")
+
+
 def test_to_tensor_uses_the_authors_normalisation_per_image_type():
     """Grey: MNIST mean/std; RGB: per-channel ImageNet mean/std (authors' CMNIST transform)."""
     import torch

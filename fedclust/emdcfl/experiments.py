@@ -96,16 +96,24 @@ def table(out: Path | list[Path]) -> str:
         groups.setdefault(key, []).append(r)
     lines = ["| dataset | rotation | clients | epochs/round | lr | method | eps | seeds | "
              "avg acc | worst acc | backdoor acc (targets) | ARI | clusters | run s | "
-             "EMD s (share) |", "|" + "---|" * 15]
+             "EMD s (share) | clustering s (share) | wall time vs Oracle |",
+             "|" + "---|" * 17]
     for key in sorted(groups):
         rs = sorted(groups[key], key=lambda r: int(r["config"]["seed"]))
         m = [r["metrics"] for r in rs]
-        emd = ""
+        emd = clustering = overhead = ""
         backdoor = (_mean_ci([x["eval_backdoor_acc_targets"] for x in m])
                     if all("eval_backdoor_acc_targets" in x for x in m) else "")
         if key[2] == "emdcfl":
             emd = (f"{np.mean([x['emd_s'] for x in m]):.1f} "
                    f"({100 * np.mean([x['emd_share_of_run'] for x in m]):.1f} %)")
+            if all("clustering_s" in x for x in m):
+                clustering = (f"{np.mean([x['clustering_s'] for x in m]):.1f} "
+                              f"({100 * np.mean([x['clustering_share_of_run'] for x in m]):.1f}"
+                              " %)")
+            overhead = oracle_overhead(rs, [r for k, g in groups.items()
+                                            if k[2] == "oracle" and _setting(k) == _setting(key)
+                                            for r in g])
         lines.append(
             f"| {key[0]} | {key[1]} | {key[5]} | {key[4]} | {key[6]:g} | {key[2]} | "
             f"{key[3] if key[2] == 'emdcfl' else ''} | "
@@ -115,8 +123,33 @@ def table(out: Path | list[Path]) -> str:
             f"{backdoor} | "
             f"{_mean_ci([x['eval_ari'] for x in m], 1.0)} | "
             f"{np.mean([x['num_clusters'] for x in m]):.1f} | "
-            f"{np.mean([r['seconds'] for r in rs]):.0f} | {emd} |")
+            f"{np.mean([r['seconds'] for r in rs]):.0f} | {emd} | {clustering} | {overhead} |")
     return "\n".join(lines)
+
+
+def _setting(key: tuple) -> tuple:
+    """A table key without method and ε: dataset, rotation, local epochs, clients, lr."""
+    return key[0], key[1], key[4], key[5], key[6]
+
+
+def oracle_overhead(runs: list[dict], oracle_runs: list[dict]) -> str:
+    """EMD-CFL's extra wall time over the Oracle of the same setting and seeds (the paper's
+    App. D.1 measure: 8.11 h vs 7.47 h, +8.6 %), as ``+x % (a s vs b s; seeds …)``.
+
+    The Oracle differs from EMD-CFL only in skipping the clustering step, so this is the whole
+    cost of clustering, not only the EMD solve. Empty when no seed has both runs.
+    """
+    import numpy as np
+
+    oracle = {int(r["config"]["seed"]): r["seconds"] for r in oracle_runs}
+    pairs = [(r["seconds"], oracle[int(r["config"]["seed"])]) for r in runs
+             if int(r["config"]["seed"]) in oracle]
+    if not pairs:
+        return ""
+    mine, theirs = (float(np.mean(v)) for v in zip(*pairs, strict=True))
+    seeds = ",".join(str(int(r["config"]["seed"])) for r in runs
+                     if int(r["config"]["seed"]) in oracle)
+    return f"{100 * (mine / theirs - 1):+.0f} % ({mine:.0f} s vs {theirs:.0f} s; seeds {seeds})"
 
 
 def epsilon_sweep(run_dir: Path, epsilons: list[float]) -> str:
