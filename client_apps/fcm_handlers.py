@@ -43,9 +43,13 @@ def fcm_stats(msg: Message, context: Context) -> Message:
     cfg = run_config(context)
     data = load_client_data(context, cfg)
     st = scaling.column_stats(data.x)
+    metrics = None
+    if cfg.get("fcm.secure-aggregation") and cfg["evaluate"] and data.y_eval is not None:
+        # the row count of the securely summed contingency table (evaluation path only)
+        metrics = {"eval-labels": int(data.y_eval.max()) + 1 if data.y_eval.size else 0}
     if cfg["scaling"] == "standard":   # needs counts; minmax and none reveal only the bounds
-        return reply(msg, arrays={"stats": {"stats": st.as_array()}})
-    return reply(msg, arrays={"stats": {"min": st.min, "max": st.max}})
+        return reply(msg, arrays={"stats": {"stats": st.as_array()}}, metrics=metrics)
+    return reply(msg, arrays={"stats": {"min": st.min, "max": st.max}}, metrics=metrics)
 
 
 @app.query("fcm_sums")
@@ -71,15 +75,42 @@ def fcm_final(msg: Message, context: Context) -> Message:
     return reply(msg, arrays=arrays)
 
 
+def secure_final_vector(data: ClientData, x: np.ndarray, centers: np.ndarray, m: float,
+                        fit_cfg: dict) -> np.ndarray:
+    """What :func:`fcm_final` reports, limb-packed for one SecAgg+ sum (never sent in plain).
+
+    ``[J]`` then this client's label × cluster table padded to the server's
+    ``fedclust.eval-rows`` rows (0 rows: no evaluation; a client without labels sends zeros).
+    """
+    from strategies.secure_fcm import LIMBS, pack_final
+
+    rows, c = int(fit_cfg.get("fedclust.eval-rows", 0)), centers.shape[0]
+    table = np.zeros((rows, c))
+    if rows and data.y_eval is not None and data.y_eval.size:
+        if int(data.y_eval.max()) >= rows:
+            raise ValueError(f"this node's labels go up to {int(data.y_eval.max())} but the server "
+                             f"asked for a {rows}-row contingency table (labels 0..{rows - 1})")
+        table = contingency(data.y_eval, labels_from_centers(x, centers), rows, c)
+    return pack_final(fcm.objective(x, centers, m), table, float(fit_cfg["fedclust.secure-scale"]),
+                      float(fit_cfg["fedclust.secure-scale-table"]),
+                      int(fit_cfg.get("fedclust.limbs", LIMBS)))
+
+
 @app.train("fedfcm_local")
 def fedfcm_local(msg: Message, context: Context) -> Message:
-    """Paper 003 step 3: local FCM to convergence from the global centers, for every active K."""
+    """Paper 003 step 3: local FCM to convergence from the global centers, for every active K.
+
+    Returns the local centers; the supports ``Σ_j u_kj`` only for federated averaging (k-means
+    averaging needs nothing else).
+    """
     data, cfg, x = _scaled_data(msg, context)
     out, iters = {}, []
     for name, arr in msg.content.array_records["centers"].items():
         centers, support, n_iter = local_step(x, arr.numpy(), cfg["fedfcm.m"],
                                               cfg["fedfcm.local-tol"], cfg["fedfcm.local-max-iter"])
-        out[name], out[f"{name}.support"] = centers, support
+        out[name] = centers
+        if cfg["fedfcm.averaging"] == "fedavg":
+            out[f"{name}.support"] = support
         iters.append(n_iter)
     return reply(msg, arrays={"local": out}, metrics={"local-iters": int(max(iters, default=0))})
 

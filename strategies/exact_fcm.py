@@ -8,6 +8,7 @@ With γ = 1 the centers equal centralized FCM from the same initialisation.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
@@ -19,6 +20,8 @@ from fedclust import fcm
 from fedclust.results import Progress, RunRecorder
 from strategies.common import all_of, arrays, connected_clients, expect_arrays, send_and_collect
 from strategies.fcm_common import eval_ari, federated_scaling
+
+LOG = logging.getLogger("fedclust")
 
 
 def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any]:
@@ -33,7 +36,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     progress = Progress(cfg["fcm.max-rounds"], "exact-fcm round")
     totals = {"bytes_sent": sc.exchange.bytes_sent, "bytes_received": sc.exchange.bytes_received}
     dropped_all: set[int] = set(sc.exchange.failed)
-    converged, shift, rnd = False, float("inf"), 0
+    converged, shift, rnd, rounds_with_contributions = False, float("inf"), 0, 0
     for rnd in range(1, cfg["fcm.max-rounds"] + 1):
         # Sample positions, not ids: node ids are uint64 and numpy would turn them into floats.
         picks = rng.choice(len(nodes), size=min(n_sample, len(nodes)), replace=False)
@@ -54,6 +57,10 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
             withheld = len(ex.replies) - len(sums)
             u = np.sum([s["U"].numpy() for s in sums], axis=0) if sums else np.zeros(c)
             ws = np.sum([s["WS"].numpy() for s in sums], axis=0) if sums else np.zeros((c, f))
+        # Every contributing client adds Σ_c u^m > 0 to ΣU: ΣU = 0 means nobody contributed (also
+        # under SecAgg+, where a client withheld by the privacy guard sends zeros).
+        someone = float(np.sum(u)) > 0
+        rounds_with_contributions += int(someone)
         new = fcm.update_centers(u, ws, centers)
         shift = float(np.linalg.norm(new - centers))
         centers = new
@@ -65,24 +72,38 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
                             "dropped_nodes": {str(k): v for k, v in ex.failed.items()},
                             "empty_clusters": int((u <= 0).sum()), "seconds": ex.seconds})
         progress.step(rnd, f"shift {shift:.3g} | {len(sums)}/{len(sampled)} clients")
+        if not someone:
+            _no_contribution(rnd, len(sampled), len(nodes), ex.failed, withheld, c, f, cfg)
         if shift < cfg["fcm.epsilon"] and sums:   # a round nobody contributed to proves nothing
             converged = True
             break
+    if rounds_with_contributions == 0:
+        raise RuntimeError(_NOBODY.format(rounds=rnd, c=c, f=f, bound=c * (f + 1) / f))
     recorder.save_array("centers", centers)
     recorder.save_array("centers_unscaled", centers * sc.scale + sc.shift)
     metrics: dict[str, Any] = {"rounds": rnd, "converged": converged, "final_shift": shift,
-                               "n_clients": len(nodes), "dropped_nodes": sorted(dropped_all),
-                               **totals}
-    ex = send_and_collect(grid, nodes, RecordDict({"centers": arrays(centers=centers),
-                                                   "scaling": sc.record()}),
-                          "query.fcm_final", "final", cfg["timeout"],
-                          validate=expect_arrays("objective", ["J"]))
-    metrics["objective"] = float(sum(r.array_records["objective"]["J"].numpy()[0]
-                                     for r in ex.replies.values()))
-    if cfg["evaluate"]:
-        tables = [r.array_records["eval"]["contingency"].numpy() for r in ex.replies.values()
-                  if "eval" in r.array_records]
-        metrics["eval_ari"] = eval_ari(tables)
+                               "rounds_with_contributions": rounds_with_contributions,
+                               "n_clients": len(nodes), **totals}
+    final = RecordDict({"centers": arrays(centers=centers), "scaling": sc.record()})
+    if cfg["fcm.secure-aggregation"]:
+        # SecAgg+ again: the server learns ΣJ (and the summed evaluation table), not each J.
+        from strategies.secure_fcm import secure_final
+
+        objective, table, ex, _ = secure_final(grid, nodes, final, c, f, cfg, rnd + 1,
+                                               sc.eval_rows if cfg["evaluate"] else 0)
+        metrics["objective"] = objective
+        if cfg["evaluate"]:
+            metrics["eval_ari"] = eval_ari([table] if table is not None else [])
+    else:
+        ex = send_and_collect(grid, nodes, final, "query.fcm_final", "final", cfg["timeout"],
+                              validate=expect_arrays("objective", ["J"]))
+        metrics["objective"] = float(sum(r.array_records["objective"]["J"].numpy()[0]
+                                         for r in ex.replies.values()))
+        if cfg["evaluate"]:
+            tables = [r.array_records["eval"]["contingency"].numpy()
+                      for r in ex.replies.values() if "eval" in r.array_records]
+            metrics["eval_ari"] = eval_ari(tables)
+    metrics["dropped_nodes"] = sorted(dropped_all | set(ex.failed))
     if cfg["plots"]:
         from fedclust.plots import plot_series
 
@@ -90,6 +111,26 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
             h["shift"] for h in recorder.history]}, "round", "center shift", log=True,
             hline=cfg["fcm.epsilon"])
     return metrics
+
+
+_NOBODY = (
+    "exact FCM: no client contributed to any of the {rounds} round(s), so the result would be "
+    "the random initial centers. Every client was either withheld by the privacy guard (a "
+    "client with N <= C(F+1)/F = {bound:.3g} points, C = {c} clusters, F = {f} features, sends "
+    "nothing) or did not answer. Fix: lower fcm.n-clusters or set fcm.privacy-guard=false "
+    "(and check the nodes' logs for dropouts).")
+
+
+def _no_contribution(rnd: int, n_sampled: int, n_nodes: int, failed: dict[int, str],
+                     withheld: int, c: int, f: int, cfg: dict[str, Any]) -> None:
+    """Warn about a round nobody contributed to; stop at once when every later round must be
+    the same (all clients sampled, none dropped: the guard depends only on N, C and F)."""
+    LOG.warning("[round-%d] no client contributed (%d sampled, %d withheld by the privacy "
+                "guard%s, %d dropped): the centers stay where they are", rnd, n_sampled,
+                withheld, " or SecAgg+ zeros" if cfg["fcm.secure-aggregation"] else "",
+                len(failed))
+    if cfg["fcm.privacy-guard"] and n_sampled == n_nodes and not failed:
+        raise RuntimeError(_NOBODY.format(rounds=rnd, c=c, f=f, bound=c * (f + 1) / f))
 
 
 def _sums_ok(c: int, f: int):

@@ -22,6 +22,7 @@ class Scaling:
     low: np.ndarray     # federated bounds in the scaled space (initial-center box)
     high: np.ndarray
     exchange: Exchange
+    eval_rows: int = 0  # label rows of a securely summed contingency table (evaluation path)
 
     def record(self) -> Any:
         return arrays(shift=self.shift, scale=self.scale)
@@ -52,7 +53,9 @@ def federated_scaling(grid: Grid, nodes: list[int], cfg: dict[str, Any]) -> Scal
         else:
             lo, hi = rec["min"].numpy(), rec["max"].numpy()
             stats.append(scaling.ColumnStats(0, lo, hi, np.zeros_like(lo), np.zeros_like(lo)))
-    return Scaling(*combine_scaling(stats, kind), ex)
+    eval_rows = max((int(c.metric_records["metrics"].get("eval-labels", 0))
+                     for c in ex.replies.values() if "metrics" in c.metric_records), default=0)
+    return Scaling(*combine_scaling(stats, kind), ex, eval_rows)
 
 
 def combine_scaling(stats: list[scaling.ColumnStats], kind: str

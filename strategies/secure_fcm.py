@@ -1,7 +1,12 @@
 """Secure sums for exact federated FCM with Flower's SecAgg+ (server side).
 
 The server learns only ``ΣU`` (c,) and ``ΣWS`` (c, f) over the clients of a round, never a
-client's own sums. Flower 1.41/1.42 implements SecAgg+ only as a *legacy* server workflow
+client's own sums; the final phase likewise sums the objective ``J`` and, on the evaluation path,
+the label × cluster contingency tables (:func:`secure_final`), so no per-client value of the
+clustering itself reaches the server. (The scaling phase stays plain: per-feature min/max, or
+count/mean/M2 for standard scaling — see docs/deployment.md.)
+
+Flower 1.41/1.42 implements SecAgg+ only as a *legacy* server workflow
 (:class:`flwr.server.workflow.SecAggPlusWorkflow`, which needs a ``LegacyContext``) and a client
 mod (``secaggplus_mod``) that only handles the default ``"train"`` message type. This module
 drives that workflow for one round between the Message-API phases of
@@ -47,6 +52,8 @@ QUANT = 1 << 22                  # quantization_range: step = 2*CLIP/QUANT = 2^-
 BASE = float(1 << 18)            # limb base: one limb unit = one quantization step
 LIMBS = 5
 MOD = 1 << 32
+PHASE_SUMS = "sums"       # fit-config "fedclust.phase": the FCM round's (U, WS)
+PHASE_FINAL = "final"     # the objective J and, on the evaluation path, contingency tables
 
 
 def scale_for(max_abs_x: float) -> float:
@@ -99,6 +106,69 @@ def secure_sums(grid: Grid, sampled_node_ids: list[int], content: RecordDict, c:
     (too few survivors), the round contributes nothing (zero sums, ``n = 0``) and the centers
     stay where they are.
     """
+    scale = scale_for(_bound_after_scaling(cfg))
+    total, ex, n = _secure_round(grid, sampled_node_ids, content, cfg, rnd, {
+        "fedclust.phase": PHASE_SUMS, "fedclust.secure-scale": scale, "fedclust.limbs": LIMBS})
+    if total is None:
+        return np.zeros(c), np.zeros((c, f)), ex, 0
+    u, ws = unpack(total, c, f, scale)
+    return u, ws, ex, n
+
+
+def final_scales(f: int, cfg: dict[str, Any]) -> tuple[float, float]:
+    """Public divisors of the final phase: ``(S_J, S_table)``.
+
+    ``J = Σ_j Σ_i u_ij^m ‖x_j − v_i‖² ≤ N · F · (2·max|x|)²`` (memberships^m sum to ≤ 1 per point,
+    centers lie in the data's box); contingency counts are integers ≤ N.
+    """
+    bound = _bound_after_scaling(cfg)
+    return scale_for(f * (2.0 * bound) ** 2), scale_for(1.0)
+
+
+def pack_final(objective: float, table: np.ndarray, scale_j: float, scale_t: float,
+               limbs: int = LIMBS) -> np.ndarray:
+    """The final-phase vector: limbs of ``[J]`` then limbs of the contingency table (flat)."""
+    return np.concatenate([to_limbs(np.array([objective]), scale_j, limbs).ravel(),
+                           to_limbs(np.asarray(table, dtype=np.float64).ravel(), scale_t,
+                                    limbs).ravel()])
+
+
+def unpack_final(vec: np.ndarray, rows: int, cols: int, scale_j: float, scale_t: float,
+                 limbs: int = LIMBS) -> tuple[float, np.ndarray]:
+    """Summed final-phase vector → ``(ΣJ, Σ contingency (rows, cols) as int64)``."""
+    vec = np.asarray(vec, dtype=np.float64)
+    j = from_limbs(vec[:limbs].reshape(limbs, 1), scale_j)[0]
+    table = from_limbs(vec[limbs:].reshape(limbs, rows * cols), scale_t).reshape(rows, cols)
+    return float(j), np.rint(table).astype(np.int64)
+
+
+def secure_final(grid: Grid, node_ids: list[int], content: RecordDict, c: int, f: int,
+                 cfg: dict[str, Any], rnd: int, eval_rows: int
+                 ) -> tuple[float, np.ndarray | None, Exchange, int]:
+    """The final phase under SecAgg+: ``(ΣJ, Σ contingency or None, exchange, n)``.
+
+    Each client feeds ``[J, contingency (eval_rows × c)]`` to one SecAgg+ round, so the server
+    learns the objective and (on the evaluation path, ``eval_rows > 0``) the label × cluster
+    table of the federation only, never a client's own. ``ΣJ`` is NaN if the protocol halted.
+    """
+    scale_j, scale_t = final_scales(f, cfg)
+    total, ex, n = _secure_round(grid, node_ids, content, cfg, rnd, {
+        "fedclust.phase": PHASE_FINAL, "fedclust.secure-scale": scale_j,
+        "fedclust.secure-scale-table": scale_t, "fedclust.limbs": LIMBS,
+        "fedclust.eval-rows": int(eval_rows)})
+    if total is None:
+        return float("nan"), None, ex, 0
+    j, table = unpack_final(total, int(eval_rows), c, scale_j, scale_t)
+    return j, (table if eval_rows > 0 else None), ex, n
+
+
+def _secure_round(grid: Grid, node_ids: list[int], content: RecordDict, cfg: dict[str, Any],
+                  rnd: int, fit_config: dict[str, Any]
+                  ) -> tuple[np.ndarray | None, Exchange, int]:
+    """Drive one SecAgg+ round; return ``(Σ of the clients' vectors or None, exchange, n)``.
+
+    ``None`` means nothing was summed (fewer than 2 clients, or the protocol halted).
+    """
     from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
     from flwr.server import LegacyContext, ServerConfig
     from flwr.server.compat.grid_client_proxy import GridClientProxy
@@ -109,25 +179,23 @@ def secure_sums(grid: Grid, sampled_node_ids: list[int], content: RecordDict, c:
 
     t0 = time.perf_counter()
     ex = Exchange()
-    nodes = sorted(int(n) for n in sampled_node_ids)
+    nodes = sorted(int(n) for n in node_ids)
     centers = content.array_records["centers"]["centers"].numpy()
     sc = content.array_records["scaling"]
     shift, sc_scale = sc["shift"].numpy(), sc["scale"].numpy()
     if len(nodes) < 2:
         ex.failed.update({n: "secure aggregation needs at least 2 clients" for n in nodes})
         ex.seconds = time.perf_counter() - t0
-        return np.zeros(c), np.zeros((c, f)), ex, 0
-    scale = scale_for(_bound_after_scaling(cfg))
+        return None, ex, 0
     seen: dict[str, Any] = {}
 
     class _RoundStrategy(FedAvg):
-        """FedAvg that fits exactly the sampled nodes and counts who contributed."""
+        """FedAvg that fits exactly the given nodes and counts who contributed."""
 
         def configure_fit(self, server_round, parameters, client_manager):  # noqa: D102
             from flwr.common import FitIns
 
-            config = {"fedclust.secure-scale": scale, "fedclust.limbs": LIMBS,
-                      "fedclust.round": rnd}
+            config = {**fit_config, "fedclust.round": rnd}
             proxies = [p for p in client_manager.all().values() if p.node_id in nodes]
             return [(p, FitIns(parameters, config)) for p in proxies]
 
@@ -162,21 +230,21 @@ def secure_sums(grid: Grid, sampled_node_ids: list[int], content: RecordDict, c:
     after = lctx.state.array_records[MAIN_PARAMS_RECORD]
     n = int(seen.get("n", 0))
     contributors = seen.get("contributors", [])
+    label = f"round-{rnd}" if fit_config["fedclust.phase"] == PHASE_SUMS else "final"
     for nid in nodes:
         if nid not in contributors:
             ex.failed[nid] = counting.why.get(nid, "dropped out of secure aggregation")
     if n == 0 or "n" not in seen:
-        LOG.warning("[round-%d] secure aggregation halted; no sums this round (%s)", rnd,
+        LOG.warning("[%s] secure aggregation halted; nothing summed (%s)", label,
                     seen.get("failures"))
         ex.failed.update({nid: ex.failed.get(nid, "secure aggregation halted") for nid in nodes})
         ex.seconds = time.perf_counter() - t0
-        return np.zeros(c), np.zeros((c, f)), ex, 0
+        return None, ex, 0
     mean_vec = parameters_to_ndarrays(_to_parameters(after))[0]
-    u, ws = unpack(mean_vec * n, c, f, scale)
     for nid, why in ex.failed.items():
-        LOG.warning("[round-%d] node %s dropped: %s", rnd, nid, why)
+        LOG.warning("[%s] node %s dropped: %s", label, nid, why)
     ex.seconds = time.perf_counter() - t0
-    return u, ws, ex, n
+    return np.asarray(mean_vec, dtype=np.float64) * n, ex, n
 
 
 def _bound_after_scaling(cfg: dict[str, Any]) -> float:

@@ -192,3 +192,41 @@ def test_check_each_rejects_a_reply_whose_check_raises():
     check_each(ex, lambda nid, c: c.array_records["accept"]["accept"] if nid == 1 else None, "p")
     assert list(ex.replies) == [2]
     assert ex.failed[1].startswith("rejected reply: check raised KeyError")
+
+
+# --- the privacy guard withholding every client (exact FCM) ----------------------------------
+
+GUARDED = {"method": "exact-fcm", "num-clients": 3, "seed": 0, "blobs.n-samples": 60,
+           "fcm.n-clusters": 20, "fcm.max-rounds": 3, "fcm.epsilon": 0.0, "plots": False}
+# 20 points per client, C = 20, F = 2: every client has N <= C(F+1)/F = 30 and withholds.
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_everyone_withheld_stops_with_a_clear_error(tmp_path, fedclust_log, secure):
+    """All clients sampled, none dropped: the guard will withhold forever -> stop in round 1."""
+    from server_app.inprocess import run_server
+
+    with pytest.raises(RuntimeError) as err:
+        run_server({**GUARDED, "output-dir": str(tmp_path), "fcm.secure-aggregation": secure})
+    msg = str(err.value)
+    assert "N <= C(F+1)/F" in msg and "fcm.n-clusters" in msg and "fcm.privacy-guard=false" in msg
+    assert any("no client contributed" in m for m in fedclust_log), fedclust_log[-3:]
+    history = [json.loads(x) for x in (tmp_path / "history.jsonl").read_text().splitlines()]
+    assert len(history) == 1 and history[0]["contributed"] == (0 if not secure else 3)
+    assert not (tmp_path / "centers.npy").exists()     # no result that is only the random init
+
+
+def test_everyone_withheld_with_sampling_runs_all_rounds_then_fails(tmp_path, fedclust_log):
+    """With γ < 1 a later round could sample someone else: warn every round, fail at the end."""
+    from server_app.inprocess import run_server
+
+    with pytest.raises(RuntimeError, match="no client contributed to any of the 3 round"):
+        run_server({**GUARDED, "output-dir": str(tmp_path), "fcm.fraction": 0.5})
+    assert sum("no client contributed (" in m for m in fedclust_log) == 3
+
+
+def test_rounds_with_contributions_is_recorded(tmp_path):
+    from server_app.inprocess import run_server
+
+    summary, _ = run_server({**GUARDED, "fcm.n-clusters": 3, "output-dir": str(tmp_path)})
+    assert summary["metrics"]["rounds_with_contributions"] == 3

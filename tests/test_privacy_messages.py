@@ -4,9 +4,12 @@ Each method runs end to end through the real ServerApp loop and ClientApp handle
 in-process grid; ``inspect`` sees every reply. A reply fails the test if any array (or bytes
 value) contains one of the sending client's samples as a row (float64 or float32, to a relative
 1e-6) — raw, or scaled the way FCM/FedFCM clients scale it (with the exact shift/scale the server
-sent, and with the client's own min-max and standard scaling) — or any contiguous window of
+sent, and with the client's own min-max and standard scaling), or divided by 255 (the image input
+of the EMD-CFL and FedCRef models) — or any contiguous window of
 8 or more of its ground-truth labels (windows with at least 3 distinct labels; shorter or
-near-constant runs match counts and accept bits by chance).
+near-constant runs match counts and accept bits by chance). Numbers written into strings of
+a ConfigRecord (e.g. ``"0.1,0.7,…"`` or a JSON list) are parsed and checked too. A method whose
+handler module is missing fails the test (it is listed in the registry, so it must exist).
 Exact FCM under SecAgg+ must, in addition, send no plain arrays at all: only SecAgg+ key
 material and masked integer vectors.
 """
@@ -14,6 +17,7 @@ material and masked integer vectors.
 from __future__ import annotations
 
 import importlib.util
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,37 +27,47 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord
 
 from tests.fake_grid import run_server
 
+NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
 
 def _values(msg: Message) -> list[np.ndarray]:
-    """Every numeric payload of a message as numpy arrays (arrays, bytes, numeric lists)."""
-    out: list[np.ndarray] = []
+    """Every numeric payload of a message as numpy arrays (see :func:`record_values`)."""
     if not msg.has_content():
-        return out
-    for rec in msg.content.values():
-        if isinstance(rec, ArrayRecord):
-            out += [a.numpy() for a in rec.values()]
-        elif isinstance(rec, (ConfigRecord, MetricRecord)):
-            for v in rec.values():
-                items = v if isinstance(v, list) else [v]
-                nums = [x for x in items if isinstance(x, (int, float)) and
-                        not isinstance(x, bool)]
-                if len(nums) > 1:
-                    out.append(np.asarray(nums, dtype=np.float64))
-                for b in (x for x in items if isinstance(x, bytes) and len(x) >= 8):
-                    for dt in (np.float64, np.float32):
-                        usable = len(b) // np.dtype(dt).itemsize * np.dtype(dt).itemsize
-                        out.append(np.frombuffer(b[:usable], dtype=dt))
+        return []
+    return [a for rec in msg.content.values() for a in record_values(rec)]
+
+
+def record_values(rec: ArrayRecord | ConfigRecord | MetricRecord) -> list[np.ndarray]:
+    """Numeric payloads of one record: arrays, numeric lists, bytes (as float64/float32), and
+    the numbers written in strings (each string, and a list of strings, parsed in order)."""
+    out: list[np.ndarray] = []
+    if isinstance(rec, ArrayRecord):
+        return [a.numpy() for a in rec.values()]
+    for v in rec.values():
+        items = v if isinstance(v, list) else [v]
+        nums = [x for x in items if isinstance(x, (int, float)) and not isinstance(x, bool)]
+        if len(nums) > 1:
+            out.append(np.asarray(nums, dtype=np.float64))
+        texts = [x for x in items if isinstance(x, str)]
+        parsed = [float(t) for x in texts for t in NUMBER.findall(x)]
+        if len(parsed) > 1:
+            out.append(np.asarray(parsed, dtype=np.float64))
+        for b in (x for x in items if isinstance(x, bytes) and len(x) >= 8):
+            for dt in (np.float64, np.float32):
+                usable = len(b) // np.dtype(dt).itemsize * np.dtype(dt).itemsize
+                out.append(np.frombuffer(b[:usable], dtype=dt))
     return out
 
 
 def scaled_views(x: np.ndarray, transforms: Sequence[tuple[np.ndarray, np.ndarray]] = ()
                  ) -> list[np.ndarray]:
-    """``x`` as it may exist on the client: raw, with each ``(shift, scale)`` the server sent
-    (exactly as the FCM/FedFCM handlers apply it), and min-max / standard scaled locally."""
+    """``x`` as it may exist on the client: raw, divided by 255 (image pixels as the EMD-CFL /
+    FedCRef models see them), with each ``(shift, scale)`` the server sent (exactly as the
+    FCM/FedFCM handlers apply it), and min-max / standard scaled locally."""
     from fedclust.data import scaling
 
     x = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
-    views = [x]
+    views = [x, x / 255.0]
     for shift, scale in transforms:
         if np.size(shift) == x.shape[1]:
             views.append(scaling.apply(x, shift, scale))
@@ -173,8 +187,8 @@ METHODS: dict[str, tuple[dict[str, Any], Callable, str]] = {
 @pytest.mark.parametrize("name", list(METHODS))
 def test_no_client_message_contains_samples_or_labels(tmp_path, name):
     cfg, loader, module = METHODS[name]
-    if module and importlib.util.find_spec(module) is None:
-        pytest.skip(f"{module} not implemented yet")
+    assert not module or importlib.util.find_spec(module) is not None, \
+        f"{name}: handler module {module} is missing"
     replies: list[Message] = []
     summary, grid = run_server({**cfg, "output-dir": str(tmp_path)},
                                inspect=lambda ins, rep: replies.append(rep), keep_sent=True)
@@ -202,7 +216,7 @@ def test_no_client_message_contains_samples_or_labels(tmp_path, name):
     assert not problems, problems[:5]
     if name == "exact-fcm-secagg":
         train = [r for r in replies if r.metadata.message_type == "train"]
-        assert len(train) == 4 * 3 * 2      # 4 SecAgg+ stages x 3 clients x 2 rounds
+        assert len(train) == 4 * 3 * (2 + 1)   # 4 SecAgg+ stages x 3 clients x (2 rounds + final)
         for r in train:
             assert all(len(rec) == 0 for rec in r.content.array_records.values()), \
                 "a plain array left the client under secure aggregation"
@@ -232,3 +246,12 @@ def test_the_detector_catches_a_leak():
     assert leaks([y[10:30].astype(np.float64)], x, y)                  # labels as floats
     assert not leaks([y[23:30]], x, y)                                 # 7 < 8 labels
     assert not leaks([x.mean(axis=0), np.bincount(y), x[5] + 1e-3], x, y)
+    pixels = rng.integers(0, 256, size=(20, 16)).astype(np.float64)
+    assert leaks([(pixels[4] / 255.0).astype(np.float32)], pixels, None)     # model input
+    assert not leaks([pixels.mean(axis=0) / 255.0], pixels, None)
+    text = ConfigRecord({"row": ",".join(f"{v:.17g}" for v in x[9]),
+                         "json": [f"[{y[40]}, {y[41]}, {y[42]}]", str(y[43:48].tolist())]})
+    values = record_values(text)
+    assert leaks(values[:1], x, y)                                           # "0.1,0.7,…"
+    assert leaks(values[1:], x, y)                                           # labels in text
+    assert not leaks(record_values(ConfigRecord({"note": "round 3 of 10, 2 clients"})), x, y)

@@ -1,5 +1,8 @@
 """Exact federated FCM with Flower's SecAgg+ (``fcm.secure-aggregation=true``).
 
+- Every phase's replies carry exactly the listed records (no per-client sums, objective or
+  evaluation table; the final objective and contingency table are SecAgg+ sums too).
+
 - The limb encoding round-trips through Flower's own quantizer exactly enough.
 - Secure and plain runs give the same centers (within the quantization error, which the limb
   encoding pushes below float64 round-off; we assert 1e-9).
@@ -61,7 +64,7 @@ def test_secure_centers_match_plain_and_server_sees_only_masked_vectors(tmp_path
         cfg = rep.content.config_records[RECORD_KEY_CONFIGS]
         if Key.MASKED_PARAMETERS in cfg:
             masked.append((ins.metadata.dst_node_id, cfg[Key.MASKED_PARAMETERS]))
-    assert len(masked) == 4 * 3
+    assert len(masked) == 4 * (3 + 1)    # 4 clients x (3 sum rounds + the final phase)
     # A masked upload is uniform-looking noise mod 2^32, not the client's quantized limbs:
     # its values spread over the whole modulus range.
     for _, blobs in masked:
@@ -89,3 +92,69 @@ def test_secure_round_survives_a_dropout_and_names_it(tmp_path):
     assert history[1]["contributed"] == 4 and "1003" in history[1]["dropped_nodes"]
     assert history[2]["contributed"] == 5
     assert 1003 in summary["metrics"]["dropped_nodes"]
+
+
+# What a client's reply may carry in each phase of a secure run (evaluate=true, min-max scaling):
+# record name -> (record type, exact keys). The SecAgg+ stage is recognised by its reply keys.
+SECURE_REPLY_LAYOUTS = {
+    "query.fcm_stats": [   # federated scaling (plain by design; see docs/deployment.md)
+        {"stats": ("ArrayRecord", {"min", "max"}),
+         "metrics": ("MetricRecord", {"eval-labels"})}],     # evaluation path only
+    "train": [             # SecAgg+ stages, for the FCM rounds and the final phase alike
+        {"secaggplus_configs": ("ConfigRecord", {"pk1", "pk2"})},            # setup
+        {"secaggplus_configs": ("ConfigRecord", {"ctxts", "dsts"})},         # share keys
+        {"secaggplus_configs": ("ConfigRecord", {"masked_params"}),          # masked vector
+         "fitres.parameters": ("ArrayRecord", set()),      # cleared by secaggplus_mod
+         "fitres.num_examples": ("MetricRecord", {"num_examples"}),           # always 1
+         "fitres.metrics": ("ConfigRecord", set()),
+         "fitres.status": ("ConfigRecord", {"code", "message"})},
+        {"secaggplus_configs": ("ConfigRecord", {"nids", "shares"})},        # unmask
+    ],
+}
+
+
+def _layout(content) -> dict[str, tuple[str, set[str]]]:
+    return {name: (type(rec).__name__, set(rec.keys())) for name, rec in content.items()}
+
+
+def test_every_secure_phase_carries_only_the_listed_records(tmp_path):
+    """No per-client U, WS, J or contingency table reaches the server in a secure run; the
+    objective and the evaluation ARI still equal the plain run's (they are SecAgg+ sums)."""
+    cfg = {**CFG, "num-clients": 3, "evaluate": True}
+    plain, _ = run_server({**cfg, "output-dir": str(tmp_path / "plain")})
+    replies = []
+    secure, _ = run_server({**cfg, "output-dir": str(tmp_path / "secure"),
+                            "fcm.secure-aggregation": True},
+                           inspect=lambda ins, rep: replies.append(rep))
+    assert replies
+    counts: dict[str, int] = {}
+    for rep in replies:
+        kind = rep.metadata.message_type
+        assert kind in SECURE_REPLY_LAYOUTS, f"a secure run must not use {kind!r}"
+        layout = _layout(rep.content)
+        assert layout in SECURE_REPLY_LAYOUTS[kind], f"{kind} reply carries {layout}"
+        if "fitres.num_examples" in layout:
+            assert rep.content["fitres.num_examples"]["num_examples"] == 1   # N not revealed
+            assert rep.content["fitres.status"]["code"] == 0
+        counts[kind] = counts.get(kind, 0) + 1
+    assert counts == {"query.fcm_stats": 3, "train": 3 * 4 * (3 + 1)}   # 3 rounds + final
+    assert secure["metrics"]["objective"] == pytest.approx(plain["metrics"]["objective"],
+                                                           rel=1e-9)
+    assert secure["metrics"]["eval_ari"] == plain["metrics"]["eval_ari"]
+    assert not np.isnan(secure["metrics"]["eval_ari"])
+
+
+def test_secure_final_sums_objective_and_tables_exactly():
+    """The final-phase encoding: ΣJ and Σ contingency survive Flower's quantizer (counts exact)."""
+    from strategies.secure_fcm import final_scales, pack_final, unpack_final
+
+    rng = np.random.default_rng(1)
+    s_j, s_t = final_scales(5, {"scaling": "minmax"})
+    js = rng.random(7) * 5 * 4000                   # J <= N F for min-max data
+    tables = [rng.integers(0, 5000, size=(3, 4)) for _ in js]
+    q = [quantize([pack_final(j, t, s_j, s_t)], CLIP, QUANT)[0].astype(np.int64)
+         for j, t in zip(js, tables, strict=True)]
+    summed = dequantize([sum(q)], CLIP, QUANT)[0] - (len(js) - 1) * CLIP
+    j, table = unpack_final(summed, 3, 4, s_j, s_t)
+    assert j == pytest.approx(js.sum(), rel=1e-12)
+    assert table.tolist() == np.sum(tables, axis=0).tolist()
