@@ -21,14 +21,16 @@ from flwr.client.mod import secaggplus_mod
 from client_apps.app import app
 from client_apps.common import run_config
 from client_apps.data import load_client_data
+from client_apps.fcm_handlers import secure_final_vector
 from fedclust import fcm
 from fedclust.data import scaling
-from strategies.secure_fcm import LIMBS, pack
+from strategies.secure_fcm import LIMBS, PHASE_FINAL, PHASE_SUMS, pack
 
 
 @app.train(mods=[secaggplus_mod])
 def secure_fcm_sums(msg: Message, context: Context) -> Message:
-    """FCM local sums for one SecAgg+ round (stage "collect masked vectors")."""
+    """FCM local sums (fit config ``fedclust.phase="sums"``) or the final phase's objective and
+    evaluation table (``"final"``) for one SecAgg+ round (stage "collect masked vectors")."""
     cfg = run_config(context)
     data = load_client_data(context, cfg)
     params = msg.content.array_records["fitins.parameters"]
@@ -38,11 +40,14 @@ def secure_fcm_sums(msg: Message, context: Context) -> Message:
     limbs = int(fit_cfg.get("fedclust.limbs", LIMBS))
     x = scaling.apply(data.x, shift, scale)
     c, f = centers.shape
-    if cfg["fcm.privacy-guard"] and x.shape[0] <= c * (f + 1) / f:
-        u, ws = np.zeros(c), np.zeros((c, f))
+    if fit_cfg.get("fedclust.phase", PHASE_SUMS) == PHASE_FINAL:
+        vec = secure_final_vector(data, x, centers, cfg["fcm.m"], dict(fit_cfg))
     else:
-        u, ws = fcm.local_sums(x, centers, cfg["fcm.m"])
-    vec = pack(u, ws, divisor, limbs)
+        if cfg["fcm.privacy-guard"] and x.shape[0] <= c * (f + 1) / f:
+            u, ws = np.zeros(c), np.zeros((c, f))
+        else:
+            u, ws = fcm.local_sums(x, centers, cfg["fcm.m"])
+        vec = pack(u, ws, divisor, limbs)
     return Message(RecordDict({
         "fitres.parameters": ArrayRecord([vec]),
         "fitres.num_examples": MetricRecord({"num_examples": 1}),
