@@ -142,3 +142,35 @@ def test_client_app_import_stays_light():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "", f"importing the ClientApp pulls in {out.stdout.strip()}"
+
+
+def test_local_files_edge_cases(tmp_path):
+    """Nested class folders, string labels, and clear errors for a label column that is not
+    there (audit of fedclust/data/local.py)."""
+    from PIL import Image
+
+    from fedclust.data.local import LocalDataError, load_local_table
+
+    img = tmp_path / "imgs"
+    for path in ("a/sub/x.png", "a/y.png", "b/deeper/still/z.png"):
+        (img / path).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.zeros((2, 2), dtype=np.uint8)).save(img / path)
+    _, y = load_local_table(str(img))
+    assert y.tolist() == [0, 0, 1]            # sorted files: a/sub/x, a/y, b/deeper/still/z
+    (tmp_path / "s.csv").write_text("f1,f2,label\n1,2,cat\n3,4,dog\n5,6,cat\n")
+    x, y = load_local_table(str(tmp_path / "s.csv"), label_column="label")
+    assert x.tolist() == [[1, 2], [3, 4], [5, 6]] and y.tolist() == [0, 1, 0]
+    (tmp_path / "i.tsv").write_text("7\t1\t2\n1\t3\t4\n")
+    x, y = load_local_table(str(tmp_path / "i.tsv"), label_column="0")
+    assert x.tolist() == [[1, 2], [3, 4]] and y.tolist() == [7, 1]
+    (tmp_path / "n.csv").write_text("1,2,0\n3,4,1\n")
+    with pytest.raises(LocalDataError, match="no header row.*0-based column index"):
+        load_local_table(str(tmp_path / "n.csv"), label_column="label")
+    with pytest.raises(LocalDataError, match="out of range"):
+        load_local_table(str(tmp_path / "n.csv"), label_column="3")
+    with pytest.raises(LocalDataError, match="names no column.*'f1', 'f2', 'label'"):
+        load_local_table(str(tmp_path / "s.csv"), label_column="class")
+    with pytest.raises(LocalDataError, match="label-column"):
+        load_local_table(str(tmp_path / "s.csv"))          # text labels, no label column
+    np.savez(tmp_path / "t.npz", x=np.ones((3, 2)), y=np.array(["dog", "cat", "dog"]))
+    assert load_local_table(str(tmp_path / "t.npz"))[1].tolist() == [1, 0, 1]

@@ -34,23 +34,13 @@ def load_local_table(path: str, data_format: str = "", label_column: str = ""
             if "x" not in z:
                 raise LocalDataError(f"{p} has arrays {list(z)}; expected 'x' (and optional 'y')")
             x = z["x"].reshape(len(z["x"]), -1).astype(np.float64)
-            y = z["y"].astype(np.int64) if "y" in z else None
+            y = labels_to_int(z["y"]) if "y" in z else None
         return x, y
     if fmt == "npy":
         x = np.load(p)
         return x.reshape(len(x), -1).astype(np.float64), None
     if fmt in ("csv", "tsv", "txt"):
-        delim = "\t" if fmt == "tsv" else ","
-        with open(p) as fh:
-            first = fh.readline().strip().split(delim)
-        has_header = not _is_number(first[0]) if first and first[0] else False
-        arr = np.loadtxt(p, delimiter=delim, skiprows=int(has_header), ndmin=2)
-        if label_column != "":
-            col = first.index(label_column) if has_header and label_column in first else int(
-                label_column)
-            y = arr[:, col].astype(np.int64)
-            return np.delete(arr, col, axis=1), y
-        return arr, None
+        return _load_delimited(p, "\t" if fmt == "tsv" else ",", label_column)
     raise LocalDataError(f"unsupported data format {fmt!r} for {p}. Allowed: npz, npy, csv, tsv, "
                          f"images (a folder). Fix: set node config 'data-format'.")
 
@@ -61,8 +51,9 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".pg
 def load_image_folder(root: Path) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
     """Images under ``root`` (recursively): grey-scaled, flattened, scaled to [0, 1].
 
-    ``root/<class>/*.png`` gives evaluation labels (class folders sorted by name); images
-    directly in ``root`` have none. All images must have the same size.
+    ``root/<class>/…/*.png`` gives evaluation labels: the class is the *first* folder under
+    ``root`` (deeper sub-folders are part of that class), class folders sorted by name. If any
+    image lies directly in ``root``, there are no labels. All images must have the same size.
     """
     from PIL import Image
 
@@ -75,11 +66,73 @@ def load_image_folder(root: Path) -> tuple[NDArray[np.float64], NDArray[np.int64
         raise LocalDataError(f"images under {root} have different sizes {sorted(shapes)}; "
                              f"resize them to one size first")
     x = np.stack([a.ravel() for a in arrays]) / 255.0
-    if all(f.parent != root for f in files):
-        classes = sorted({f.parent.name for f in files})
-        index = {c: i for i, c in enumerate(classes)}
-        return x, np.array([index[f.parent.name] for f in files], dtype=np.int64)
+    parts = [f.relative_to(root).parts for f in files]
+    if all(len(q) > 1 for q in parts):   # the class is the first folder under root
+        _, index = np.unique(np.array([q[0] for q in parts]), return_inverse=True)
+        return x, index.astype(np.int64)
     return x, None
+
+
+def _load_delimited(p: Path, delim: str, label_column: str
+                    ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
+    """A numeric CSV/TSV (header detected when its first cell is not a number); the optional
+    ``label_column`` (header name or 0-based index) may hold numbers or strings."""
+    with open(p) as fh:
+        first = fh.readline().rstrip("\r\n").split(delim)
+    has_header = bool(first and first[0]) and not _is_number(first[0])
+    if label_column == "":
+        try:
+            return np.loadtxt(p, delimiter=delim, skiprows=int(has_header), ndmin=2), None
+        except ValueError as exc:
+            raise LocalDataError(f"{p}: non-numeric values ({exc}). Every feature must be a "
+                                 f"number; a text column holding labels must be named in node "
+                                 f"config 'label-column'") from exc
+    col = _label_index(p, first, has_header, label_column)
+    try:
+        cells = np.loadtxt(p, delimiter=delim, skiprows=int(has_header), ndmin=2, dtype=str)
+    except ValueError as exc:
+        raise LocalDataError(f"{p}: rows of different lengths ({exc})") from exc
+    try:
+        x = np.delete(cells, col, axis=1).astype(np.float64)
+    except ValueError as exc:
+        raise LocalDataError(f"{p}: non-numeric feature values ({exc}); only the label column "
+                             f"({label_column!r}) may hold text") from exc
+    return x, labels_to_int(cells[:, col])
+
+
+def _label_index(p: Path, first: list[str], has_header: bool, label_column: str) -> int:
+    """0-based index of ``label_column`` (a header name or an index), or a clear error."""
+    if has_header and label_column in first:
+        return first.index(label_column)
+    try:
+        col = int(label_column)
+    except ValueError:
+        where = (f"its header has {first}" if has_header else
+                 f"it has no header row (its first cell {first[0]!r} is a number)")
+        raise LocalDataError(
+            f"node config 'label-column' = {label_column!r} names no column of {p}: {where}. "
+            f"Allowed: a header name or a 0-based column index (0..{len(first) - 1}). Fix: "
+            f"label-column=<index> or add a header row.") from None
+    if not -len(first) <= col < len(first):
+        raise LocalDataError(f"node config 'label-column' = {label_column!r} is out of range: "
+                             f"{p} has {len(first)} columns (0..{len(first) - 1})")
+    return col % len(first)
+
+
+def labels_to_int(values: np.ndarray) -> NDArray[np.int64]:
+    """Evaluation labels as ints: non-negative integer-valued numbers are kept; anything else
+    (``'cat'``, ``'2.5'``, ``-1``) is mapped to the index of its value among the sorted distinct
+    values (the labels only feed the evaluation's contingency tables)."""
+    values = np.asarray(values).ravel()
+    try:
+        nums = values.astype(np.float64)
+    except ValueError:
+        nums = None
+    if (nums is not None and np.all(np.isfinite(nums)) and np.all(nums == np.round(nums))
+            and (nums.size == 0 or nums.min() >= 0)):
+        return nums.astype(np.int64)
+    _, index = np.unique(values.astype(str), return_inverse=True)
+    return index.astype(np.int64)
 
 
 def _is_number(text: str) -> bool:
