@@ -1,15 +1,22 @@
 #!/usr/bin/env bash
-# Make the TLS material and SuperNode keys for a fedclust deployment.
-#   docker/make_certs.sh [OUT_DIR=docker/certs] [NUM_NODES=3] [EXTRA_SAN...]
-# Writes: ca.crt/ca.key (self-signed CA), server.pem/server.key (SuperLink certificate with
-# SANs DNS:superlink, DNS:localhost, IP:127.0.0.1 + extras), and client_credentials_<i>[.pub]
-# (EC P-384 SuperNode keys in OpenSSH format, for --enable-supernode-auth).
-# Same output as `python -m fedclust.deploy certs DIR --nodes N` (no openssl needed there).
+# TLS material for the SuperLink (run on the operator's / SuperLink's machine).
+#   docker/make_certs.sh [OUT_DIR=docker/certs] [DEMO_NODES=0] [EXTRA_SAN...]
+# Writes to OUT_DIR: ca.crt (public: give it to every node and analyst), ca.key (the CA's secret:
+# mounted nowhere, keep it offline), server.pem/server.key (the SuperLink's certificate, SANs
+# DNS:superlink, DNS:localhost, IP:127.0.0.1 + extras).
+#
+# SuperNode keys are NOT made here: each device makes its own key pair and sends only the .pub
+# (docker/make_node_key.sh DIR, i.e. ssh-keygen -t ecdsa -b 384). DEMO_NODES > 0 runs that script
+# for DEMO_NODES nodes into OUT_DIR/../nodes/client-<i>/ — for a one-host demo or a test only,
+# where "each device" is a folder on this machine.
+# Same layout as `python -m fedclust.deploy certs DIR --nodes N` (no openssl needed there).
 set -euo pipefail
 OUT=${1:-$(dirname "$0")/certs}
-N=${2:-3}
+N=${2:-0}
 shift $(( $# > 2 ? 2 : $# )) || true
+HERE=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
 cd "$OUT"
 SAN="DNS:superlink,DNS:localhost,IP:127.0.0.1"
 for extra in "$@"; do
@@ -23,15 +30,12 @@ printf 'subjectAltName=%s\nbasicConstraints=CA:FALSE\n' "$SAN" > server.ext
 openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 365 \
   -extfile server.ext -out server.pem 2>/dev/null
 rm -f server.csr server.ext ca.srl
+chmod 644 ca.crt server.pem
+chmod 600 server.key ca.key
+echo "CA and SuperLink certificate in $OUT (ca.key: keep offline; it is mounted nowhere)"
 for ((i = 0; i < N; i++)); do
-  rm -f "client_credentials_$i" "client_credentials_$i.pub"
-  ssh-keygen -q -t ecdsa -b 384 -N "" -C "fedclust-node-$i" -f "client_credentials_$i"
+  bash "$HERE/make_node_key.sh" "$OUT/../nodes/client-$i" "fedclust-node-$i" >/dev/null
 done
-# Public files readable by all; private keys by their owner only.
-chmod 644 ca.crt server.pem ./*.pub
-chmod 600 server.key ca.key client_credentials_* 2>/dev/null || true
-chmod 644 ./*.pub
-echo "certificates and $N SuperNode key pairs in $(pwd)"
-# Flower's containers run as user `app` (uid/gid 49999), which cannot read the 600 private keys
-# above: hand the folder to that uid before `docker compose up` (Flower's Docker TLS docs).
-echo "for Docker: sudo chown -R 49999:49999 $(pwd)   (undo: sudo chown -R \$USER:\$(id -gn) $(pwd))"
+((N > 0)) && echo "demo SuperNode keys (one host only): $(cd "$OUT/../nodes" && pwd)/client-<i>/client_credentials[.pub]"
+# Flower's containers run as user `app` (uid/gid 49999), which cannot read the 600 key above.
+echo "for Docker: sudo chown 49999:49999 $OUT/server.key   (undo: sudo chown \$USER $OUT/server.key)"

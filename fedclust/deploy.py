@@ -72,8 +72,11 @@ def make_credentials(directory: Path, num_nodes: int = 0,
                      days: int = 30) -> Credentials:
     """Self-signed CA, a SuperLink certificate for ``hosts`` (SANs), and node key pairs.
 
-    Same output as ``docker/make_certs.sh`` (which uses openssl + ssh-keygen), made with the
-    ``cryptography`` package so it works where those tools are missing.
+    Same layout as ``docker/make_certs.sh DIR N`` (openssl) + ``docker/make_node_key.sh``
+    (ssh-keygen), made with the ``cryptography`` package so it works where those tools are
+    missing: CA and SuperLink files in ``directory``, node ``i``'s key pair in
+    ``directory/../nodes/client-<i>/client_credentials[.pub]`` (on real devices each node makes
+    its own; here, for loopback tests and one-host demos, they are made side by side).
     """
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
@@ -121,7 +124,9 @@ def make_credentials(directory: Path, num_nodes: int = 0,
     _write_key(creds.server_key, srv_key)
     for i in range(num_nodes):
         key = ec.generate_private_key(ec.SECP384R1())
-        priv, pub = directory / f"client_credentials_{i}", directory / f"client_credentials_{i}.pub"
+        node_dir = directory.parent / "nodes" / f"client-{i}"
+        node_dir.mkdir(parents=True, exist_ok=True)
+        priv, pub = node_dir / "client_credentials", node_dir / "client_credentials.pub"
         priv.write_bytes(key.private_bytes(serialization.Encoding.PEM,
                                            serialization.PrivateFormat.OpenSSH,
                                            serialization.NoEncryption()))

@@ -9,7 +9,8 @@
 #       method=\"exact-fcm\" fcm.max-rounds=5
 #
 # No data at hand? `scripts/deploy_local.sh --demo` writes 3 blob partitions first.
-# --tls: TLS on the SuperLink (self-made CA, docker/make_certs.sh) + SuperNode authentication.
+# --tls: TLS on the SuperLink (self-made CA, docker/make_certs.sh) + SuperNode authentication
+#        (each node's own key from docker/make_node_key.sh; only its .pub is registered).
 #
 # Every wait has a deadline and fails loudly (exit 1, the relevant log tail) instead of going on:
 #   FEDCLUST_PORT_TIMEOUT  (default 60 s)   SuperLink port open, held by *our* SuperLink
@@ -74,7 +75,9 @@ N=${#DATA[@]}
 PORT=$(free_port)
 LINK_TLS=(--insecure) NODE_TLS=(--insecure) EXEC_TLS=(--insecure)
 if ((TLS)); then
-  bash docker/make_certs.sh "$WORK/certs" "$N" >/dev/null
+  bash docker/make_certs.sh "$WORK/certs" >/dev/null
+  # as on real devices: every node makes its own key pair; only the .pub is registered
+  for ((i = 0; i < N; i++)); do bash docker/make_node_key.sh "$WORK/nodes/client-$i" >/dev/null; done
   C=$WORK/certs
   LINK_TLS=(--ssl-ca-certfile "$C/ca.crt" --ssl-certfile "$C/server.pem"
             --ssl-keyfile "$C/server.key" --enable-supernode-auth)
@@ -107,8 +110,8 @@ start superexec-serverapp flower-superexec --runtime-api-address "127.0.0.1:$POR
 for ((i = 0; i < N; i++)); do
   AUTH=()
   if ((TLS)); then
-    flwr supernode register "$WORK/certs/client_credentials_$i.pub" local-deploy >/dev/null
-    AUTH=(--auth-supernode-private-key "$WORK/certs/client_credentials_$i")
+    flwr supernode register "$WORK/nodes/client-$i/client_credentials.pub" local-deploy >/dev/null
+    AUTH=(--auth-supernode-private-key "$WORK/nodes/client-$i/client_credentials")
   fi
   NPORT=$(free_port)
   start "supernode-$i" flower-supernode --superlink "127.0.0.1:$PORT" "${NODE_TLS[@]}" "${AUTH[@]}" \
