@@ -252,8 +252,9 @@ def test_generator_overlap_fraction() -> None:
 
 def test_generator_refuses_to_duplicate() -> None:
     y = np.repeat(np.arange(4), 30)
-    with pytest.raises(SystemSizeError, match=r"needs \d+, has 30"):
+    with pytest.raises(SystemSizeError, match=r"needs \d+, has 30") as err:
         generate_system(y, 10, 20, random_state=0)
+    assert 'fedcref.split="all"' in str(err.value) and "another seed" in str(err.value)
 
 
 # --- stacked autoencoders -------------------------------------------------------------------
@@ -366,5 +367,22 @@ def test_centralized_dec_picks_k_by_tsne_silhouette() -> None:
                          dec_options={"hidden": (16, 8, 2), "pretrain_epochs": 15,
                                       "batch_size": 32, "maxiter": 20, "update_interval": 10})
     est.fit(x)
-    assert set(est.scores_) == {2, 3, 4} and est.n_clusters_ in (2, 3, 4)
-    assert len(est.labels_) == len(x)
+    assert set(est.scores_) == {2, 3, 4}
+    # three well-separated blobs: the t-SNE silhouette must pick the planted K and the labels
+    # must then match the blobs
+    assert est.n_clusters_ == 3, est.scores_
+    assert est.scores_[3] > max(est.scores_[2], est.scores_[4])
+    assert len(est.labels_) == len(x) and label_agreement(y, est.labels_) >= 0.95
+
+
+def test_dec_estimates_k_by_silhouette() -> None:
+    torch.set_num_threads(1)
+    from fedclust.fedcref.initial import initial_clustering
+
+    x, y = _blobs(n=150, k=3)
+    lab = initial_clustering("dec", x, 2, estimate_k=True, k_max=5, random_state=0,
+                             dec_options={"hidden": (16, 8, 2), "pretrain_epochs": 15,
+                                          "batch_size": 32, "maxiter": 20,
+                                          "update_interval": 10})
+    assert np.unique(lab).size == 3                 # given K = 2 is ignored, K = 3 found
+    assert label_agreement(y, lab) >= 0.95

@@ -88,8 +88,11 @@ def generate_system(y: NDArray[np.int64], n_clients: int, samples_per_cluster: i
         raise SystemSizeError(
             f"the dataset has too few distinct samples for {n_clients} clients × {s} samples per "
             f"cluster (overlap {overlap}): " + "; ".join(shortages) +
-            ". Fix: lower num-clients or fedcref.samples-per-cluster, or use a larger dataset "
-            "(samples are never duplicated).")
+            ". Fix: lower num-clients or fedcref.samples-per-cluster; for MNIST-like datasets "
+            "use fedcref.split=\"all\" (train + test images; the default 'train' split has "
+            "fewer); or try another seed (the classes each client is dealt depend on it, so "
+            "some seeds fit where others do not); or use a larger dataset (samples are never "
+            "duplicated).")
     parts: list[list[NDArray[np.int64]]] = [[] for _ in range(n_clients)]
     for c in classes:
         hold = holders[int(c)]
