@@ -45,22 +45,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--metric", default="cosine")
     p.add_argument("--proj-ratio", type=float, default=0.9)
     p.add_argument("--max-samples", type=int, default=512)
-    p.add_argument("--colours", choices=["ours", "authors"], default="ours",
-                   help="authors: the notebook's green (0.26, 0.63, 0.4), purple "
-                        "(149, 52, 235)/255 and summer(y/39) shades")
+    p.add_argument("--colours", choices=["ours", "wide", "authors"], default="wide",
+                   help="emdcfl.backdoor-colours: authors = the notebook's green (0.26, 0.63, "
+                        "0.4), purple (149, 52, 235)/255 and summer(y/39) shades; wide (alias "
+                        "ours) = summer(0.5), summer(y/9), (0.5, 0, 0.5)")
     p.add_argument("--norm", choices=["rgb", "grey"], default="rgb",
                    help="rgb: per-channel ImageNet mean/std (fedclust.emdcfl.model.to_tensor, "
                         "the authors' CMNIST transform); grey: the MNIST mean/std on every "
                         "channel (the code before this probe)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    if args.colours == "authors":
-        def colours(set_id: int, labels: np.ndarray) -> np.ndarray:
-            rgb = {0: (0.26, 0.63, 0.4), 2: (149 / 255, 52 / 255, 235 / 255)}
-            if set_id == 1:
-                return D.summer(np.asarray(labels) / 39.0)
-            return np.repeat(np.array([rgb[set_id]], np.float32), len(labels), axis=0)
-        D.backdoor_colours = colours
     if args.norm == "grey":
         def to_tensor(x: np.ndarray) -> torch.Tensor:
             t = torch.from_numpy(np.ascontiguousarray(x)).float().div_(255.0)
@@ -72,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     spec = M.ModelSpec(in_channels=3, size=28, c1=args.conv1, c2=args.conv2)
     init = M.init_weights(spec, args.seed)
     splits = [D.client_split("backdoor-mnist", "max", i, 30, args.samples, 250, 0.1,
-                             args.seed, args.data_dir) for i in range(n)]
+                             args.seed, args.data_dir,
+                             "authors" if args.colours == "authors" else "wide")
+              for i in range(n)]
     models, accs = [], []
     for i, s in enumerate(splits):
         w, _ = M.train_local(spec, init, s.x_train, s.y_train, args.epochs, args.lr,

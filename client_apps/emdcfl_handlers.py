@@ -34,7 +34,7 @@ from client_apps.app import app
 from client_apps.common import reply, run_config
 
 SPLIT_KEYS = ("dataset", "emdcfl.rotation", "emdcfl.samples", "emdcfl.test-samples",
-              "emdcfl.val-fraction", "seed", "data-dir")
+              "emdcfl.val-fraction", "seed", "data-dir", "emdcfl.backdoor-colours")
 
 
 def _device(cfg: dict[str, Any]) -> str:
@@ -61,7 +61,8 @@ def _simulated(items: tuple[tuple[str, Any], ...], partition: int, num_parts: in
     cfg = dict(items)
     return client_split(dataset_name(cfg), cfg["emdcfl.rotation"], partition, num_parts,
                         cfg["emdcfl.samples"], cfg["emdcfl.test-samples"],
-                        cfg["emdcfl.val-fraction"], cfg["seed"], cfg["data-dir"])
+                        cfg["emdcfl.val-fraction"], cfg["seed"], cfg["data-dir"],
+                        cfg["emdcfl.backdoor-colours"])
 
 
 @lru_cache(maxsize=4)

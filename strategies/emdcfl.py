@@ -6,15 +6,17 @@ Rounds (global epochs) ``r = 0 … R−1``:
    train their current cluster model locally (``train.emdcfl_local``); before they have been
    clustered every client is a singleton holding the shared initial model. On first contact a
    client creates its X25519 key pair and returns the public key.
-2. When clients joined for the first time (round 0 under full participation: one-shot), the
-   server relays every participant's model and all public keys (``query.emdcfl_embed``, one
-   message per client), receives projected embeddings, and computes in parallel
-   ``W(train_c, val_o)`` and the reference ``W(train_c, val_c)`` (same projection ``R_co``).
+2. Each cluster's model becomes the FedAvg (weighted by train size) of this round's members.
+3. With ``emdcfl.recluster=on-join`` (default) when clients joined for the first time (round 0
+   under full participation: one-shot, the paper's Alg. 1), with ``every-round`` in every round
+   (the authors' partial-participation code), the server relays the latest local model of
+   every client seen so far and all public keys (``query.emdcfl_embed``, one message per
+   client), receives projected embeddings, and computes in parallel ``W(train_c, val_o)`` and
+   the reference ``W(train_c, val_c)`` (same projection ``R_co``).
    ``A[c,o] = [W(train_c,val_o) − W(train_c,val_c) < ε] AND [same for (o,c)]``; equal closed
-   neighbourhoods form a cluster; clients not yet seen stay singletons. Cluster models are
-   reset to the FedAvg of their members' latest local models.
-3. Otherwise each cluster's model is the FedAvg (weighted by train size) of this round's
-   members.
+   neighbourhoods form a cluster; clients not yet seen stay singletons. A cluster whose member
+   set did not change keeps its model from step 2; a new or changed cluster starts from the
+   FedAvg of its members' latest (possibly stale) local models.
 
 Finally every client evaluates its cluster model on its test split (evaluation path).
 
@@ -39,6 +41,7 @@ from fedclust.emdcfl.cluster import (
     Participation,
     cluster_fedavg,
     neighbourhood_clusters,
+    recluster_models,
     threshold_adjacency,
 )
 from fedclust.emdcfl.distance import pairwise_wasserstein
@@ -262,6 +265,7 @@ def run_emdcfl(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[s
     clustered: dict[int, int] = {}
     emd_s = embed_s = 0.0
     last_info: dict[str, Any] | None = None
+    every_round = cfg["emdcfl.recluster"] == "every-round"
     progress = Progress(cfg["emdcfl.rounds"], "emdcfl round")
     for rnd in range(cfg["emdcfl.rounds"]):
         picked, grew = part.sample()
@@ -274,22 +278,21 @@ def run_emdcfl(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[s
                                   "train_loss": float(np.mean(list(losses.values())))
                                   if losses else None, "train_s": ex.seconds,
                                   "dropped_nodes": dropped(ex, "train: ")}
-        if grew:
+        # this round's FedAvg inside the current clusters (kept by unchanged clusters below)
+        cluster_models.update(cluster_fedavg({n: labels[n] for n in new}, new, counts))
+        if grew or every_round:
             clustered, info = cluster_step(grid, cfg, part.seen, latest, pubs, rnd, traffic)
             emd_s += info["emd_s"]
             embed_s += info["embed_s"]
             last_info = info
-            labels = part.labels(clustered)
-            seen_models = {n: latest[n] for n in clustered if n in latest}
-            cluster_models = {labels[n]: init for n in nodes}
-            cluster_models.update(cluster_fedavg({n: labels[n] for n in seen_models},
-                                                 seen_models, counts))
-            record.update({"reclustered": True, "emd_s": info["emd_s"],
+            new_labels = part.labels(clustered)
+            cluster_models, kept = recluster_models(labels, cluster_models, new_labels, latest,
+                                                    counts, init)
+            labels = new_labels
+            record.update({"reclustered": True, "kept_clusters": kept, "emd_s": info["emd_s"],
                            "embed_s": info["embed_s"],
                            "dropped_nodes": merge_drops(record["dropped_nodes"],
                                                         info["dropped"])})
-        else:
-            cluster_models.update(cluster_fedavg({n: labels[n] for n in new}, new, counts))
         record["num_clusters"] = len(set(labels.values()))
         record["clusters"] = [labels[n] for n in nodes]
         recorder.log_round(record)

@@ -8,6 +8,7 @@ from fedclust.emdcfl.cluster import (
     Participation,
     cluster_fedavg,
     neighbourhood_clusters,
+    recluster_models,
     threshold_adjacency,
     weighted_average,
 )
@@ -129,6 +130,48 @@ def test_cluster_fedavg_is_weighted_by_sample_counts():
         weighted_average([], [])
 
 
+def test_recluster_keeps_unchanged_clusters_and_restarts_changed_ones_from_latest_models():
+    def w(v):
+        return [np.full(2, v, np.float32)]
+
+    old_labels = {1: 0, 2: 0, 3: 1, 4: 1, 5: 2}
+    old_models = {0: w(10), 1: w(20), 2: w(30)}          # after this round's FedAvg
+    latest = {1: w(1), 2: w(2), 3: w(3), 4: w(4)}        # 5 has not trained yet
+    counts = {1: 1, 2: 1, 3: 1, 4: 3}
+    new_labels = {1: 7, 2: 7, 3: 8, 4: 9, 5: 4}          # {1,2} and {5} unchanged, {3,4} split
+    models, kept = recluster_models(old_labels, old_models, new_labels, latest, counts, w(-1))
+    assert kept == 2 and set(models) == {7, 8, 9, 4}
+    np.testing.assert_array_equal(models[7][0], [10, 10])    # kept, not the mean of 1 and 2
+    np.testing.assert_array_equal(models[4][0], [30, 30])    # unseen singleton keeps its model
+    np.testing.assert_array_equal(models[8][0], [3, 3])      # changed: own latest model
+    np.testing.assert_array_equal(models[9][0], [4, 4])
+    merged, kept = recluster_models(old_labels, old_models, {c: 0 for c in old_labels}, latest,
+                                    counts, w(-1))
+    assert kept == 0
+    np.testing.assert_allclose(merged[0][0], [(1 + 2 + 3 + 12) / 6] * 2)   # 5: no model yet
+    fresh, _ = recluster_models({}, {}, {5: 0}, latest, counts, w(-1))
+    np.testing.assert_array_equal(fresh[0][0], [-1, -1])     # nobody trained: the default
+
+
+def test_backdoor_palettes_authors_and_wide():
+    from fedclust.emdcfl.data import backdoor_colours
+
+    y = np.arange(10)
+    authors = backdoor_colours(1, y, "authors")
+    # the notebook: cm.get_cmap('summer', 40)(i) for digit i = (i/39, 0.5 + i/78, 0.4)
+    np.testing.assert_allclose(authors[:, 0], y / 39, rtol=1e-6)
+    np.testing.assert_allclose(authors[:, 1], 0.5 + y / 78, rtol=1e-6)
+    np.testing.assert_allclose(backdoor_colours(0, y[:2], "authors"), [[0.26, 0.63, 0.4]] * 2,
+                               rtol=1e-6)
+    np.testing.assert_allclose(backdoor_colours(2, y[:1], "authors"),
+                               [[149 / 255, 52 / 255, 235 / 255]], rtol=1e-6)
+    wide = backdoor_colours(1, y)
+    np.testing.assert_allclose(wide[:, 0], y / 9, rtol=1e-6)              # red 0 ... 1
+    np.testing.assert_allclose(backdoor_colours(2, y[:1]), [[0.5, 0.0, 0.5]])
+    with pytest.raises(ValueError, match="palette"):
+        backdoor_colours(0, y, "bright")
+
+
 def test_partial_participation_bookkeeping():
     part = Participation([10, 11, 12, 13], 2, seed=0)
     seen = set()
@@ -194,6 +237,11 @@ def test_rotated_clients_and_ground_truth(data_dir):
     bd = client_split("backdoor-mnist", "max", 0, 6, 40, 10, 0.1, 0, str(data_dir))
     assert bd.x_train.shape[-1] == 3 and len(bd.y_train) + len(bd.y_val) == 20   # x0.5
     assert bd.x_test_bd is not None and bd.x_test_bd.shape == bd.x_test.shape
+    shaded = client_split("backdoor-mnist", "max", 1, 6, 40, 10, 0.1, 0, str(data_dir),
+                          "authors")
+    wide = client_split("backdoor-mnist", "max", 1, 6, 40, 10, 0.1, 0, str(data_dir))
+    np.testing.assert_array_equal(shaded.y_train, wide.y_train)      # same images, new colours
+    assert shaded.x_train[..., 0].max() <= 0.24 * 255 < wide.x_train[..., 0].max()
 
 
 def test_cfl_split_rule_and_ifca_choice():

@@ -132,6 +132,9 @@ def test_end_to_end_separates_two_planted_groups_and_never_leaks_the_pair_seed(t
     ({"dataset": "xclara"}, "dataset"),
     ({"emdcfl.algorithm": "oracle", "evaluate": False}, "emdcfl.algorithm"),
     ({"emdcfl.metric": "manhattan"}, "emdcfl.metric"),
+    ({"emdcfl.clients-per-group": 2}, "emdcfl.clients-per-group"),     # 2 x 4 groups != 4
+    ({"emdcfl.recluster": "sometimes"}, "emdcfl.recluster"),
+    ({"emdcfl.backdoor-colours": "neon"}, "emdcfl.backdoor-colours"),
 ])
 def test_bad_input_is_rejected_before_any_work(override, key, tmp_path):
     cfg = {**TINY, **override, "output-dir": str(tmp_path / "x")}
@@ -142,6 +145,45 @@ def test_bad_input_is_rejected_before_any_work(override, key, tmp_path):
     with pytest.raises(ConfigError):
         run_server(cfg)
     assert not (tmp_path / "x").exists()
+
+
+def test_clients_per_group_must_match_num_clients_times_groups():
+    ok = validate({**TINY, "emdcfl.clients-per-group": 1})             # 1 x 4 rotations = 4
+    assert ok["emdcfl.clients-per-group"] == 1
+    validate({**TINY, "num-clients": 40, "emdcfl.clients-per-group": 10})
+    validate({**TINY, "dataset": "backdoor-mnist", "num-clients": 30,
+              "emdcfl.clients-per-group": 10})
+    with pytest.raises(ConfigError, match="num-clients=30"):
+        validate({**TINY, "dataset": "backdoor-mnist", "num-clients": 40,
+                  "emdcfl.clients-per-group": 10})
+
+
+@pytest.mark.parametrize("mode", ["on-join", "every-round"])
+def test_recluster_modes_under_partial_participation(mode, tmp_path):
+    cfg = {**TINY, "emdcfl.clients-per-round": 2, "emdcfl.rounds": 4, "emdcfl.samples": 60,
+           "emdcfl.local-epochs": 1, "emdcfl.recluster": mode, "output-dir": str(tmp_path)}
+    run_server(cfg)
+    hist = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
+    from fedclust.emdcfl.cluster import Participation
+
+    part, grew = Participation(list(range(4)), 2, TINY["seed"]), []
+    for _ in range(4):            # the server samples positions with the same seed
+        grew.append(part.sample()[1])
+    assert grew[0] and not all(grew)        # the seed gives rounds without a new client
+    assert [bool(h.get("reclustered")) for h in hist] == (
+        grew if mode == "on-join" else [True] * 4)
+    assert all(h["emd_s"] > 0 for h in hist if h.get("reclustered"))
+
+
+def test_every_round_reclustering_keeps_the_models_of_unchanged_clusters(tmp_path):
+    cfg = {**TINY, "emdcfl.recluster": "every-round", "output-dir": str(tmp_path / "out")}
+    m = run_server(cfg, node_configs=planted_nodes(tmp_path))[0]["metrics"]
+    hist = [json.loads(line)
+            for line in (tmp_path / "out" / "history.jsonl").read_text().splitlines()]
+    assert m["eval_ari"] == 1.0 and m["num_clusters"] == 2
+    assert [h["reclustered"] for h in hist] == [True, True]
+    assert hist[0]["kept_clusters"] == 0            # four singletons merged into two pairs
+    assert hist[1]["kept_clusters"] == 2            # the same two pairs again: models kept
 
 
 def test_partial_participation_keeps_unseen_clients_singletons(tmp_path):

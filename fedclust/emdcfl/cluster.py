@@ -7,6 +7,8 @@
   of first appearance (the authors' ``cluster_neighborhoods``; not connected components).
 - Aggregation: FedAvg inside each cluster weighted by training-set sizes.
 - Partial participation: clients that have not taken part yet stay singletons.
+- Reclustering: a cluster whose member set did not change keeps its model; a new or changed
+  cluster starts from the FedAvg of its members' latest local models.
 """
 
 from __future__ import annotations
@@ -98,3 +100,36 @@ class Participation:
             if c not in out:
                 out[c], nxt = nxt, nxt + 1
         return out
+
+
+def members_of(labels: Mapping[int, int]) -> dict[int, frozenset[int]]:
+    """Cluster id → its member set."""
+    out: dict[int, set[int]] = {}
+    for c, k in labels.items():
+        out.setdefault(k, set()).add(c)
+    return {k: frozenset(v) for k, v in out.items()}
+
+
+def recluster_models(old_labels: Mapping[int, int], old_models: Mapping[int, Sequence[NDArray]],
+                     new_labels: Mapping[int, int], latest: Mapping[int, Sequence[NDArray]],
+                     counts: Mapping[int, float], default: Sequence[NDArray]
+                     ) -> tuple[dict[int, list[NDArray]], int]:
+    """Cluster models after a new clustering, and how many were kept.
+
+    A new cluster with exactly the members of an old one keeps that cluster's model
+    (``old_models``, already updated with this round's training); any other cluster gets the
+    FedAvg of its members' ``latest`` local models (possibly from earlier rounds), or
+    ``default`` when none of its members has trained yet.
+    """
+    old_sets = {members: k for k, members in members_of(old_labels).items()}
+    out: dict[int, list[NDArray]] = {}
+    kept = 0
+    for k, members in members_of(new_labels).items():
+        if members in old_sets and old_sets[members] in old_models:
+            out[k] = list(old_models[old_sets[members]])
+            kept += 1
+            continue
+        trained = sorted(c for c in members if c in latest)
+        out[k] = (weighted_average([latest[c] for c in trained], [counts[c] for c in trained])
+                  if trained else list(default))
+    return out, kept

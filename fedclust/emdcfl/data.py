@@ -23,8 +23,14 @@ Rotations by a multiple of 90° use exact ``np.rot90``; other angles use bilinea
 (``scipy.ndimage.rotate``, same output size, zero fill).
 
 Backdoor MNIST (3 sets, 3 channels; paper App. C.4 / authors' ``colormnist.ipynb``):
-set 0 uniform green (``summer(0.5)``), set 1 green whose shade follows the digit
-(``summer(y/9)``, the backdoor feature), set 2 uniform purple; train sizes ×0.5 / ×1 / ×0.5.
+set 0 uniform green, set 1 green whose shade follows the digit (the backdoor feature), set 2
+uniform purple; train sizes ×0.5 / ×1 / ×0.5. Two palettes (``emdcfl.backdoor-colours``):
+
+- ``authors`` (the notebook): green ``(0.26, 0.63, 0.4)``, shades ``summer(y/39)`` (the first
+  10 of a 40-colour summer map: red 0 … 0.23, a narrow band), purple ``(149, 52, 235)/255``;
+- ``wide`` (this project's earlier choice, a deviation): green ``summer(0.5)``, shades
+  ``summer(y/9)`` (red 0 … 1, green to yellow), purple ``(0.5, 0, 0.5)``.
+
 ``x_test_bd`` re-colours the test digits of the green sets with the shade of label ``(y+5) % 10``
 (the manipulated backdoor feature); a backdoored target model loses accuracy on it.
 """
@@ -102,6 +108,9 @@ def summer(v: NDArray) -> NDArray[np.float32]:
 
 
 PURPLE = np.array([0.5, 0.0, 0.5], dtype=np.float32)
+PALETTES = ("wide", "authors")
+AUTHORS_GREEN = np.array([0.26, 0.63, 0.4], dtype=np.float32)
+AUTHORS_PURPLE = np.array([149, 52, 235], dtype=np.float32) / 255.0
 
 
 def colourise(images: NDArray, colours: NDArray) -> NDArray[np.uint8]:
@@ -110,13 +119,24 @@ def colourise(images: NDArray, colours: NDArray) -> NDArray[np.uint8]:
     return np.clip(np.rint(out), 0, 255).astype(np.uint8)
 
 
-def backdoor_colours(set_id: int, labels: NDArray) -> NDArray[np.float32]:
-    n = len(labels)
+def backdoor_colours(set_id: int, labels: NDArray, palette: str = "wide"
+                     ) -> NDArray[np.float32]:
+    """RGB colour ``(n, 3)`` of each image of Backdoor set ``set_id`` (see the module doc).
+
+    Raises
+    ------
+    ValueError
+        Unknown ``palette``.
+    """
+    if palette not in PALETTES:
+        raise ValueError(f"unknown backdoor palette {palette!r}; one of {PALETTES}")
+    n, authors = len(labels), palette == "authors"
     if set_id == 0:
-        return np.repeat(summer(np.array([0.5])), n, axis=0)
+        green = AUTHORS_GREEN[None] if authors else summer(np.array([0.5]))
+        return np.repeat(green, n, axis=0)
     if set_id == 1:
-        return summer(np.asarray(labels) / 9.0)
-    return np.repeat(PURPLE[None], n, axis=0)
+        return summer(np.asarray(labels) / (39.0 if authors else 9.0))
+    return np.repeat((AUTHORS_PURPLE if authors else PURPLE)[None], n, axis=0)
 
 
 @lru_cache(maxsize=4)
@@ -151,8 +171,8 @@ def _slice(pool_size: int, set_id: int, index: int, n: int, seed: int, tag: int
 
 
 def client_split(dataset: str, rotation: str, client: int, num_clients: int, samples: int,
-                 test_samples: int, val_fraction: float, seed: int, data_dir: str = ""
-                 ) -> ClientSplit:
+                 test_samples: int, val_fraction: float, seed: int, data_dir: str = "",
+                 palette: str = "wide") -> ClientSplit:
     """Client ``client``'s train/val/test data (see the module docstring).
 
     Parameters
@@ -166,6 +186,8 @@ def client_split(dataset: str, rotation: str, client: int, num_clients: int, sam
         Share of ``samples`` kept for validation (at least one image).
     seed : int
         Run seed; the same seed gives the same federation.
+    palette : {"wide", "authors"}
+        Backdoor MNIST colours (``emdcfl.backdoor-colours``; ignored for the rotated sets).
     """
     if dataset not in BASE_IMAGES:
         raise ValueError(f"unknown EMD-CFL dataset {dataset!r}; one of {DATASETS}")
@@ -182,11 +204,11 @@ def client_split(dataset: str, rotation: str, client: int, num_clients: int, sam
     x_bd = None
     if dataset == "backdoor-mnist":
         if set_id < 2:          # green sets: shade the digits like label (y + 5) % 10
-            x_bd = colourise(xt, backdoor_colours(1, (yt + 5) % 10))
+            x_bd = colourise(xt, backdoor_colours(1, (yt + 5) % 10, palette))
         else:
-            x_bd = colourise(xt, backdoor_colours(2, yt))
-        x = colourise(x, backdoor_colours(set_id, y))
-        xt = colourise(xt, backdoor_colours(set_id, yt))
+            x_bd = colourise(xt, backdoor_colours(2, yt, palette))
+        x = colourise(x, backdoor_colours(set_id, y, palette))
+        xt = colourise(xt, backdoor_colours(set_id, yt, palette))
     else:
         angle = ROTATIONS[rotation][set_id]
         x, xt = rotate(x, angle), rotate(xt, angle)

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from fedclust.config import ConfigError, Key, require
-from fedclust.emdcfl.data import DATASETS, ROTATIONS
+from fedclust.emdcfl.data import DATASETS, PALETTES, ROTATIONS
 
 ALGORITHMS = ("emdcfl", "oracle", "fedavg", "local", "ifca", "cfl")
 DEVICES = ("cpu", "cuda", "auto")
+RECLUSTER = ("on-join", "every-round")
 
 KEYS: list[Key] = [
     Key("emdcfl.algorithm", str, "emdcfl",
@@ -17,6 +18,13 @@ KEYS: list[Key] = [
     Key("emdcfl.rotation", str, "max", "rotation group of rotmnist/rotfmnist/rotdigits "
         "(max 0/90/180/270, min -3/-1/1/3, two -3/3/177/183, no 0/0/0/0)",
         choices=tuple(ROTATIONS)),
+    Key("emdcfl.clients-per-group", int, 0, "clients per data group (rotation or Backdoor "
+        "set; the paper: 10): num-clients must then equal it times the groups (4, Backdoor 3); "
+        "0 = derive the groups from num-clients (client i in group i % groups)", low=0),
+    Key("emdcfl.backdoor-colours", str, "wide", "Backdoor MNIST palette: authors (the "
+        "notebook's green (0.26,0.63,0.4), summer(y/39) shades, purple (149,52,235)/255) or "
+        "wide (summer(0.5), summer(y/9), (0.5,0,0.5): a deviation, used by the reported rows)",
+        choices=PALETTES),
     Key("emdcfl.samples", int, 150, "images per client (train + validation)", low=2),
     Key("emdcfl.test-samples", int, 100, "test images per client", low=1),
     Key("emdcfl.val-fraction", float, 0.1, "share of a client's images used for validation",
@@ -44,6 +52,10 @@ KEYS: list[Key] = [
     Key("emdcfl.num-itermax", int, 1_000_000, "OT solver iteration limit (non-convergence is "
         "an error)", low=1000),
     Key("emdcfl.workers", int, 2, "server processes computing the EMD matrix", low=1),
+    Key("emdcfl.recluster", str, "on-join", "when to recompute the clusters: on-join (when "
+        "clients take part for the first time; one-shot under full participation, the paper's "
+        "Alg. 1) or every-round (every round among all clients seen so far, as the authors' "
+        "partial-participation code)", choices=RECLUSTER),
     Key("emdcfl.clients-per-round", int, 0, "partial participation: clients sampled per round "
         "(0 = all)", low=0),
     Key("emdcfl.num-clusters", int, 0, "k for IFCA (0 = max(2, ground-truth clusters of the "
@@ -67,6 +79,13 @@ def check(cfg: dict[str, Any]) -> None:
             "pass dataset=\"rotdigits\" (no files) or dataset=\"rotmnist\" with data-dir")
     require(cfg["num-clients"] >= 2, "num-clients", cfg["num-clients"], ">= 2 clients",
             "pass num-clients=8 or more")
+    per_group, groups = cfg["emdcfl.clients-per-group"], num_groups(cfg)
+    require(per_group == 0 or cfg["num-clients"] == per_group * groups,
+            "emdcfl.clients-per-group", per_group,
+            f"0 (derive from num-clients) or num-clients / {groups} groups of "
+            f"{dataset_name(cfg)!r} (num-clients is {cfg['num-clients']})",
+            f"pass num-clients={per_group * groups} (and as many SuperNodes), or "
+            "emdcfl.clients-per-group=0")
     p = cfg["emdcfl.clients-per-round"]
     require(p <= cfg["num-clients"], "emdcfl.clients-per-round", p,
             f"0 (all) or 1..num-clients ({cfg['num-clients']})",
