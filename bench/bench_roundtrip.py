@@ -1,13 +1,16 @@
 """Seconds per server↔client round trip on Flower's Deployment Engine (loopback).
 
 Starts a SuperLink + N SuperNodes (``fedclust.deploy.LoopbackDeployment``), runs exact FCM for
-R rounds with ``fcm.epsilon=0`` (so exactly R + 2 round trips: scaling, R sum rounds, final),
-and reads each round's wall time from ``history.jsonl``. References measured in the same run:
+R rounds with ``fcm.epsilon=0`` (so exactly R + 2 round trips: scaling, R sum rounds, final) —
+or, with ``--method fedfcm``, FedFCM with K = 2..4 in every message and ``fedfcm.tol=0``
+(R + 2 round trips: scaling, R local rounds, FedFuzzDB) — and reads each round's wall time
+from ``history.jsonl``. References measured in the same run:
 the same job on the in-process grid (no engine: pure compute + message building), and the
 cold start of one ClientApp process (``python -c "import client_apps.app"``), which every
 deployment message pays because each message runs in a fresh process.
 
     python bench/bench_roundtrip.py [--nodes 3] [--rounds 4] [--tls] [--secure]
+                                    [--method exact-fcm|fedfcm]
 
 Prints one line per round and a summary; the load average is printed too, because on a shared
 2-core machine the ClientApp start-up (imports) dominates and scales with the load.
@@ -46,19 +49,28 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--tls", action="store_true", help="TLS + SuperNode authentication")
-    ap.add_argument("--secure", action="store_true", help="SecAgg+ sums (4 trips per round)")
+    ap.add_argument("--secure", action="store_true",
+                    help="exact FCM with SecAgg+ sums (4 trips per round and for the final phase)")
+    ap.add_argument("--method", choices=("exact-fcm", "fedfcm"), default="exact-fcm")
     args = ap.parse_args()
+    if args.secure and args.method != "exact-fcm":
+        ap.error("--secure applies to --method exact-fcm only")
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-    cfg = {"method": "exact-fcm", "num-clients": args.nodes, "seed": 0,
-           "fcm.max-rounds": args.rounds, "fcm.epsilon": 0.0, "plots": False,
-           "timeout": 600.0, "fcm.secure-aggregation": args.secure}
+    cfg = {"method": args.method, "num-clients": args.nodes, "seed": 0, "plots": False,
+           "timeout": 600.0}
+    if args.method == "exact-fcm":
+        cfg.update({"fcm.max-rounds": args.rounds, "fcm.epsilon": 0.0,
+                    "fcm.secure-aggregation": args.secure})
+    else:
+        cfg.update({"fedfcm.k-min": 2, "fedfcm.k-max": 4, "fedfcm.max-rounds": args.rounds,
+                    "fedfcm.tol": 0.0})
     work = Path(tempfile.mkdtemp(prefix="bench-rt-"))
     print(f"load average before: {os.getloadavg()}")
     cold = cold_import_seconds()
     print(f"reference: cold ClientApp import (python -c 'import client_apps.app') {cold:.2f} s")
     from server_app.inprocess import run_server
 
-    run_server({**cfg, "fcm.max-rounds": 1, "output-dir": str(work / "warmup")})  # imports
+    run_server({**cfg, "output-dir": str(work / "warmup")})  # imports, caches
     t0 = time.perf_counter()
     run_server({**cfg, "output-dir": str(work / "inprocess")})
     inproc = (time.perf_counter() - t0) / (args.rounds + 2)
@@ -75,13 +87,15 @@ def main() -> int:
                .splitlines()]
     per_round = [h["seconds"] for h in history]
     for h in history:
-        print(f"round {h['round']}: {h['seconds']:.2f} s ({h['contributed']} clients)")
+        print(f"round {h['round']}: {h['seconds']:.2f} s "
+              f"({h.get('contributed', h.get('replies'))} clients)")
     med = statistics.median(per_round)
     trips = 4 if args.secure else 1
-    print(f"deployment ({'TLS+auth' if args.tls else 'insecure'}, {args.nodes} SuperNodes"
-          f"{', SecAgg+' if args.secure else ''}): median {med:.2f} s per FCM round = "
+    total_trips = args.rounds + 2 + ((args.rounds + 1) * 3 if args.secure else 0)
+    print(f"deployment {args.method} ({'TLS+auth' if args.tls else 'insecure'}, {args.nodes} "
+          f"SuperNodes{', SecAgg+' if args.secure else ''}): median {med:.2f} s per round = "
           f"{med / trips:.2f} s per round trip; whole run {res.seconds:.1f} s "
-          f"({args.rounds + 2 + (args.rounds * 3 if args.secure else 0)} round trips)")
+          f"({total_trips} round trips)")
     print(f"ratio deployment / in-process per round trip: {med / trips / inproc:.0f}x; "
           f"round trip / cold ClientApp import: {med / trips / cold:.2f}")
     print(f"load average after: {os.getloadavg()}")

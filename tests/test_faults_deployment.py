@@ -1,8 +1,10 @@
 """A SuperNode killed mid-run (SIGTERM and SIGKILL) on the real Deployment Engine.
 
 The run must finish with the remaining clients, name the dropped node (by its SuperNode ID)
-in ``history.jsonl`` and ``summary.json``, and no phase may wait longer than the configured
-reply ``timeout`` (plus scheduling slack).
+with the reason in ``history.jsonl``, in the run's log and in ``summary.json``; no phase may
+wait longer than the configured reply ``timeout`` (plus scheduling slack), and the *whole run*
+(submission to final status) may not take longer than ``phases × timeout`` plus a fixed
+start-up allowance — so a hang anywhere, not only inside a round, fails the test.
 
 What Flower does (flwr 1.41/1.42, notes §4.4): after SIGTERM the SuperNode deregisters and the
 next message to it comes back at once as an error reply ("Node Unavailable"); after SIGKILL the
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -28,6 +31,14 @@ pytestmark = pytest.mark.slow
 # a fresh ClientApp process, much slower on a loaded box), and bounds the wait after SIGKILL.
 TIMEOUT = float(os.environ.get("FEDCLUST_TEST_REPLY_TIMEOUT", "45"))
 SLACK = 20.0     # 3-s polling + process start-up beyond the timeout
+ROUNDS = 4
+PHASES = 1 + ROUNDS + 1          # scaling, the FCM rounds, the final (objective) phase
+# Submission (FAB build + install), ServerApp process start and the final status poll, on top
+# of the phases themselves; measured 10-40 s on this 2-core box depending on load.
+RUN_SLACK = 120.0
+# What send_and_collect records for a node that is gone (strategies/common.py).
+REASON = re.compile(r"^(error reply: .+|no usable reply; SuperLink reported: .+|"
+                    r"no reply within \d+s)$", re.S)
 
 
 def _history(out: Path) -> list[dict]:
@@ -37,8 +48,8 @@ def _history(out: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def kill_mid_run(tmp_path: Path, sig: int) -> None:
-    cfg = {"method": "exact-fcm", "num-clients": 3, "seed": 2, "fcm.max-rounds": 4,
+def kill_mid_run(tmp_path: Path, sig: int) -> list[dict]:
+    cfg = {"method": "exact-fcm", "num-clients": 3, "seed": 2, "fcm.max-rounds": ROUNDS,
            "fcm.epsilon": 0.0, "timeout": TIMEOUT, "plots": False}
     data = write_partitions(cfg, tmp_path / "data")
     out = tmp_path / "out"
@@ -60,7 +71,7 @@ def kill_mid_run(tmp_path: Path, sig: int) -> None:
         assert res.ok, f"run {run_id}: {res.status}\n{res.log[-3000:]}\n{dep.logs()}"
     history = _history(out)
     summary = json.loads((out / "summary.json").read_text())
-    assert len(history) == 4, history
+    assert len(history) == ROUNDS, history
     assert history[0]["contributed"] == 3 and history[0]["dropped_nodes"] == {}
     # The killed node is named (with a reason) from the first round after the kill on …
     named = [h for h in history[1:] if str(victim) in h["dropped_nodes"]]
@@ -69,19 +80,25 @@ def kill_mid_run(tmp_path: Path, sig: int) -> None:
     # … the run finished with the other two …
     assert history[-1]["contributed"] == 2 and str(victim) in history[-1]["dropped_nodes"]
     assert victim in summary["metrics"]["dropped_nodes"]
-    assert summary["metrics"]["rounds"] == 4
-    # … and no phase waited past the reply timeout.
+    assert summary["metrics"]["rounds"] == ROUNDS
+    # … the reason is a dropout reason, and the run's log names the node with that reason …
+    for h in named:
+        why = h["dropped_nodes"][str(victim)]
+        assert REASON.match(why), why
+        assert f"node {victim} dropped: {why}" in res.log, (why, res.log[-3000:])
+    # … no phase waited past the reply timeout, and neither did the run as a whole.
     assert max(h["seconds"] for h in history) <= TIMEOUT + SLACK, history
+    assert res.seconds <= PHASES * TIMEOUT + RUN_SLACK, (res.seconds, history)
     return history
 
 
 def test_supernode_sigterm_mid_run(tmp_path):
+    """SIGTERM: the SuperNode deregisters; later messages to it come back as error replies."""
     history = kill_mid_run(tmp_path, signal.SIGTERM)
-    reasons = [r for h in history[1:] for r in h["dropped_nodes"].values()]
-    assert reasons and all(r for r in reasons)
+    assert any(r.startswith("error reply: ") for h in history[1:]
+               for r in h["dropped_nodes"].values()), history
 
 
 def test_supernode_sigkill_mid_run(tmp_path):
-    history = kill_mid_run(tmp_path, signal.SIGKILL)
-    reasons = [r for h in history[1:] for r in h["dropped_nodes"].values()]
-    assert reasons and all(r for r in reasons)
+    """SIGKILL: no goodbye; phases wait up to the timeout until the heartbeat expires."""
+    kill_mid_run(tmp_path, signal.SIGKILL)
