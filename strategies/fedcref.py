@@ -49,10 +49,24 @@ def _arrays(named: dict[str, np.ndarray]) -> ArrayRecord:
 
 
 class _Traffic:
+    """Running totals of bytes and seconds per phase, with per-iteration differences."""
+
     def __init__(self) -> None:
         self.sent = self.received = 0
         self.seconds: dict[str, float] = {}
         self.client_seconds: dict[str, float] = {}
+        self._mark: tuple[int, int, dict[str, float], dict[str, float]] = (0, 0, {}, {})
+
+    def since_mark(self) -> dict[str, Any]:
+        """What was added since the previous call (one iteration), then move the mark."""
+        sent, received, secs, csecs = self._mark
+        out = {"bytes_sent_iter": self.sent - sent,
+               "bytes_received_iter": self.received - received,
+               "seconds_iter": {k: v - secs.get(k, 0.0) for k, v in self.seconds.items()},
+               "client_seconds_iter": {k: v - csecs.get(k, 0.0)
+                                       for k, v in self.client_seconds.items()}}
+        self._mark = (self.sent, self.received, dict(self.seconds), dict(self.client_seconds))
+        return out
 
     def add(self, phase: str, ex: Exchange) -> None:
         self.sent += ex.bytes_sent
@@ -278,6 +292,14 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
             acc_start = mean_accuracy(_pad([hists[n] for n in sorted(hists)]))
         responding = [n for n in nodes if n in ex.replies]
         graph_nodes: list[Node] = [key for key in store if nodes[key[0]] in ex.replies]
+        # clusters below fedcref.min-cluster-size (or emptied by refinement) have no model, so
+        # they are not graph nodes: they are left out of every cluster count, isolated_start
+        # included, and reported on their own
+        rec["unmodelled_clusters"] = int(sum(ks[n] for n in responding)) - len(graph_nodes)
+        if iso_start is None:
+            # the paper's "isolated start" (Tables 3-8, Fig. 4d): before any association every
+            # cluster is isolated, i.e. Σ K_i (here: the clusters that have a model)
+            iso_start = len(graph_nodes)
 
         # 2. association on the clients --------------------------------------------------------
         accept: dict[Node, set[Node]] = {n: set() for n in graph_nodes}
@@ -353,10 +375,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         groups, isolated = communities(graph_nodes, edges) if mode != "none" else ([], graph_nodes)
         rec.update({"communities": len(groups), "isolated": len(isolated),
                     "edges": len(edges), "clusters": len(graph_nodes)})
-        if iso_start is None:
-            # the paper's "isolated start" (Tables 3-8, Fig. 4d): before any association every
-            # cluster is isolated, i.e. the total number of clusters Σ K_i
-            iso_start = int(sum(ks.values()))
+        if iso_first is None:
             iso_first = len(isolated)
         if evaluate and hists:
             node_hist = {(index[n], q): hists[n][q] for n in hists for q in range(len(hists[n]))}
@@ -449,9 +468,12 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         rec["dropped_nodes"] = {k: v for k, v in dropped_now.items() if v}
         for v in dropped_now.values():
             dropped |= set(v)
+        # bytes_* and *seconds are running totals since the start of the run; *_iter are this
+        # iteration's share
         rec["bytes_sent"], rec["bytes_received"] = traffic.sent, traffic.received
         rec["seconds"] = dict(traffic.seconds)
         rec["client_seconds"] = dict(traffic.client_seconds)
+        rec.update(traffic.since_mark())
         rec["sizes"] = [len(g) for g in groups]
         recorder.log_round(rec)
         last = rec
@@ -470,8 +492,10 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         try:
             from fedclust.fedcref.plots import figure4
 
+            start = {"communities": 0, "isolated": iso_start, "active_clients": len(nodes),
+                     "eval_acc": acc_start}
             figure4(recorder.path("fedcref_figure4.png"), [recorder.history],
-                    global_k=last.get("eval_global_k"))
+                    global_k=last.get("eval_global_k"), starts=[start])
         except Exception as exc:  # plots never fail a run
             LOG.warning("plot failed: %s", exc)
     out: dict[str, Any] = {

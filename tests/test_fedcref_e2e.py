@@ -67,6 +67,30 @@ def test_recovers_planted_clusters(main_run) -> None:
     # the paper's "isolated start": all clusters, before any association; then after it. 1
     assert m["isolated_start"] == first["clusters"] > first["isolated"] == m["isolated_first"]
     assert (out / "fedcref_figure4.png").stat().st_size > 0
+    # bytes and seconds are running totals; *_iter are each iteration's share
+    assert sum(h["bytes_sent_iter"] for h in hist) == hist[-1]["bytes_sent"] == m["bytes_sent"]
+    assert sum(h["bytes_received_iter"] for h in hist) == hist[-1]["bytes_received"]
+    assert all(h["bytes_sent_iter"] > 0 for h in hist)
+    for phase, total in hist[-1]["seconds"].items():
+        assert sum(h["seconds_iter"].get(phase, 0.0) for h in hist) == pytest.approx(total)
+    assert first["unmodelled_clusters"] == 0
+
+
+def test_small_clusters_are_left_out_of_every_cluster_count(data_root: Path,
+                                                            tmp_path: Path) -> None:
+    # S = 30 with dirtiness 0.2: some clusters hold fewer than 30 samples, get no model and are
+    # no graph nodes; they must not count as isolated at the start either
+    cfg = _cfg(data_root, tmp_path, **{"fedcref.max-iterations": 1,
+                                       "fedcref.min-cluster-size": 31})
+    summary, _ = run_server(cfg)
+    m = summary["metrics"]
+    first = json.loads((tmp_path / "history.jsonl").read_text().splitlines()[0])
+    from fedclust.config import validate
+
+    total = sum(c.k for c in core.build_system(validate(cfg))[0])
+    assert 0 < first["unmodelled_clusters"] < total
+    assert m["isolated_start"] == first["clusters"] == total - first["unmodelled_clusters"]
+    assert first["isolated"] + sum(first["sizes"]) == first["clusters"]
 
 
 def test_clients_send_only_models_bits_counts(main_run) -> None:

@@ -205,28 +205,73 @@ def fedfcm_bank(dirs: list[str], plot: str = "") -> str:
     return "\n".join(lines)
 
 
-def fedcref_figure4(dirs: list[str], plot: str = "") -> str:
-    """Paper 000 Figure 4 across seeds: every run's ``history.jsonl`` under ``dirs``, drawn as
-    mean ± 95% CI per iteration (``--plot`` prefix), and the final metrics per run."""
-    lines = ["| run | seed | iterations | communities | isolated start → end | wrong % "
-             "| ACC start → end |", "|---|---|---|---|---|---|---|"]
-    histories, global_k = [], None
-    for job, s in summaries(dirs):
-        m = s["metrics"]
-        history = read_history(job / "history.jsonl")
-        histories.append(history)
-        global_k = m.get("eval_global_k", global_k)
-        lines.append(f"| {job.parent.name}/{job.name} | {s['seed']} | {m['iterations']} | "
-                     f"{m['communities']} | {m['isolated_start']} → {m['isolated_end']} | "
-                     f"{m.get('eval_wrong_associations_pct', float('nan')):.1f} | "
-                     f"{m.get('eval_acc_start', float('nan')):.3f} → "
-                     f"{m.get('eval_acc_end', float('nan')):.3f} |")
-    if plot:
-        from fedclust.fedcref.plots import figure4
+RUN_ONLY_KEYS = ("seed", "output-dir")   # differ between the seeds of one setting
 
-        figure4(Path(f"{plot}.png"), histories, global_k=global_k,
-                title=f"FedCRef, mean ± 95% CI over {len(histories)} runs")
-    return "\n".join(lines)
+
+def config_groups(runs: list[tuple[Path, dict[str, Any]]]
+                  ) -> list[tuple[dict[str, Any], list[tuple[Path, dict[str, Any]]]]]:
+    """Runs grouped by their run config without ``seed``/``output-dir`` (one setting each).
+
+    Returns ``(differing, runs)`` per group in first-seen order, where ``differing`` holds the
+    group's values of the keys that are not equal across all groups (its label).
+    """
+    groups: dict[str, list[tuple[Path, dict[str, Any]]]] = {}
+    configs: dict[str, dict[str, Any]] = {}
+    for job, s in runs:
+        cfg = {k: v for k, v in s.get("config", {}).items() if k not in RUN_ONLY_KEYS}
+        key = json.dumps(cfg, sort_keys=True, default=str)
+        groups.setdefault(key, []).append((job, s))
+        configs[key] = cfg
+    names = sorted({k for c in configs.values() for k in c})
+    varying = [k for k in names if len({json.dumps(c.get(k), default=str)
+                                        for c in configs.values()}) > 1]
+    return [({k: configs[key].get(k) for k in varying}, members)
+            for key, members in groups.items()]
+
+
+def fedcref_figure4(dirs: list[str], plot: str = "") -> str:
+    """Paper 000 Figure 4 across seeds, one figure per setting.
+
+    Every run under ``dirs`` is grouped by its run config minus seed and output dir (a Hydra
+    multirun numbers its job folders, so one sweep folder mixes settings); per group, a table
+    of the final metrics per run and, with ``--plot PREFIX``, the mean ± 95% CI per iteration
+    (iteration 0 = the start, from each summary) in ``PREFIX.png`` (one group) or
+    ``PREFIX_<i>.png`` (group i, as numbered in the output).
+    """
+    from fedclust.fedcref.plots import start_record
+
+    groups = config_groups(summaries(dirs))
+    out = []
+    for i, (label, runs) in enumerate(groups, start=1):
+        name = ", ".join(f"{k}={v}" for k, v in label.items()) or "all runs"
+        lines = [f"**setting {i}**: {name} ({len(runs)} runs)", "",
+                 "| run | seed | iterations | communities | isolated start → end | wrong % "
+                 "| ACC start → end |", "|---|---|---|---|---|---|---|"]
+        histories, starts, global_k = [], [], None
+        for job, s in runs:
+            m = s["metrics"]
+            history = read_history(job / "history.jsonl")
+            histories.append(history)
+            starts.append(start_record(m, history))
+            global_k = m.get("eval_global_k", global_k)
+            lines.append(f"| {job.parent.name}/{job.name} | {s['seed']} | {m['iterations']} | "
+                         f"{m['communities']} | {m['isolated_start']} → {m['isolated_end']} | "
+                         f"{_num(m.get('eval_wrong_associations_pct'), 1)} | "
+                         f"{_num(m.get('eval_acc_start'), 3)} → "
+                         f"{_num(m.get('eval_acc_end'), 3)} |")
+        if plot:
+            from fedclust.fedcref.plots import figure4
+
+            path = Path(f"{plot}.png" if len(groups) == 1 else f"{plot}_{i}.png")
+            figure4(path, histories, global_k=global_k, starts=starts,
+                    title=f"FedCRef, {name}: mean ± 95% CI over {len(histories)} runs")
+            lines += ["", f"figure: {path}"]
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
+
+
+def _num(value: Any, nd: int) -> str:
+    return "nan" if value is None else f"{float(value):.{nd}f}"
 
 
 TABLES = {"fcm-table1": fcm_table1, "fedfcm-table1": fedfcm_table1,
