@@ -141,11 +141,15 @@ def fedfcm_db(msg: Message, context: Context) -> Message:
 
 
 def _local_index(x: np.ndarray, k: int, m: float, p: float, q: float, cfg: dict) -> float:
-    """Non-federated fuzzy DB of this client's own FCM with K clusters (NaN if too few points)."""
+    """Non-federated fuzzy DB of this client's own FCM with K clusters (NaN if too few points).
+
+    Local FCM from k-means++ seeding until ``‖U(t+1) − U(t)‖_F ≤ fedfcm.local-tol`` (paper 003
+    §2.1.2, the same stopping rule as the federated local step).
+    """
     if x.shape[0] <= k:
         return float("nan")
     seed = int(cfg["seed"]) + 7919 * k
-    model = fcm.FuzzyCMeans(k, m=m, tol=cfg["fedfcm.local-tol"],
-                            max_iter=cfg["fedfcm.local-max-iter"] * cfg["fedfcm.max-rounds"],
-                            init="k-means++", random_state=seed).fit(x)
-    return fuzzy_db(x, model.cluster_centers_, m, p, q)
+    centers, _, _ = fcm.fcm_until_stable(
+        x, fcm.kmeans_plusplus_centers(x, k, seed), m, cfg["fedfcm.local-tol"],
+        cfg["fedfcm.local-max-iter"] * cfg["fedfcm.max-rounds"])
+    return fuzzy_db(x, centers, m, p, q)

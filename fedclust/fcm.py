@@ -163,6 +163,15 @@ def random_centers(low: ArrayLike, high: ArrayLike, n_clusters: int,
     return low + rng.random((n_clusters, low.size)) * (high - low)
 
 
+def kmeans_plusplus_centers(x: ArrayLike, n_clusters: int,
+                            random_state: int | np.random.Generator | None = None) -> Float:
+    """``n_clusters`` initial centers by k-means++ seeding (scikit-learn's implementation)."""
+    from sklearn.cluster import kmeans_plusplus
+
+    seed = np.random.default_rng(random_state).integers(2**31 - 1)
+    return kmeans_plusplus(_as_2d(x), n_clusters, random_state=int(seed))[0]
+
+
 def objective(x: ArrayLike, centers: ArrayLike, m: float = 2.0) -> float:
     r"""FCM objective :math:`J_m = \sum_j \sum_c \mu_{c,j}^m \|x_j - v_c\|^2`."""
     x, centers = _as_2d(x), _as_2d(centers, "centers")
@@ -299,10 +308,7 @@ class FuzzyCMeans:
             if self.init == "uniform":
                 return random_centers(x.min(0), x.max(0), self.n_clusters, self.random_state)
             if self.init == "k-means++":
-                from sklearn.cluster import kmeans_plusplus
-
-                seed = np.random.default_rng(self.random_state).integers(2**31 - 1)
-                return kmeans_plusplus(x, self.n_clusters, random_state=int(seed))[0]
+                return kmeans_plusplus_centers(x, self.n_clusters, self.random_state)
             raise ValueError(f"init must be 'uniform', 'k-means++' or an array, got {self.init!r}")
         centers = _as_2d(self.init, "init")
         if centers.shape != (self.n_clusters, x.shape[1]):
