@@ -244,9 +244,9 @@ def fedcref_figure4(dirs: list[str], plot: str = "") -> str:
     out = []
     for i, (label, runs) in enumerate(groups, start=1):
         name = ", ".join(f"{k}={v}" for k, v in label.items()) or "all runs"
-        lines = [f"**setting {i}**: {name} ({len(runs)} runs)", "",
-                 "| run | seed | iterations | communities | isolated start → end | wrong % "
-                 "| ACC start → end |", "|---|---|---|---|---|---|---|"]
+        lines = [f"**setting {i}**: {name} ({len(runs)} runs)", ""] if len(groups) > 1 else []
+        lines += ["| run | seed | iterations | communities | isolated start → end | wrong % "
+                  "| ACC start → end |", "|---|---|---|---|---|---|---|"]
         histories, starts, global_k = [], [], None
         for job, s in runs:
             m = s["metrics"]
