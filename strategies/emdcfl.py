@@ -181,7 +181,11 @@ def finish_metrics(out: dict[str, Any], traffic: Traffic, t_start: float) -> dic
 # ----------------------------------------------------------------------------------------------
 # EMD-CFL
 
-def emd_matrix(replies: dict[int, RecordDict], order: list[int], cfg: dict[str, Any]
+Clouds = dict[str, dict[str, np.ndarray]]      # "src"/"ref"/"tgt" → peer id → (n, k) cloud
+WARN_MESSAGE_MIB = 256.0     # larger embedding messages: warn (memory, gRPC) and name the fix
+
+
+def emd_matrix(replies: dict[int, Clouds], order: list[int], cfg: dict[str, Any]
                ) -> tuple[np.ndarray, np.ndarray, float]:
     """``W[c,o] = W(train_c, val_o)``, ``excess[c,o] = W[c,o] − W(train_c, val_c)`` (NaN if not
     measured), both with the pair's projection; and the solve time in seconds."""
@@ -190,15 +194,15 @@ def emd_matrix(replies: dict[int, RecordDict], order: list[int], cfg: dict[str, 
     for c in order:
         if c not in replies:
             continue
-        src, ref = replies[c].array_records["src"], replies[c].array_records["ref"]
+        src, ref = replies[c]["src"], replies[c]["ref"]
         for o in order:
             if o == c or o not in replies or str(o) not in src:
                 continue
-            tgt = replies[o].array_records["tgt"]
+            tgt = replies[o]["tgt"]
             if str(c) not in tgt:
                 continue
-            s = src[str(o)].numpy()
-            jobs += [(s, tgt[str(c)].numpy()), (s, ref[str(o)].numpy())]
+            s = src[str(o)]
+            jobs += [(s, tgt[str(c)]), (s, ref[str(o)])]
             where.append((index[c], index[o]))
     t0 = time.perf_counter()
     values = pairwise_wasserstein(jobs, cfg["emdcfl.metric"], cfg["emdcfl.solver"],
@@ -218,37 +222,104 @@ def emd_matrix(replies: dict[int, RecordDict], order: list[int], cfg: dict[str, 
     return w, excess, seconds
 
 
+def peer_batches(members: list[int], batch: int) -> list[list[int]]:
+    """Peers per embedding message: all (``batch`` 0) or slices of ``batch`` members."""
+    size = batch or len(members)
+    return [members[i:i + size] for i in range(0, len(members), size)]
+
+
+def embed_message_mib(model: Weights, models: int) -> float:
+    """MiB of the model arrays in an embedding message that carries ``models`` models."""
+    return models * sum(np.asarray(a).nbytes for a in model) / 2**20
+
+
+def warn_message_size(model: Weights, members: list[int], batch: int) -> float:
+    """Largest embedding message in MiB; logs a warning with the fix above WARN_MESSAGE_MIB."""
+    # a message holds the batch's models plus the receiver's own when it is not in the batch
+    peers = max(len(b) for b in peer_batches(members, batch)) if members else 0
+    models = peers + (peers < len(members))
+    mib = embed_message_mib(model, models)
+    if mib > WARN_MESSAGE_MIB:
+        per_model = embed_message_mib(model, 1)
+        fit = max(1, int(WARN_MESSAGE_MIB // per_model) - 1)
+        LOG.warning(
+            "EMD-CFL: embedding messages carry up to %d models (peers and the client's own), "
+            "%.0f MiB (%.1f MiB per model), to each of %d clients at once: expect that much "
+            "memory per message on the server, the SuperLink and every node. Pass "
+            "emdcfl.embed-batch=%d (peer models per message; same distances) to keep "
+            "messages under %.0f MiB", models, mib, per_model, len(members), fit,
+            WARN_MESSAGE_MIB)
+    return mib
+
+
 def cluster_step(grid: Grid, cfg: dict[str, Any], seen: list[int], latest: dict[int, Weights],
                  pubs: dict[int, bytes], rnd: int, traffic: Traffic
                  ) -> tuple[dict[int, int], dict[str, Any]]:
-    """Embedding exchange among ``seen`` clients, EMD matrix, adjacency, neighbourhood clusters."""
+    """Embedding exchange among ``seen`` clients, EMD matrix, adjacency, neighbourhood clusters.
+
+    With ``emdcfl.embed-batch`` = B > 0 the peer models go out B at a time (one exchange per
+    batch, each client also gets its own model); each pair's projection and subsample come from
+    the pair seed, so the distances equal those of one message with every peer.
+    """
     members = [n for n in seen if n in latest and n in pubs]
-    content = RecordDict({f"m:{n}": model_record(latest[n]) for n in members})
-    content["peers"] = arrays(ids=np.array(members, dtype=np.uint64),   # node ids are < 2**64
-                              pub=np.stack([np.frombuffer(pubs[n], np.uint8) for n in members]))
     spec, group = spec_of(cfg), f"embed-{rnd}"
     check = embed_reply(members, projection_dim(spec.embed_dim, cfg["emdcfl.proj-ratio"]),
-                        cfg["emdcfl.max-samples"])
-    ex = send_and_collect(grid, members, content, "query.emdcfl_embed", group, cfg["timeout"],
-                          validate=check)
-    check_each(ex, lambda nid, rd: f"'src' holds the sender's own id {nid} as a peer"   # the
-               if str(nid) in rd.array_records["src"] else None, group)   # missing peer: itself
-    require_replies(ex, group)
-    embed_s = ex.seconds
+                        cfg["emdcfl.max-samples"], all_but_sender=False)
+    batches = peer_batches(members, cfg["emdcfl.embed-batch"])
+    message_mib = warn_message_size(latest[members[0]], members, cfg["emdcfl.embed-batch"]) \
+        if members else 0.0
+    records = {n: model_record(latest[n]) for n in members}    # shared by all messages
+    clouds: dict[int, Clouds] = {n: {"src": {}, "ref": {}, "tgt": {}} for n in members}
+    failed: dict[int, str] = {}
+    embed_s = 0.0
+    for b, batch in enumerate(batches):
+        targets = [n for n in members if set(batch) - {n}]
+        name = group if len(batches) == 1 else f"{group}-batch{b}"
+
+        def content(nid: int, batch: list[int] = batch) -> RecordDict:
+            rd = RecordDict({f"m:{n}": records[n] for n in sorted({nid, *batch})})
+            rd["peers"] = arrays(ids=np.array(batch, dtype=np.uint64),   # ids are < 2**64
+                                 pub=np.stack([np.frombuffer(pubs[n], np.uint8)
+                                               for n in batch]))
+            return rd
+
+        ex = send_and_collect(grid, targets, content, "query.emdcfl_embed", name,
+                              cfg["timeout"], validate=check)
+        check_each(ex, lambda nid, rd, batch=batch: _peer_problem(nid, rd, batch), name)
+        require_replies(ex, name)
+        traffic.add(ex, "clustering")
+        embed_s += ex.seconds
+        failed.update(ex.failed)
+        for nid, rd in ex.replies.items():
+            for record in ("src", "ref", "tgt"):
+                clouds[nid][record].update(
+                    {k: v.numpy() for k, v in rd.array_records[record].items()})
+    answered = {n: clouds[n] for n in members if n not in failed}
     t0 = time.perf_counter()
-    w, excess, emd_s = emd_matrix(ex.replies, members, cfg)
+    w, excess, emd_s = emd_matrix(answered, members, cfg)
     adj = threshold_adjacency(excess, cfg["emdcfl.epsilon"])
     for i, n in enumerate(members):          # a client that did not answer stays a singleton
-        if n not in ex.replies:
+        if n not in answered:
             adj[i, :] = adj[:, i] = False
             adj[i, i] = True
     labels = neighbourhood_clusters(adj)
-    ex.seconds += time.perf_counter() - t0
-    traffic.add(ex, "clustering")
+    traffic.seconds["clustering"] += time.perf_counter() - t0
     info = {"emd": w, "excess": excess, "adjacency": adj, "members": members,
-            "emd_s": emd_s, "embed_s": embed_s,
-            "dropped": dropped(ex, "embed: ")}
+            "emd_s": emd_s, "embed_s": embed_s, "embed_messages": len(batches),
+            "embed_message_mib": message_mib,
+            "dropped": {str(n): f"embed: {why}" for n, why in sorted(failed.items())}}
     return {n: int(labels[i]) for i, n in enumerate(members)}, info
+
+
+def _peer_problem(nid: int, rd: RecordDict, batch: list[int]) -> str | None:
+    """The reply holds exactly the clouds of the peers it was sent (not the sender itself)."""
+    got = set(rd.array_records["src"])
+    want = {str(n) for n in batch if n != nid}
+    if got == want:
+        return None
+    if str(nid) in got:
+        return f"'src' holds the sender's own id {nid} as a peer"
+    return f"'src' has peers {sorted(got)}, expected the {len(want)} sent: {sorted(want)}"
 
 
 def run_emdcfl(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any]:
@@ -291,6 +362,8 @@ def run_emdcfl(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[s
             labels = new_labels
             record.update({"reclustered": True, "kept_clusters": kept, "emd_s": info["emd_s"],
                            "embed_s": info["embed_s"],
+                           "embed_messages": info["embed_messages"],
+                           "embed_message_mib": info["embed_message_mib"],
                            "dropped_nodes": merge_drops(record["dropped_nodes"],
                                                         info["dropped"])})
         record["num_clusters"] = len(set(labels.values()))

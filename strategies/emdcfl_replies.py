@@ -108,10 +108,13 @@ def ifca_reply(shapes: Sequence[tuple[int, ...]], k: int) -> Check:
     return check
 
 
-def embed_reply(members: Sequence[int], proj_dim: int, max_samples: int) -> Check:
+def embed_reply(members: Sequence[int], proj_dim: int, max_samples: int,
+                all_but_sender: bool = True) -> Check:
     """``query.emdcfl_embed``: ``src``, ``ref`` and ``tgt`` each hold one float32
     ``(n, proj_dim)`` array per other member (``1 ≤ n ≤ max_samples``), finite, under the same
-    peer ids: all members but one (the sender; checked by the caller, who knows it)."""
+    peer ids: all members but one (the sender; checked by the caller, who knows it), or, with
+    ``all_but_sender=False`` (peers sent in batches), a non-empty subset of the members (the
+    caller checks the exact set it sent)."""
     ids = {str(m) for m in members}
 
     def check(rd: RecordDict) -> str | None:
@@ -122,9 +125,12 @@ def embed_reply(members: Sequence[int], proj_dim: int, max_samples: int) -> Chec
             keys = set(rd.array_records[record])
             if peers is None:
                 peers = keys
-                if not keys <= ids or len(ids - keys) != 1:
+                if all_but_sender and (not keys <= ids or len(ids - keys) != 1):
                     return (f"'{record}' has peers {sorted(keys)}, expected every member but "
                             f"the sender ({len(ids) - 1} of {sorted(ids)})")
+                if not all_but_sender and (not keys <= ids or not keys):
+                    return (f"'{record}' has peers {sorted(keys)}, expected some of the "
+                            f"members {sorted(ids)}")
             elif keys != peers:
                 return f"'{record}' has peers {sorted(keys)}, 'src' has {sorted(peers)}"
             for key in sorted(keys):

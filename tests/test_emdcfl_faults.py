@@ -149,6 +149,10 @@ def test_embed_reply_check_covers_peers_projection_width_and_sample_cap():
     assert "every member but the sender" in check(content([2, 9]))
     assert "expected (1…8, 5)" in check(content([2, 3], width=4))
     assert "expected (1…8, 5)" in check(content([2, 3], rows=9))
+    batched = embed_reply([1, 2, 3], proj_dim=5, max_samples=8, all_but_sender=False)
+    assert batched(content([2])) is None                 # a batch: the exact set is checked
+    assert "some of the members" in batched(content([2, 9]))    # by the caller (_peer_problem)
+    assert "some of the members" in batched(content([]))
 
 
 # ----------------------------------------------------------------------------------------------

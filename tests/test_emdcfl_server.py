@@ -219,3 +219,60 @@ def test_end_to_end_with_sinkhorn_separates_two_planted_groups(tmp_path):
     excess = np.load(tmp_path / "out" / "emd_excess.npy")
     assert m["eval_ari"] == 1.0 and m["num_clusters"] == 2, (m, excess)
     assert np.isfinite(excess).all() and m["emd_s"] > 0
+
+
+def _fixed_keypairs(monkeypatch):
+    """Each run's i-th key pair is the same (the nodes' keys are random otherwise)."""
+    from itertools import count
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    from fedclust.emdcfl import privacy
+
+    calls = count()
+
+    def fixed() -> tuple[bytes, bytes]:
+        private = bytes([next(calls) + 1]) * 32
+        public = X25519PrivateKey.from_private_bytes(private).public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        return private, public
+
+    monkeypatch.setattr(privacy, "generate_keypair", fixed)
+
+
+def test_peer_batches_give_the_same_distances_in_smaller_messages(tmp_path, caplog,
+                                                                  monkeypatch):
+    """emdcfl.embed-batch=1: one peer model per message (4 exchanges); each pair's
+    projection and subsample come from the pair seed, so with the same keys the EMD matrix
+    equals that of one message with every peer. Messages above WARN_MESSAGE_MIB log the fix."""
+    import logging
+
+    from strategies import emdcfl as server
+
+    runs = {}
+    # 0.037 MiB per tiny model: 4 in one message (0.15 MiB) exceed the lowered limit, 2 do not
+    monkeypatch.setattr(server, "WARN_MESSAGE_MIB", 0.1)
+    logger = logging.getLogger("fedclust")
+    logger.addHandler(caplog.handler)                       # it may not propagate to root
+    try:
+        for batch in (0, 1):
+            _fixed_keypairs(monkeypatch)
+            out = tmp_path / f"b{batch}"
+            cfg = {**TINY, "emdcfl.rounds": 1, "emdcfl.local-epochs": 1,
+                   "emdcfl.embed-batch": batch, "output-dir": str(out)}
+            caplog.clear()
+            m = run_server(cfg, node_configs=planted_nodes(tmp_path))[0]["metrics"]
+            warned = [r.getMessage() for r in caplog.records
+                      if "embedding messages" in r.getMessage()]
+            hist = json.loads((out / "history.jsonl").read_text().splitlines()[0])
+            runs[batch] = (np.load(out / "emd_matrix.npy"), m, hist, warned)
+    finally:
+        logger.removeHandler(caplog.handler)
+    (w0, m0, h0, warned0), (w1, m1, h1, warned1) = runs[0], runs[1]
+    np.testing.assert_allclose(w1, w0, rtol=1e-12)
+    assert (h0["embed_messages"], h1["embed_messages"]) == (1, 4)
+    # 4 models in one message (every member), against own + 1 peer
+    assert h1["embed_message_mib"] == pytest.approx(h0["embed_message_mib"] * 2 / 4)
+    assert warned0 and "emdcfl.embed-batch=" in warned0[0] and not warned1
+    assert m1["clusters"] == m0["clusters"]

@@ -51,6 +51,9 @@ KEYS: list[Key] = [
         low=0.0, low_open=True),
     Key("emdcfl.num-itermax", int, 1_000_000, "OT solver iteration limit (non-convergence is "
         "an error)", low=1000),
+    Key("emdcfl.embed-batch", int, 0, "peer models per embedding message (0 = all in one "
+        "message; the paper CNN is 12.5 MiB, so 40 peers make 0.5 GiB per message). Batches "
+        "give the same distances in more, smaller messages", low=0),
     Key("emdcfl.workers", int, 2, "server processes computing the EMD matrix", low=1),
     Key("emdcfl.recluster", str, "on-join", "when to recompute the clusters: on-join (when "
         "clients take part for the first time; one-shot under full participation, the paper's "
