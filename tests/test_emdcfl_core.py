@@ -387,6 +387,25 @@ def test_experiment_table_reports_wall_time_overhead_over_the_oracle_of_the_same
     assert oracle.endswith("|  |  |  |")
 
 
+def test_experiment_table_labels_cfl_rows_that_never_split(tmp_path):
+    import json
+
+    from fedclust.emdcfl.experiments import table
+
+    rows = []
+    for rotation, clusters in (("max", [1, 1]), ("two", [1, 2])):
+        for seed, k in enumerate(clusters):
+            cfg = {"dataset": "rotmnist", "emdcfl.rotation": rotation, "emdcfl.algorithm": "cfl",
+                   "seed": seed, "emdcfl.local-epochs": 2, "num-clients": 40}
+            metrics = {"eval_acc_mean": 0.9, "eval_acc_worst": 0.8, "eval_ari": 0.0,
+                       "num_clusters": k}
+            rows.append(json.dumps({"config": cfg, "seconds": 1.0, "metrics": metrics}))
+    (tmp_path / "results.jsonl").write_text("\n".join(rows) + "\n")
+    lines = table(tmp_path).splitlines()[2:]
+    assert "| cfl (no split in the budget → FedAvg) |" in lines[0] and "| max |" in lines[0]
+    assert "| cfl |" in lines[1] and "| two |" in lines[1]       # split on one seed: plain
+
+
 def test_to_tensor_uses_the_authors_normalisation_per_image_type():
     """Grey: MNIST mean/std; RGB: per-channel ImageNet mean/std (authors' CMNIST transform)."""
     import torch

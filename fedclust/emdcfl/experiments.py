@@ -58,6 +58,7 @@ CPU_BACKDOOR: dict[str, Any] = {
     # that gap and split the targets off the label-shaded set's neighbourhoods on seed 1
     **CPU, "num-clients": 30, "emdcfl.lr": 0.01, "emdcfl.epsilon": 0.06,
 }
+NO_SPLIT = "no split in the budget → FedAvg"     # label of CFL rows that never split
 PRESETS = {"cpu": CPU, "cpu-backdoor": CPU_BACKDOOR, "small": SMALL, "paper": PAPER}
 
 
@@ -116,8 +117,11 @@ def table(out: Path | list[Path]) -> str:
             overhead = oracle_overhead(rs, [r for k, g in groups.items()
                                             if k[2] == "oracle" and _setting(k) == _setting(key)
                                             for r in g])
+        method = key[2]
+        if method == "cfl" and all(x["num_clusters"] == 1 for x in m):
+            method = f"cfl ({NO_SPLIT})"
         lines.append(
-            f"| {key[0]} | {key[1]} | {key[5]} | {key[4]} | {key[6]:g} | {key[2]} | "
+            f"| {key[0]} | {key[1]} | {key[5]} | {key[4]} | {key[6]:g} | {method} | "
             f"{key[3] if key[2] == 'emdcfl' else ''} | "
             f"{','.join(str(r['config']['seed']) for r in rs)} | "
             f"{_mean_ci([x['eval_acc_mean'] for x in m])} | "
