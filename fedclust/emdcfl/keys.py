@@ -160,7 +160,8 @@ def uneven_groups(cfg: dict[str, Any]) -> str | None:
     return (f"num-clients={n} is not a multiple of the {s} data groups of "
             f"{dataset_name(cfg)!r}: groups get {n // s + 1} or {n // s} clients (client i is "
             f"in group i % {s}); pass num-clients={max(s, n - n % s)} or "
-            f"{n - n % s + s} for even groups (the paper uses 10 per group)")
+            f"{n - n % s + s} for even groups (the paper uses 10 per group: "
+            f"emdcfl.clients-per-group=10 with num-clients={10 * s})")
 
 
 def dataset_name(cfg: dict[str, Any]) -> str:
