@@ -33,3 +33,8 @@ def test_secure_aggregation_on_the_deployment_engine(tmp_path):
                                np.load(tmp_path / "plain" / "centers.npy"), atol=1e-9, rtol=0)
     history = [json.loads(x) for x in (out / "history.jsonl").read_text().splitlines()]
     assert history[0]["contributed"] == 3 and history[0]["dropped_nodes"] == {}
+    secure, plain = (json.loads((d / "summary.json").read_text())["metrics"]
+                     for d in (out, tmp_path / "plain"))
+    # J and the evaluation tables were summed with SecAgg+ too (final phase)
+    assert secure["objective"] == pytest.approx(plain["objective"], rel=1e-9)
+    assert secure["eval_ari"] == pytest.approx(plain["eval_ari"], abs=1e-12)
