@@ -117,11 +117,20 @@ def test_survives_a_dropped_client(data_root: Path, tmp_path: Path) -> None:
     def drop(nid: int, msg) -> bool:
         return nid == 1002 and msg.metadata.message_type in ("query.fedcref_assoc",
                                                              "train.fedcref_comm")
+    n_clusters: dict[int, int] = {}
+
+    def inspect(msg, rep) -> None:
+        if msg.metadata.message_type == "train.fedcref_local" and rep.has_content():
+            n_clusters[msg.metadata.dst_node_id] = (
+                rep.content.array_records["clusters"]["clusters"].numpy().size)
+
     summary, _ = run_server(_cfg(data_root, tmp_path, **{"fedcref.max-iterations": 1}),
-                            drop=drop)
+                            drop=drop, inspect=inspect)
     assert 1002 in summary["metrics"]["dropped_nodes"]
     hist = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
     assert hist[0]["dropped_nodes"]["assoc"]["1002"].startswith("no reply")
+    # the documented rule: a client missing from the association step leaves the graph
+    assert hist[0]["clusters"] == sum(n_clusters.values()) - n_clusters[1002]
     assert summary["metrics"]["eval_acc_end"] > 0.8
 
 
