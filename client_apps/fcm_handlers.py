@@ -31,10 +31,13 @@ def _scaled_data(msg: Message, context: Context) -> tuple[ClientData, dict, np.n
     return data, cfg, x
 
 
-def _eval_table(data: ClientData, x: np.ndarray, centers: np.ndarray) -> np.ndarray:
+def _eval_table(data: ClientData, x: np.ndarray, centers: np.ndarray,
+                n_rows: int | None = None) -> np.ndarray:
+    """Label × cluster counts (evaluation path); ``n_rows`` fixes the label rows (SecAgg+)."""
     y = data.y_eval
-    labels = labels_from_centers(x, centers)
-    return contingency(y, labels, int(y.max()) + 1 if y.size else 0, centers.shape[0])
+    if n_rows is None:
+        n_rows = int(y.max()) + 1 if y.size else 0
+    return contingency(y, labels_from_centers(x, centers), n_rows, centers.shape[0])
 
 
 @app.query("fcm_stats")
@@ -90,7 +93,7 @@ def secure_final_vector(data: ClientData, x: np.ndarray, centers: np.ndarray, m:
         if int(data.y_eval.max()) >= rows:
             raise ValueError(f"this node's labels go up to {int(data.y_eval.max())} but the server "
                              f"asked for a {rows}-row contingency table (labels 0..{rows - 1})")
-        table = contingency(data.y_eval, labels_from_centers(x, centers), rows, c)
+        table = _eval_table(data, x, centers, rows)
     return pack_final(fcm.objective(x, centers, m), table, float(fit_cfg["fedclust.secure-scale"]),
                       float(fit_cfg["fedclust.secure-scale-table"]),
                       int(fit_cfg.get("fedclust.limbs", LIMBS)))
