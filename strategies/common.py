@@ -207,6 +207,15 @@ def read_arrays(record: ArrayRecord) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in record.items()}
 
 
+def result_record(run_dir: object) -> ConfigRecord:
+    """Config record ``"result"`` of a final message: the run's results folder.
+
+    A simulated client writes its owner's results under ``<run-dir>/clients/<partition-id>/``;
+    a deployed node ignores it and uses its own node config (``client_apps.results``).
+    """
+    return ConfigRecord({"run-dir": str(run_dir)})
+
+
 def config_record(values: Mapping[str, object]) -> ConfigRecord:
     return ConfigRecord(dict(values))
 

@@ -1,0 +1,165 @@
+"""Apply a finished run to new rows: ``fedclust predict RUN_DIR DATA --out FILE``.
+
+Works on any machine that holds the run's results folder (``summary.json`` and the arrays or
+models the method saved). ``DATA`` is read with the loader a deployed node uses for its
+``data-path`` (csv/tsv, npz, npy, a folder of images), so a site's own file predicts to the
+labels it received at the end of the run.
+
+- ``exact-fcm``, ``fedfcm``: the run's federated scaling, then FCM memberships to the final
+  centers (FedFCM: at the chosen K); columns ``row,label,u0,…,u<C−1>``.
+- ``fedcref``: each row goes to the community model that reconstructs it best; ``row,label``.
+- ``emdcfl``: class predictions of one cluster's model (``cluster=``); ``row,label``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+class PredictError(ValueError):
+    """The run folder or the rows cannot be used for prediction."""
+
+
+@dataclass
+class Prediction:
+    """Rows out of :func:`predict`: ``table`` has one line per input row, ``header`` names its
+    columns (the same as the run's ``assignments.csv``)."""
+
+    header: list[str]
+    table: np.ndarray
+    fmt: list[str] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def labels(self) -> np.ndarray:
+        return self.table[:, 1].astype(np.int64)
+
+
+# method -> "module:function(run_dir, summary, x, options) -> Prediction"
+PREDICTORS: dict[str, str] = {
+    "exact-fcm": "fedclust.predict:predict_fcm",
+    "fedfcm": "fedclust.predict:predict_fcm",
+    "fedcref": "fedclust.fedcref.predict:predict_rows",
+    "emdcfl": "fedclust.emdcfl.predict:predict_rows",
+}
+
+
+def load_summary(run_dir: str | Path) -> dict[str, Any]:
+    path = Path(run_dir).expanduser() / "summary.json"
+    if not path.is_file():
+        raise PredictError(f"{path} does not exist: RUN_DIR must be the results folder of a "
+                           f"finished run (the folder that holds summary.json)")
+    return json.loads(path.read_text())
+
+
+def predict(run_dir: str | Path, data: str | Path | np.ndarray, out: str | Path | None = None,
+            *, data_format: str = "", label_column: str = "", **options: Any) -> Prediction:
+    """Apply the run in ``run_dir`` to ``data`` (a file/folder, or an array of rows).
+
+    Parameters
+    ----------
+    run_dir : path
+        A finished run's results folder.
+    data : path or ndarray
+        New rows, in the run's original feature units.
+    out : path, optional
+        Write the prediction as CSV there.
+    data_format, label_column : str
+        As the node config keys of the same names (a label column is dropped, not used).
+    **options
+        Method options, e.g. ``cluster=2`` for EMD-CFL.
+    """
+    run_dir = Path(run_dir).expanduser()
+    summary = load_summary(run_dir)
+    method = summary.get("method")
+    if method not in PREDICTORS:
+        raise PredictError(f"{run_dir}/summary.json names method {method!r}; predict knows "
+                           f"{sorted(PREDICTORS)}")
+    if isinstance(data, np.ndarray):
+        x = np.asarray(data, dtype=np.float64)
+        x = x.reshape(len(x), -1) if x.ndim != 2 else x
+    else:
+        from fedclust.data.local import load_local_table
+
+        x, _ = load_local_table(str(data), data_format, label_column)
+    if x.shape[0] == 0:
+        raise PredictError(f"{data} holds no rows")
+    module, _, fn = PREDICTORS[method].partition(":")
+    result: Prediction = getattr(importlib.import_module(module), fn)(run_dir, summary, x,
+                                                                      options)
+    if out is not None:
+        from client_apps.results import write_table
+
+        out = Path(out).expanduser()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_table(out, result.header, result.table, result.fmt or "%.17g")
+    return result
+
+
+def check_width(x: np.ndarray, expected: int, what: str) -> None:
+    """Refuse rows of the wrong width with a message naming both widths."""
+    if x.shape[1] != expected:
+        raise PredictError(f"the rows have {x.shape[1]} features but the run's {what} "
+                           f"{expected}. Allowed: rows with the {expected} features the run "
+                           f"was fitted on, in the same order and units (with a label "
+                           f"column, name it: --label-column)")
+
+
+def predict_fcm(run_dir: Path, summary: dict[str, Any], x: np.ndarray,
+                options: dict[str, Any]) -> Prediction:
+    """FCM memberships (paper 004 eq. 3 / paper 003 eq. 2) to the run's final centers, in the
+    run's federated scaling."""
+    from fedclust import fcm
+    from fedclust.data import scaling
+
+    if options:
+        raise PredictError(f"method {summary['method']} takes no options, got {sorted(options)}")
+    try:
+        centers = np.load(run_dir / "centers.npy")
+        shift = np.load(run_dir / "scaling_shift.npy")
+        scale = np.load(run_dir / "scaling_scale.npy")
+    except FileNotFoundError as exc:
+        raise PredictError(f"{run_dir} lacks {Path(exc.filename).name}: the run did not finish "
+                           f"or was made by an older fedclust") from exc
+    check_width(x, centers.shape[1], "centers have")
+    cfg = summary["config"]
+    m = float(cfg["fcm.m"] if summary["method"] == "exact-fcm" else cfg["fedfcm.m"])
+    u = fcm.memberships(scaling.apply(x, shift, scale), centers, m)
+    labels = np.argmax(u, axis=1)
+    table = np.column_stack([np.arange(len(x)), labels, u])
+    header = ["row", "label"] + [f"u{i}" for i in range(centers.shape[0])]
+    return Prediction(header, table, ["%d", "%d"] + ["%.17g"] * centers.shape[0],
+                      {"n_clusters": int(centers.shape[0])})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="fedclust predict", description="Apply a finished run to new rows.")
+    parser.add_argument("run_dir", help="the run's results folder (holds summary.json)")
+    parser.add_argument("data", help="csv/tsv/npz/npy file or image folder, as a node's data-path")
+    parser.add_argument("--out", required=True, help="CSV to write (row,label,...)")
+    parser.add_argument("--data-format", default="", help="as node config 'data-format'")
+    parser.add_argument("--label-column", default="",
+                        help="a label column in DATA to drop (name or 0-based index)")
+    parser.add_argument("--cluster", type=int, default=None,
+                        help="EMD-CFL: the cluster whose model predicts (see the run's summary)")
+    args = parser.parse_args(argv)
+    options = {} if args.cluster is None else {"cluster": args.cluster}
+    try:
+        result = predict(args.run_dir, args.data, args.out, data_format=args.data_format,
+                         label_column=args.label_column, **options)
+    except (PredictError, ValueError) as exc:
+        print(f"fedclust predict: {exc}", file=sys.stderr)
+        return 2
+    counts = np.bincount(result.labels) if len(result.table) else []
+    print(f"{len(result.table)} rows -> {args.out} (label counts {list(map(int, counts))})")
+    return 0
