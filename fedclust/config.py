@@ -162,19 +162,26 @@ COMMON_KEYS: list[Key] = [
     Key("method", str, "exact-fcm", "federated clustering method",
         choices=("exact-fcm", "fedfcm", "fedcref", "emdcfl")),
     Key("dataset", str, "blobs", "dataset name (see README: Datasets)"),
-    Key("num-clients", int, 5, "number of clients (simulation: partitions of the dataset)",
-        low=1, high=10_000),
+    Key("num-clients", int, 0, "number of clients; 0 = as many as the engine has (simulation: "
+        "its SuperNodes, each partition partition-id of num-partitions; deployment: the "
+        "connected nodes; dataset=files: one per file)", low=0, high=10_000),
     Key("seed", int, 0, "master random seed", low=0),
     Key("output-dir", str, "", "directory for summary.json, history.jsonl, arrays "
         "(empty: ~/fedclust-runs/<method>/<dataset>-seed<seed>-<time>)"),
-    Key("data-dir", str, "", "folder with dataset files for file-based datasets"),
+    Key("data-dir", str, "", "folder with dataset files for file-based datasets; "
+        "dataset=files: one file (or image folder) per client, sorted by name"),
+    Key("files.format", str, "", "dataset=files: file format as node config 'data-format' "
+        "(empty: from the suffix; csv, tsv, npz, npy, images)",
+        choices=("", "csv", "tsv", "txt", "npz", "npy", "images")),
+    Key("files.label-column", str, "", "dataset=files: a label column of the csv/tsv files "
+        "(header name or 0-based index), as node config 'label-column'; evaluation only"),
     Key("evaluate", bool, True,
         "compute ground-truth metrics (eval_*) on the evaluation path; false in real deployments"),
     Key("timeout", float, 600.0, "seconds to wait for client replies per step", low=0.0,
         low_open=True),
     Key("min-clients", int, 0,
-        "wait for at least this many nodes before starting (0 = num-clients)",
-        low=0),
+        "deployment: wait for at least this many nodes before starting (0 = num-clients, "
+        "or 1 when num-clients is 0; then every connected node takes part)", low=0),
     Key("partition.kind", str, "iid", "how the dataset is split across clients (simulation)",
         choices=("iid", "stratified", "column", "recipe", "dirichlet")),
     Key("partition.alpha", float, 0.5, "Dirichlet concentration for label skew", low=0.0,
@@ -258,10 +265,20 @@ def validate(run_config: Mapping[str, Any], keys: Iterable[Key] | None = None) -
                      if all(_available(p) for p in (s.runner, *s.keys))]
         raise ConfigError(f"run config 'method' = {cfg['method']!r} is not installed in this "
                           f"build. Allowed: {', '.join(installed)}.")
+    require(cfg["num-clients"] == 0 or cfg["min-clients"] <= cfg["num-clients"], "min-clients",
+            cfg["min-clients"], f"at most num-clients ({cfg['num-clients']}), or 0",
+            f"pass min-clients={cfg['num-clients']} or raise num-clients")
     for check in spec.cross_checks:
         module, _, attr = check.partition(":")
         getattr(importlib.import_module(module), attr)(cfg)
     return cfg
+
+
+def own_data(cfg: Mapping[str, Any]) -> bool:
+    """Whether every client reads its own file (``dataset`` ``local``: a deployed node's
+    ``data-path``; ``files``: one file of ``data-dir`` per simulated client) instead of a
+    partition of one shared dataset."""
+    return cfg["dataset"] in ("local", "files")
 
 
 def require(cond: bool, key: str, value: Any, allowed: str, fix: str) -> None:

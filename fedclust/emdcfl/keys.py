@@ -76,10 +76,13 @@ KEYS: list[Key] = [
 
 def check(cfg: dict[str, Any]) -> None:
     """Cross-key rules; raise ConfigError before any work."""
-    require(cfg["dataset"] in DATASETS + ("blobs",), "dataset", cfg["dataset"],
+    require(cfg["dataset"] in DATASETS + ("blobs", "files", "local"), "dataset", cfg["dataset"],
             "for method=emdcfl one of " + ", ".join(DATASETS)
-            + " ('blobs', the project default, means rotdigits)",
+            + " ('blobs', the project default, means rotdigits), 'files' (one labelled .npz "
+            "per client in data-dir) or 'local' (each node's data-path)",
             "pass dataset=\"rotdigits\" (no files) or dataset=\"rotmnist\" with data-dir")
+    if cfg["num-clients"] == 0:   # as many as the engine has: checked once the server knows it
+        return
     require(cfg["num-clients"] >= 2, "num-clients", cfg["num-clients"], ">= 2 clients",
             "pass num-clients=8 or more")
     per_group, groups = cfg["emdcfl.clients-per-group"], num_groups(cfg)

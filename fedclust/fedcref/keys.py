@@ -6,7 +6,8 @@ from typing import Any
 
 from fedclust.config import Key, require
 
-IMAGE_DATASETS = ("digits", "mnist", "fashion-mnist", "emnist-digits", "kmnist", "k49", "local")
+IMAGE_DATASETS = ("digits", "mnist", "fashion-mnist", "emnist-digits", "kmnist", "k49", "local",
+                  "files")
 
 
 def _hidden(value: str) -> str | None:
@@ -101,6 +102,6 @@ def check(cfg: dict[str, Any]) -> None:
     require(cfg["fedcref.association"] != "perfect" or cfg["evaluate"], "fedcref.association",
             cfg["fedcref.association"], "'perfect' only with evaluate=true (it is a ground-truth "
             "baseline)", "set evaluate=true or use fedcref.association=mutual")
-    require(cfg["dataset"] in ("digits", "local") or cfg["data-dir"] != "", "data-dir",
+    require(cfg["dataset"] in ("digits", "local", "files") or cfg["data-dir"] != "", "data-dir",
             cfg["data-dir"], f"the folder holding the {cfg['dataset']} files",
             "pass data-dir=/path/to/data (e.g. ../shared/data)")
