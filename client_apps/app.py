@@ -3,6 +3,15 @@
 Handlers of each method live in ``client_apps/<method>_handlers.py`` and register named actions
 on :data:`app` (``@app.query("fcm_sums")`` handles message type ``"query.fcm_sums"``). Importing
 this module imports every handler module listed in :mod:`server_app.registry`.
+
+:func:`engine_mod` runs before every handler and makes a simulated node look like a deployed
+one where the run asks for it, so that every method has one data path:
+
+- ``num-clients = 0`` (as many as the engine has): a simulated node sees ``num-clients`` =
+  its ``num-partitions``;
+- ``dataset = "files"``: simulated client ``i`` gets node config ``data-path`` = the ``i``-th
+  site file of ``data-dir`` (and ``data-format``/``label-column`` from ``files.*``), read by
+  the loader a deployed node uses.
 """
 
 from __future__ import annotations
@@ -10,9 +19,36 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
+from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-app = ClientApp()
+
+def engine_mod(msg: Message, context: Context, call_next) -> Message:
+    """Resolve ``num-clients = 0`` and ``dataset = "files"`` from this node's engine config."""
+    node, run = context.node_config, context.run_config
+    if "num-partitions" in node and int(run.get("num-clients", 0) or 0) == 0:
+        context.run_config = run = {**run, "num-clients": int(node["num-partitions"])}
+    if run.get("dataset") == "files" and "partition-id" in node:
+        from fedclust.data.sites import site_file
+
+        path = site_file(run, int(node["partition-id"]))
+        context.node_config = {**node, "data-path": str(path),
+                               "data-format": str(run.get("files.format", "")),
+                               "label-column": str(run.get("files.label-column", ""))}
+    return call_next(msg, context)
+
+
+app = ClientApp(mods=[engine_mod])
+
+
+@app.query("fedclust_node")
+def node_info(msg: Message, context: Context) -> Message:
+    """What the engine told this node: ``num-partitions`` in simulation, 0 on a deployed node
+    (which reads its own ``data-path``). Nothing about its data."""
+    node = context.node_config
+    parts = int(node["num-partitions"]) if "num-partitions" in node else 0
+    return Message(RecordDict({"metrics": MetricRecord({"num-partitions": parts})}),
+                   reply_to=msg)
 
 
 def _register_handlers() -> None:

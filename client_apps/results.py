@@ -5,7 +5,8 @@ the final centers or its cluster's model) into its *owner folder*:
 
 - deployment, node config ``output-dir`` set: ``<output-dir>/<run-id>/``;
 - deployment, no ``output-dir``: ``<folder of data-path>/fedclust-results/<run-id>/``;
-- simulation (node config ``partition-id``): ``<run's output-dir>/clients/<partition-id>/``.
+- simulation (node config ``partition-id``, ``dataset="files"`` included):
+  ``<run's output-dir>/clients/<partition-id>/``.
   The server names its results folder in the final message (config record ``"result"``,
   key ``"run-dir"``); a deployed node ignores it, since the server's paths mean nothing there.
 
@@ -34,15 +35,19 @@ def owner_dir(msg: Message, context: Context) -> Path | None:
     """
     node = context.node_config
     run_id = str(context.run_id)
+    rec = msg.content.config_records.get(RESULT_RECORD)
+    run_dir = str(rec.get("run-dir", "")) if rec is not None else ""
     if str(node.get("output-dir", "")):
         path = Path(str(node["output-dir"])).expanduser() / run_id
-    elif "data-path" in node:
-        path = Path(str(node["data-path"])).expanduser().resolve().parent / "fedclust-results" / run_id
-    else:
-        rec = msg.content.config_records.get(RESULT_RECORD)
-        if rec is None or not str(rec.get("run-dir", "")) or "partition-id" not in node:
+    elif "partition-id" in node:   # simulated (dataset=files too: data-path is then set)
+        if not run_dir:
             return None
-        path = Path(str(rec["run-dir"])) / "clients" / str(int(node["partition-id"]))
+        path = Path(run_dir) / "clients" / str(int(node["partition-id"]))
+    elif "data-path" in node:
+        path = (Path(str(node["data-path"])).expanduser().resolve().parent
+                / "fedclust-results" / run_id)
+    else:
+        return None
     path.mkdir(parents=True, exist_ok=True)
     return path
 

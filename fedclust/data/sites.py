@@ -1,0 +1,87 @@
+"""``dataset="files"``: each site's own file, one per simulated client.
+
+``data-dir`` holds one entry per site — a csv/tsv/txt/npz/npy file or a folder of images —
+sorted by name; simulated client ``i`` (node config ``partition-id``) is the ``i``-th entry and
+reads it with the loader a deployed node uses for its ``data-path``
+(:func:`fedclust.data.local.load_local_table`). Hidden entries (``.name``) are ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+SUFFIXES = (".csv", ".tsv", ".txt", ".npz", ".npy")
+
+
+class SiteFilesError(ValueError):
+    """``data-dir`` does not hold one usable file per client."""
+
+
+def site_files(data_dir: str | Path) -> list[Path]:
+    """The per-site entries of ``data_dir``, sorted by name."""
+    root = Path(str(data_dir)).expanduser()
+    if str(data_dir) == "":
+        raise SiteFilesError("dataset='files' needs run config 'data-dir': a folder with one "
+                             "file per site (csv, tsv, npz, npy, or an image folder). Fix: "
+                             "pass data-dir=\"/path/to/sites\"")
+    if not root.is_dir():
+        raise SiteFilesError(f"run config 'data-dir' = {str(data_dir)!r} is not a folder. "
+                             f"Allowed: a folder with one file per site. Fix: pass the folder "
+                             f"that holds the site files")
+    entries = sorted((p for p in root.iterdir() if not p.name.startswith(".")
+                      and (p.is_dir() or p.suffix.lower() in SUFFIXES)), key=lambda p: p.name)
+    if not entries:
+        others = sorted(p.name for p in root.iterdir())[:5]
+        raise SiteFilesError(
+            f"data-dir {str(root)!r} holds no site files (allowed: {', '.join(SUFFIXES)} files "
+            f"or image folders; found {others or 'nothing'}). Fix: put one file per site there")
+    return entries
+
+
+def site_file(cfg: Mapping[str, Any], partition_id: int) -> Path:
+    """The file of simulated client ``partition_id``."""
+    files = site_files(cfg["data-dir"])
+    if not 0 <= partition_id < len(files):
+        raise SiteFilesError(f"this node is partition {partition_id} but data-dir holds "
+                             f"{len(files)} site files")
+    return files[partition_id]
+
+
+def check_sites(cfg: Mapping[str, Any], num_nodes: int | None = None) -> list[int]:
+    """Preflight of ``dataset="files"``: one readable file per node, all of one width.
+
+    Loads every file once with the node loader (on the machine running the simulation, where
+    the files are) and returns the feature count of each. Raises :class:`SiteFilesError` naming
+    the files at fault; only shapes leave this function.
+    """
+    from fedclust.data.local import load_local_table
+
+    files = site_files(cfg["data-dir"])
+    if num_nodes is not None and num_nodes != len(files):
+        raise SiteFilesError(
+            f"data-dir holds {len(files)} site files but the engine has {num_nodes} nodes: "
+            f"with dataset='files' each simulated client reads one file. Fix: pass "
+            f"--federation-config 'num-supernodes={len(files)}' to flwr run (or "
+            f"num_supernodes={len(files)} to fedclust-sweep), or move files out of data-dir")
+    widths, bad = [], []
+    for path in files:
+        try:
+            x, _ = load_local_table(str(path), cfg.get("files.format", ""),
+                                    cfg.get("files.label-column", ""))
+        except (OSError, ValueError) as exc:
+            bad.append(f"{path.name}: {exc}")
+            continue
+        if x.shape[0] == 0:
+            bad.append(f"{path.name}: no rows")
+        widths.append(int(x.shape[1]))
+    if bad:
+        raise SiteFilesError("unreadable site files in data-dir: " + "; ".join(bad))
+    if len(set(widths)) > 1:
+        listing = ", ".join(f"{p.name}: {w}" for p, w in zip(files, widths))
+        raise SiteFilesError(f"the site files have different feature counts ({listing}). "
+                             f"Allowed: the same columns in every file. Fix: give every site "
+                             f"the same features (a label column is named by "
+                             f"files.label-column and not counted)")
+    return widths
