@@ -67,13 +67,57 @@ def fcm_sums(msg: Message, context: Context) -> Message:
     return reply(msg, arrays={"sums": {"U": u, "WS": ws}}, metrics={"withheld": 0})
 
 
+def fuzzifier(cfg: dict) -> float:
+    """The run's m (exact FCM: ``fcm.m``; FedFCM: ``fedfcm.m``)."""
+    return float(cfg["fedfcm.m"] if cfg["method"] == "fedfcm" else cfg["fcm.m"])
+
+
+def keep_owner_results(msg: Message, context: Context, cfg: dict, x: np.ndarray,
+                       centers: np.ndarray, shift: np.ndarray, scale: np.ndarray,
+                       run_dir: str | None = None) -> None:
+    """Write this node's FCM results for its owner (never sent): ``assignments.csv``
+    (``row,label,u0,…``), ``centers.csv`` in the original feature units, the arrays
+    ``fedclust predict`` needs, and ``result.json`` last."""
+    from client_apps import results
+
+    folder = results.owner_dir(msg, context, run_dir)
+    if folder is None:
+        return
+    m = fuzzifier(cfg)
+    u = fcm.memberships(x, centers, m)
+    labels = np.argmax(u, axis=1)
+    results.write_assignments(folder, labels, u)
+    results.write_table(folder / "centers.csv", [f"f{i}" for i in range(centers.shape[1])],
+                        centers * scale + shift)
+    for name, arr in (("centers", centers), ("scaling_shift", shift), ("scaling_scale", scale)):
+        np.save(folder / f"{name}.npy", arr)
+    key = "fedfcm.m" if cfg["method"] == "fedfcm" else "fcm.m"
+    results.write_summary(folder, cfg["method"], {key: m})
+    results.write_result(folder, {
+        "method": cfg["method"], "run_id": context.run_id, "rows": int(x.shape[0]),
+        "n_clusters": int(centers.shape[0]), "m": m,
+        "rows_per_cluster": np.bincount(labels, minlength=centers.shape[0]),
+        "files": ["assignments.csv", "centers.csv"]})
+
+
 @app.query("fcm_final")
 def fcm_final(msg: Message, context: Context) -> Message:
-    """Objective share J_m of this client and, on the evaluation path, its contingency table."""
+    """Objective share J_m of this client and, on the evaluation path, its contingency table.
+
+    The final centers arrive here: the node also keeps its owner's results
+    (:func:`keep_owner_results`); nothing of them is in the reply.
+    """
     data, cfg, x = _scaled_data(msg, context)
     centers = msg.content.array_records["centers"]["centers"].numpy()
-    arrays = {"objective": {"J": np.array([fcm.objective(x, centers, cfg["fcm.m"])])}}
-    if cfg["evaluate"] and data.y_eval is not None:
+    if "scaling" in msg.content.array_records:
+        sc = msg.content.array_records["scaling"]
+        shift, scale = sc["shift"].numpy(), sc["scale"].numpy()
+    else:
+        shift, scale = np.zeros(x.shape[1]), np.ones(x.shape[1])
+    keep_owner_results(msg, context, cfg, x, centers, shift, scale)
+    arrays = {"objective": {"J": np.array([fcm.objective(x, centers, fuzzifier(cfg))])}}
+    # FedFCM's evaluation tables of every K already came with the FedFuzzDB statistics.
+    if cfg["evaluate"] and data.y_eval is not None and cfg["method"] == "exact-fcm":
         arrays["eval"] = {"contingency": _eval_table(data, x, centers)}
     return reply(msg, arrays=arrays)
 

@@ -27,16 +27,18 @@ from flwr.app import Context, Message
 RESULT_RECORD = "result"
 
 
-def owner_dir(msg: Message, context: Context) -> Path | None:
+def owner_dir(msg: Message, context: Context, run_dir: str | None = None) -> Path | None:
     """The folder this client writes its owner's results to (created), or ``None``.
 
     ``None`` when the node is simulated and the server named no results folder (e.g. a test
-    message without the ``"result"`` record).
+    message without the ``"result"`` record). ``run_dir`` overrides the record (SecAgg+
+    messages carry it in their fit config).
     """
     node = context.node_config
     run_id = str(context.run_id)
-    rec = msg.content.config_records.get(RESULT_RECORD)
-    run_dir = str(rec.get("run-dir", "")) if rec is not None else ""
+    if run_dir is None:
+        rec = msg.content.config_records.get(RESULT_RECORD)
+        run_dir = str(rec.get("run-dir", "")) if rec is not None else ""
     if str(node.get("output-dir", "")):
         path = Path(str(node["output-dir"])).expanduser() / run_id
     elif "partition-id" in node:   # simulated (dataset=files too: data-path is then set)
@@ -84,5 +86,16 @@ def write_result(folder: Path, meta: Mapping[str, Any]) -> Path:
     path = folder / "result.json"
     tmp = path.with_name("result.json.part")
     tmp.write_text(json.dumps(to_jsonable(dict(meta)), indent=2))
+    os.replace(tmp, path)
+    return path
+
+
+def write_summary(folder: Path, method: str, config: Mapping[str, Any], **extra: Any) -> Path:
+    """A client-side ``summary.json`` (``scope: "client"``) so that ``fedclust predict`` can be
+    pointed at the owner folder itself; ``config`` holds only the keys prediction needs."""
+    path = folder / "summary.json"
+    tmp = path.with_name("summary.json.part")
+    tmp.write_text(json.dumps({"method": method, "scope": "client", "config": dict(config),
+                               **extra}, indent=2))
     os.replace(tmp, path)
     return path

@@ -70,5 +70,6 @@ def preflight(cfg: dict[str, Any]) -> None:
     from fedclust.data.tabular import load_dataset
 
     ds = load_dataset(cfg)
-    make_partition(cfg["partition.kind"], ds, cfg["num-clients"], cfg["seed"],
-                   cfg["partition.alpha"], cfg["partition.column"])
+    if cfg["num-clients"]:   # 0: the engine's node count, checked when the run starts
+        make_partition(cfg["partition.kind"], ds, cfg["num-clients"], cfg["seed"],
+                       cfg["partition.alpha"], cfg["partition.column"])

@@ -72,10 +72,12 @@ def _flower_link():
 def run_job(cfg: DictConfig) -> dict[str, Any]:
     """Run one composed job; return its summary."""
     run_config = flatten(OmegaConf.to_container(cfg.app, resolve=True))
-    n = int(cfg.num_supernodes or run_config.get("num-clients", 5))
+    from fedclust.data.sites import simulated_nodes
     from server_app.app import check_run_config
 
-    check_run_config(run_config)      # fail fast (keys, data files), before starting any engine
+    n = int(cfg.num_supernodes or simulated_nodes(run_config, 5))
+
+    check_run_config({**run_config, "num-clients": n})      # fail fast (keys, data files), before starting any engine
     if cfg.engine == "inprocess":
         from server_app.inprocess import run_server
 

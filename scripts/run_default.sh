@@ -14,7 +14,8 @@ cfg = {"output-dir": out}
 for item in extra:
     k, _, v = item.partition("=")
     cfg[k] = v
-n = int(cfg.get("num-clients", 5))
+from fedclust.data.sites import simulated_nodes
+n = simulated_nodes(cfg, 5)
 with SimulationSuperLink() as link:
     res = link.run(cfg, num_supernodes=n)
 print(res.log)

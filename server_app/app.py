@@ -52,6 +52,11 @@ def check_run_config(run_config: dict[str, Any]) -> dict[str, Any]:
     config.
     """
     cfg = validate(run_config)
+    if cfg["dataset"] == "files":   # the nodes read the site files with the node loader
+        from fedclust.data.sites import check_sites
+
+        check_sites(cfg, cfg["num-clients"] or None)
+        return cfg
     spec = METHODS[cfg["method"]]
     if spec.preflight:
         _load(spec.preflight)(cfg)
@@ -61,13 +66,20 @@ def check_run_config(run_config: dict[str, Any]) -> dict[str, Any]:
 def run_method(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
     """Validate, preflight, run the method's server loop and write ``summary.json``."""
     _setup_logging()
+    from strategies.common import engine_clients
+
+    # Bad values and missing files stop the run here, before it waits for any node.
     cfg = check_run_config(run_config)
+    n = engine_clients(grid, cfg)
+    if n != cfg["num-clients"]:   # num-clients = 0: now the engine's count is known
+        cfg = check_run_config({**run_config, "num-clients": n})
     runner = _load(METHODS[cfg["method"]].runner)
     recorder = RunRecorder(output_dir(cfg), cfg["method"], cfg["dataset"], cfg["seed"],
                            cfg["num-clients"], cfg)
     LOG.info("method=%s dataset=%s clients=%s -> %s", cfg["method"], cfg["dataset"],
-             cfg["num-clients"], recorder.dir)
+             cfg["num-clients"] or "every connected node", recorder.dir)
     metrics = runner(grid, cfg, recorder)
+    recorder.num_clients = recorder.config["num-clients"] = cfg["num-clients"]
     summary = recorder.finish(metrics)
     LOG.info("done in %.1fs: %s", summary["wall_time_s"],
              {k: v for k, v in summary["metrics"].items() if not isinstance(v, (dict, list))})

@@ -104,7 +104,9 @@ def run_server(run_config: Mapping[str, Any], num_nodes: int | None = None, **gr
     from client_apps.app import app as client_app
     from server_app.app import run_method
 
-    n = int(num_nodes if num_nodes is not None else run_config.get("num-clients", 5))
+    from fedclust.data.sites import simulated_nodes
+
+    n = int(num_nodes if num_nodes is not None else simulated_nodes(run_config, 5))
     grid = InProcessGrid(client_app, n, run_config, **grid_kwargs)
     summary = run_method(grid, dict(run_config))
     return summary, grid

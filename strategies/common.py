@@ -92,28 +92,79 @@ def check_each(ex: Exchange, check: Callable[[int, RecordDict], str | None], pha
         reject(ex, nid, problem, phase)
 
 
-def connected_clients(grid: Grid, cfg: Mapping[str, object]) -> list[int]:
+def engine_clients(grid: Grid, cfg: Mapping[str, object]) -> int:
+    """The run's client count as the engine has it (0: every connected node, deployment).
+
+    Asks one node what the engine told it (action ``query.fedclust_node``): a simulated node
+    is partition ``partition-id`` of ``num-partitions``, so ``num-partitions`` is the engine's
+    node count; a deployed node answers 0. A non-zero ``num-clients`` that disagrees with the
+    engine, or a ``dataset="files"`` folder with another number of files, stops the run here
+    with both numbers and the fix (instead of waiting ``timeout`` for nodes that never come).
+    """
+    from fedclust.config import ConfigError
+
+    timeout = float(cfg["timeout"])  # type: ignore[arg-type]
+    first = wait_for_nodes(grid, 1, timeout)
+    if not first:
+        raise RuntimeError(f"no node connected within timeout={timeout:g}s (run config "
+                           "'timeout'): start the SuperNodes, or raise timeout, and run again")
+    ex = send_and_collect(grid, first[:1], RecordDict(), "query.fedclust_node", "engine",
+                          timeout, validate=_node_info_ok)
+    if not ex.replies:
+        raise RuntimeError(f"node {first[0]} did not say what the engine gave it: "
+                           f"{ex.failed[first[0]]}")
+    parts = int(ex.replies[first[0]].metric_records["metrics"]["num-partitions"])
+    n = int(cfg["num-clients"])  # type: ignore[call-overload]
+    if parts == 0:
+        return n
+    if cfg["dataset"] == "files":
+        from fedclust.data.sites import check_sites
+
+        check_sites(cfg, parts)
+    if n and n != parts:
+        raise ConfigError(
+            f"run config 'num-clients' = {n} but the simulation engine has {parts} nodes "
+            f"(every node is one of num-partitions={parts} partitions). Allowed: num-clients=0 "
+            f"(as many clients as the engine has) or {parts}. Fix: pass --federation-config "
+            f"'num-supernodes={n}' to flwr run, or num-clients=0")
+    return parts
+
+
+def _node_info_ok(content: RecordDict) -> str | None:
+    if "metrics" not in content.metric_records or \
+            "num-partitions" not in content.metric_records["metrics"]:
+        return "no 'num-partitions'"
+    return None
+
+
+def connected_clients(grid: Grid, cfg: dict[str, object]) -> list[int]:
     """:func:`wait_for_nodes` for a run, refusing more nodes than a simulated partition has.
 
-    With a shared dataset (any ``dataset`` but ``local``; for EMD-CFL, unless
+    With a shared dataset (any ``dataset`` but ``local``/``files``; for EMD-CFL, unless
     ``emdcfl.preflight=false`` says the nodes bring their own files) node ``i`` holds partition
     ``i`` of ``num-clients``: surplus nodes would hold nothing meaningful, so the run stops
     before any work and says how to match the engine to the run config. (Only nodes connected
     when ``num-clients`` are reached are seen: in deployment, later ones are not counted.)
+    ``num-clients = 0`` (deployment): wait for ``min-clients`` nodes (at least one), then
+    every connected node takes part, and ``cfg["num-clients"]`` is set to their number.
     A RuntimeError when no node connected within ``timeout``.
     """
+    from fedclust.config import ConfigError, own_data
+
     n = int(cfg["num-clients"])  # type: ignore[call-overload]
-    nodes = wait_for_nodes(grid, int(cfg["min-clients"]) or n,  # type: ignore[call-overload]
+    nodes = wait_for_nodes(grid, int(cfg["min-clients"]) or n or 1,  # type: ignore[call-overload]
                            float(cfg["timeout"]))  # type: ignore[arg-type]
     if not nodes:
         raise RuntimeError(f"no node connected within timeout={float(cfg['timeout']):g}s "  # type: ignore[arg-type]
                            "(run config 'timeout'): start the SuperNodes, or raise timeout, "
                            "and run again")
-    own_data = cfg["dataset"] == "local" or (cfg["method"] == "emdcfl"
-                                             and not cfg.get("emdcfl.preflight", True))
-    if not own_data and len(nodes) > n:
-        from fedclust.config import ConfigError
-
+    if n == 0:
+        nodes = sorted(grid.get_node_ids())
+        cfg["num-clients"] = len(nodes)
+        return nodes
+    shared = not own_data(cfg) and not (cfg["method"] == "emdcfl"
+                                        and not cfg.get("emdcfl.preflight", True))
+    if shared and len(nodes) > n:
         raise ConfigError(
             f"{len(nodes)} nodes are connected but run config 'num-clients' = {n}: every node "
             f"holds one of num-clients partitions of dataset {cfg['dataset']!r}. Allowed: at "

@@ -18,7 +18,8 @@ from flwr.serverapp import Grid
 
 from fedclust import fcm
 from fedclust.results import Progress, RunRecorder
-from strategies.common import all_of, arrays, connected_clients, expect_arrays, send_and_collect
+from strategies.common import (all_of, arrays, connected_clients, expect_arrays, result_record,
+                               send_and_collect)
 from strategies.fcm_common import eval_ari, federated_scaling
 
 LOG = logging.getLogger("fedclust")
@@ -81,16 +82,21 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         raise RuntimeError(_NOBODY.format(rounds=rnd, c=c, f=f, bound=c * (f + 1) / f))
     recorder.save_array("centers", centers)
     recorder.save_array("centers_unscaled", centers * sc.scale + sc.shift)
+    recorder.save_array("scaling_shift", sc.shift)
+    recorder.save_array("scaling_scale", sc.scale)
     metrics: dict[str, Any] = {"rounds": rnd, "converged": converged, "final_shift": shift,
                                "rounds_with_contributions": rounds_with_contributions,
                                "n_clients": len(nodes), **totals}
-    final = RecordDict({"centers": arrays(centers=centers), "scaling": sc.record()})
+    # The final centers reach every node in this message; each keeps its owner's results.
+    final = RecordDict({"centers": arrays(centers=centers), "scaling": sc.record(),
+                        "result": result_record(recorder.dir)})
     if cfg["fcm.secure-aggregation"]:
         # SecAgg+ again: the server learns ΣJ (and the summed evaluation table), not each J.
         from strategies.secure_fcm import secure_final
 
         objective, table, ex, _ = secure_final(grid, nodes, final, c, f, cfg, rnd + 1,
-                                               sc.eval_rows if cfg["evaluate"] else 0)
+                                               sc.eval_rows if cfg["evaluate"] else 0,
+                                               str(recorder.dir))
         metrics["objective"] = objective
         if cfg["evaluate"]:
             metrics["eval_ari"] = eval_ari([table] if table is not None else [])

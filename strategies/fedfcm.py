@@ -18,7 +18,8 @@ from fedclust import fcm
 from fedclust.fedfcm import average, center_shift
 from fedclust.results import Progress, RunRecorder
 from fedclust.validity import DBStatistics, choose_k, federated_fuzzy_db
-from strategies.common import arrays, connected_clients, send_and_collect
+from strategies.common import (arrays, connected_clients, expect_arrays, result_record,
+                               send_and_collect)
 from strategies.fcm_common import eval_ari, federated_scaling
 
 
@@ -102,9 +103,22 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         recorder.save_array(f"centers_k{k}", centers[k])
     recorder.save_array("centers", centers[choice.best_k])
     recorder.save_array("centers_unscaled", centers[choice.best_k] * sc.scale + sc.shift)
+    recorder.save_array("scaling_shift", sc.shift)
+    recorder.save_array("scaling_scale", sc.scale)
+    # One more message (the K is chosen only now): every node keeps its owner's results at the
+    # chosen K and returns its objective share J_m there.
+    final = RecordDict({"centers": arrays(centers=centers[choice.best_k]),
+                        "scaling": sc.record(), "result": result_record(recorder.dir)})
+    fin = send_and_collect(grid, nodes, final, "query.fcm_final", "final", cfg["timeout"],
+                           validate=expect_arrays("objective", ["J"]))
+    dropped_all |= set(fin.failed)
+    traffic[0] += ex.bytes_sent + fin.bytes_sent
+    traffic[1] += fin.bytes_received
     metrics: dict[str, Any] = {
         **choice.as_dict(), "fedfuzzdb": dict(zip(map(str, ks), fed_db)),
         "rounds": {str(k): rounds_of[k] for k in ks}, "unconverged_k": sorted(active),
+        "objective_best_k": float(sum(r.array_records["objective"]["J"].numpy()[0]
+                                      for r in fin.replies.values())),
         "averaging": cfg["fedfcm.averaging"], "n_clients": len(nodes),
         "dropped_nodes": sorted(dropped_all), "bytes_sent": traffic[0],
         "bytes_received": traffic[1] + ex.bytes_received,

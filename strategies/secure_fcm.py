@@ -143,7 +143,7 @@ def unpack_final(vec: np.ndarray, rows: int, cols: int, scale_j: float, scale_t:
 
 
 def secure_final(grid: Grid, node_ids: list[int], content: RecordDict, c: int, f: int,
-                 cfg: dict[str, Any], rnd: int, eval_rows: int
+                 cfg: dict[str, Any], rnd: int, eval_rows: int, run_dir: str = ""
                  ) -> tuple[float, np.ndarray | None, Exchange, int]:
     """The final phase under SecAgg+: ``(ΣJ, Σ contingency or None, exchange, n)``.
 
@@ -155,7 +155,7 @@ def secure_final(grid: Grid, node_ids: list[int], content: RecordDict, c: int, f
     total, ex, n = _secure_round(grid, node_ids, content, cfg, rnd, {
         "fedclust.phase": PHASE_FINAL, "fedclust.secure-scale": scale_j,
         "fedclust.secure-scale-table": scale_t, "fedclust.limbs": LIMBS,
-        "fedclust.eval-rows": int(eval_rows)})
+        "fedclust.eval-rows": int(eval_rows), "fedclust.run-dir": str(run_dir)})
     if total is None:
         return float("nan"), None, ex, 0
     j, table = unpack_final(total, int(eval_rows), c, scale_j, scale_t)

@@ -18,7 +18,8 @@ from tests.fake_grid import run_server
     ({"fcm.n-clusters": "three"}, "fcm.n-clusters"),
     ({"method": "fedfcm", "fedfcm.k-min": 5, "fedfcm.k-max": 3}, "fedfcm.k-min"),
     ({"partition.kind": "random"}, "partition.kind"),
-    ({"num-clients": 0}, "num-clients"),
+    ({"num-clients": -1}, "num-clients"),
+    ({"num-clients": 3, "min-clients": 4}, "min-clients"),
 ])
 def test_out_of_range_values_are_rejected_with_key_value_allowed_and_fix(override, key):
     with pytest.raises(ConfigError) as err:
@@ -65,13 +66,25 @@ def test_pyproject_lists_every_run_config_key():
     assert not sync_readme(root / "README.md", check=True), "run `python -m fedclust.config sync`"
 
 
-def test_more_nodes_than_partitions_stops_before_any_message(tmp_path):
-    """5 simulated nodes for a 3-client run (the README's `num-supernodes` mismatch)."""
+@pytest.mark.parametrize("num_clients, nodes", [(3, 5), (5, 2)])
+def test_num_clients_other_than_the_engine_stops_after_one_question(tmp_path, num_clients,
+                                                                   nodes):
+    """More or fewer simulated nodes than num-clients: the run asks one node what the engine
+    gave it, then stops at once with both numbers and the fix (never waits for `timeout`)."""
     sent = []
-    with pytest.raises(ValueError, match="num-supernodes=3"):
-        run_server({"output-dir": str(tmp_path / "run"), "num-clients": 3}, num_nodes=5,
+    with pytest.raises(ValueError, match=f"num-clients' = {num_clients} but the simulation "
+                                         f"engine has {nodes} nodes.*num-supernodes="
+                                         f"{num_clients}.*num-clients=0"):
+        run_server({"output-dir": str(tmp_path / "run"), "num-clients": num_clients,
+                    "timeout": 600}, num_nodes=nodes,
                    inspect=lambda msg, rep: sent.append(msg))
-    assert sent == []
+    assert [m.metadata.message_type for m in sent] == ["query.fedclust_node"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_num_clients_zero_follows_the_engine(tmp_path):
+    summary, _ = run_server({"output-dir": str(tmp_path / "run"), "plots": False}, num_nodes=2)
+    assert summary["num_clients"] == 2 and summary["config"]["num-clients"] == 2
 
 
 def test_client_refuses_a_partition_count_other_than_num_clients():

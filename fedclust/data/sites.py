@@ -85,3 +85,14 @@ def check_sites(cfg: Mapping[str, Any], num_nodes: int | None = None) -> list[in
                              f"the same features (a label column is named by "
                              f"files.label-column and not counted)")
     return widths
+
+
+def simulated_nodes(run_config: Mapping[str, Any], default: int = 2) -> int:
+    """How many nodes to simulate for ``run_config``: ``num-clients`` when set, else one per
+    site file for ``dataset="files"``, else ``default`` (Flower's default federation has 2)."""
+    n = int(run_config.get("num-clients", 0) or 0)
+    if n:
+        return n
+    if run_config.get("dataset") == "files":
+        return len(site_files(run_config.get("data-dir", "")))
+    return default
