@@ -26,8 +26,9 @@ from flwr.clientapp import ClientApp
 def engine_mod(msg: Message, context: Context, call_next) -> Message:
     """Resolve ``num-clients = 0`` and ``dataset = "files"`` from this node's engine config."""
     node, run = context.node_config, context.run_config
+    # Flower refuses a changed run config after the message: change it for the handler only.
     if "num-partitions" in node and int(run.get("num-clients", 0) or 0) == 0:
-        context.run_config = run = {**run, "num-clients": int(node["num-partitions"])}
+        context.run_config = {**run, "num-clients": int(node["num-partitions"])}
     if run.get("dataset") == "files" and "partition-id" in node:
         from fedclust.data.sites import site_file
 
@@ -35,7 +36,10 @@ def engine_mod(msg: Message, context: Context, call_next) -> Message:
         context.node_config = {**node, "data-path": str(path),
                                "data-format": str(run.get("files.format", "")),
                                "label-column": str(run.get("files.label-column", ""))}
-    return call_next(msg, context)
+    try:
+        return call_next(msg, context)
+    finally:
+        context.node_config, context.run_config = node, run
 
 
 app = ClientApp(mods=[engine_mod])
