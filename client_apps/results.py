@@ -4,7 +4,8 @@ At the end of a run each client writes what the run means for its own rows (its 
 the final centers or its cluster's model) into its *owner folder*:
 
 - deployment, node config ``output-dir`` set: ``<output-dir>/<run-id>/``;
-- deployment, no ``output-dir``: ``<folder of data-path>/fedclust-results/<run-id>/``;
+- deployment, no ``output-dir``:
+  ``<folder of data-path>/fedclust-results/<name of data-path>/<run-id>/``;
 - simulation (node config ``partition-id``, ``dataset="files"`` included):
   ``<run's output-dir>/clients/<partition-id>/``.
   The server names its results folder in the final message (config record ``"result"``,
@@ -45,9 +46,9 @@ def owner_dir(msg: Message, context: Context, run_dir: str | None = None) -> Pat
         if not run_dir:
             return None
         path = Path(run_dir) / "clients" / str(int(node["partition-id"]))
-    elif "data-path" in node:
-        path = (Path(str(node["data-path"])).expanduser().resolve().parent
-                / "fedclust-results" / run_id)
+    elif "data-path" in node:   # named after the file: sites may share a folder
+        data = Path(str(node["data-path"])).expanduser().resolve()
+        path = data.parent / "fedclust-results" / data.name / run_id
     else:
         return None
     path.mkdir(parents=True, exist_ok=True)

@@ -80,9 +80,30 @@ def reference_runs(tmp_path: Path, engine: str) -> dict[str, Path]:
     return outs
 
 
+def assert_owner_results(folder: Path, data_path: Path, run_out: Path, m: float) -> None:
+    """A node's own results equal applying the run's final centers to that node's rows."""
+    from fedclust import fcm
+    from fedclust.data import scaling
+    from fedclust.data.local import load_local_table
+
+    x, _ = load_local_table(str(data_path))
+    centers = np.load(run_out / "centers.npy")
+    u = fcm.memberships(scaling.apply(x, np.load(run_out / "scaling_shift.npy"),
+                                      np.load(run_out / "scaling_scale.npy")), centers, m)
+    table = np.loadtxt(folder / "assignments.csv", delimiter=",", skiprows=1, ndmin=2)
+    assert (folder / "result.json").is_file()
+    np.testing.assert_array_equal(table[:, 0], np.arange(len(x)))
+    np.testing.assert_array_equal(table[:, 1], np.argmax(u, axis=1))
+    np.testing.assert_allclose(table[:, 2:], u, atol=1e-12)
+    np.testing.assert_allclose(np.loadtxt(folder / "centers.csv", delimiter=",", skiprows=1),
+                               np.load(run_out / "centers_unscaled.npy"), atol=1e-9)
+
+
 def run_methods_on_deployment(tmp_path: Path, tls: bool, reference: str) -> None:
     data = write_partitions({**BASE, "method": "exact-fcm"}, tmp_path / "data")
-    nodes = [{"data-path": str(p)} for p in data]
+    # node 0 names its results folder; the others get fedclust-results/ next to their data
+    nodes = [{"data-path": str(p), **({"output-dir": str(tmp_path / "owner0")} if i == 0
+                                      else {})} for i, p in enumerate(data)]
     refs = reference_runs(tmp_path, reference)
     with LoopbackDeployment(nodes, tls=tls, auth=tls, workdir=tmp_path / "flwr") as dep:
         assert len({n.node_id for n in dep.nodes}) == 3
@@ -91,6 +112,11 @@ def run_methods_on_deployment(tmp_path: Path, tls: bool, reference: str) -> None
             res = dep.run({**BASE, **job, "dataset": "local", "output-dir": str(out)}, timeout=600)
             assert res.ok, f"{name}: run {res.run_id} {res.status}\n{res.log[-3000:]}\n{dep.logs()}"
             assert_same_result(out, refs[name], name)
+            for i, path in enumerate(data):
+                base = (tmp_path / "owner0" if i == 0
+                        else path.parent / "fedclust-results" / path.name)
+                assert_owner_results(base / str(res.run_id), path, out, 2.0)
+            assert not (out / "clients").exists()   # nothing of a node's rows on the server
     log = (tmp_path / "flwr" / "superlink.log").read_text(errors="replace")
     # flwr warns loudly when TLS or SuperNode authentication is off
     assert ("Starting insecure HTTP server" in log) is (not tls)
