@@ -95,7 +95,8 @@ def check_each(ex: Exchange, check: Callable[[int, RecordDict], str | None], pha
 def engine_clients(grid: Grid, cfg: Mapping[str, object]) -> int:
     """The run's client count as the engine has it (0: every connected node, deployment).
 
-    Asks one node what the engine told it (action ``query.fedclust_node``): a simulated node
+    Asks one node what the engine told it (action ``query.fedclust_node``; not with
+    ``dataset="local"``, whose deployed nodes read their own ``data-path``): a simulated node
     is partition ``partition-id`` of ``num-partitions``, so ``num-partitions`` is the engine's
     node count; a deployed node answers 0. A non-zero ``num-clients`` that disagrees with the
     engine, or a ``dataset="files"`` folder with another number of files, stops the run here
@@ -103,6 +104,8 @@ def engine_clients(grid: Grid, cfg: Mapping[str, object]) -> int:
     """
     from fedclust.config import ConfigError
 
+    if cfg["dataset"] == "local":   # deployed nodes with their own data-path: nothing to ask
+        return int(cfg["num-clients"])  # type: ignore[call-overload]
     timeout = float(cfg["timeout"])  # type: ignore[arg-type]
     first = wait_for_nodes(grid, 1, timeout)
     if not first:
