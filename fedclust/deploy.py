@@ -419,6 +419,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     u.add_argument("--tls", action="store_true", help="TLS + SuperNode authentication")
     u.add_argument("--workdir", type=Path, default=None)
     u.add_argument("--keep", action="store_true", help="keep running until Ctrl-C after the run")
+    u.add_argument("--label-column", default="",
+                   help="node config 'label-column' of every node (a csv/tsv column that is "
+                        "not a feature; evaluation only)")
     u.add_argument("overrides", nargs="*", help="run-config key=value (TOML values)")
     args = parser.parse_args(argv)
     if args.cmd == "certs":
@@ -429,7 +432,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"SuperNode key {k} (+ .pub)")
         return 0
     overrides = _parse_overrides(args.overrides)
-    configs = [{"data-path": str(Path(p).resolve())} for p in args.data]
+    label = {"label-column": args.label_column} if args.label_column else {}
+    configs = [{"data-path": str(Path(p).resolve()), **label} for p in args.data]
     run_cfg = {"dataset": "local", "num-clients": len(configs), **overrides}
     with LoopbackDeployment(configs, tls=args.tls, auth=args.tls, workdir=args.workdir) as dep:
         print(f"SuperLink {dep.address} ({'TLS + node auth' if args.tls else 'insecure'}), "
