@@ -13,7 +13,9 @@ Actions (message type → what the client does → what it sends back):
 - ``train.emdcfl_ifca``: IFCA — picks the cluster model with the lowest validation loss, trains
   it → weights, choice.
 - ``evaluate.emdcfl_eval``: test accuracy of the received model (ground truth returned only
-  when ``evaluate=true``).
+  when ``evaluate=true``). This is the final message: it carries the node's cluster model and
+  (config record ``"result"``) its cluster id and the server's results folder; the node keeps
+  ``model.pt``, ``summary.json`` and ``result.json`` for its data owner (never sent).
 - ``query.emdcfl_group``: ground-truth cluster (Oracle baseline; only when ``evaluate=true``).
 
 Clients never send samples or labels; only models, projected embeddings, counts and metrics.
@@ -86,13 +88,9 @@ def client_data(context: Context, cfg: dict[str, Any]):
 
 
 def model_spec(cfg: dict[str, Any]):
-    from fedclust.emdcfl.data import image_shape
-    from fedclust.emdcfl.keys import dataset_name
-    from fedclust.emdcfl.model import ModelSpec
+    from fedclust.emdcfl.model import spec_from_config
 
-    channels, side = image_shape(dataset_name(cfg))
-    return ModelSpec(channels, side, cfg["emdcfl.conv1"], cfg["emdcfl.conv2"],
-                     cfg["emdcfl.embed-dim"], 10)
+    return spec_from_config(cfg)
 
 
 def weights_of(record: ArrayRecord) -> list[np.ndarray]:
@@ -194,8 +192,40 @@ def ifca_handler(msg: Message, context: Context) -> Message:
                           "val-losses": losses.tolist()})
 
 
+def keep_owner_results(msg: Message, context: Context, cfg: dict[str, Any], spec, data,
+                       weights: list[np.ndarray], test: tuple[float, float]) -> None:
+    """Write this node's results for its data owner (never sent): ``model.pt`` (its cluster's
+    final model, a torch ``state_dict``), ``summary.json`` (so that ``fedclust predict`` can use
+    the folder) and ``result.json`` last. Nothing happens when the message names no cluster
+    (an older server) or no owner folder can be found."""
+    from client_apps import results
+    from fedclust.emdcfl.predict import OWNER_MODEL, SPEC_KEYS, save_model, spec_dict
+
+    rec = msg.content.config_records.get(results.RESULT_RECORD)
+    if rec is None or "cluster" not in rec:
+        return
+    folder = results.owner_dir(msg, context)
+    if folder is None:
+        return
+    cluster = int(rec["cluster"])
+    save_model(folder / OWNER_MODEL, weights)
+    results.write_summary(folder, "emdcfl", {k: cfg[k] for k in SPEC_KEYS},
+                          model=OWNER_MODEL, spec=spec_dict(spec), cluster=cluster)
+    results.write_result(folder, {
+        "method": "emdcfl", "algorithm": cfg["emdcfl.algorithm"], "run_id": context.run_id,
+        "cluster": cluster, "num_clusters": int(rec.get("num-clusters", 0)),
+        "test_accuracy": test[1], "test_loss": test[0], "num_test": int(len(data.y_test)),
+        "num_train": int(len(data.y_train)), "files": [OWNER_MODEL, "summary.json"]})
+
+
 @app.evaluate("emdcfl_eval")
 def eval_handler(msg: Message, context: Context) -> Message:
+    """Test accuracy of the received model (the node's final cluster model).
+
+    The final model arrives here: the node also keeps its owner's results
+    (:func:`keep_owner_results`); the reply carries the same metrics as before (with
+    ``evaluate=false`` only ``num-test``).
+    """
     from fedclust.emdcfl.model import evaluate
 
     cfg = run_config(context)
@@ -203,8 +233,10 @@ def eval_handler(msg: Message, context: Context) -> Message:
     spec, data = model_spec(cfg), client_data(context, cfg)
     weights = weights_of(msg.content.array_records["model"])
     metrics: dict[str, Any] = {"num-test": len(data.y_test)}
+    # the owner's own test labels: its accuracy stays on the node unless evaluate=true
+    loss, acc = evaluate(spec, weights, data.x_test, data.y_test, device=device)
+    keep_owner_results(msg, context, cfg, spec, data, weights, (loss, acc))
     if cfg["evaluate"]:
-        loss, acc = evaluate(spec, weights, data.x_test, data.y_test, device=device)
         metrics.update({"test-loss": loss, "test-acc": acc, "cluster": data.cluster,
                         "set": data.set_id})
         if data.x_test_bd is not None and data.set_id == 0:

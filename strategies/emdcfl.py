@@ -18,7 +18,10 @@ Rounds (global epochs) ``r = 0 … R−1``:
    set did not change keeps its model from step 2; a new or changed cluster starts from the
    FedAvg of its members' latest (possibly stale) local models.
 
-Finally every client evaluates its cluster model on its test split (evaluation path).
+Finally (:func:`evaluate_models`, the same for every baseline) the server saves every cluster's
+model (``models/``) and sends each client its cluster's model with its cluster id; the client
+keeps them for its data owner (``model.pt``, ``result.json``) and, on the evaluation path,
+reports its test accuracy.
 
 Every reply is checked (:mod:`strategies.emdcfl_replies`): an error reply, a late one or one of
 the wrong shape is rejected with a logged reason, the node is named in ``history.jsonl``
@@ -49,8 +52,15 @@ from fedclust.emdcfl.model import init_weights
 from fedclust.emdcfl.privacy import projection_dim
 from fedclust.metrics import adjusted_rand
 from fedclust.results import Progress, RunRecorder
-from strategies.common import Exchange, arrays, check_each, connected_clients, send_and_collect
-from strategies.emdcfl_replies import embed_reply, eval_reply, train_reply
+from strategies.common import (
+    Exchange,
+    arrays,
+    check_each,
+    connected_clients,
+    result_record,
+    send_and_collect,
+)
+from strategies.emdcfl_replies import embed_reply, eval_reply, final_reply, train_reply
 
 LOG = logging.getLogger("fedclust")
 Weights = list[np.ndarray]
@@ -138,18 +148,44 @@ def train_round(grid: Grid, cfg: dict[str, Any], models: dict[int, Weights], rnd
     return new, counts, losses, pubs, ex
 
 
+def save_final_models(recorder: RunRecorder, cfg: dict[str, Any], models: dict[int, Weights],
+                      found: dict[int, int]) -> None:
+    """``models/cluster_<c>.pt`` for every final cluster (a torch ``state_dict``) and
+    ``models/clusters.json`` (network shape, file and client ids of every cluster)."""
+    from fedclust.emdcfl.predict import save_cluster_models
+
+    members: dict[int, list[int]] = {}
+    for n in sorted(models):
+        members.setdefault(found[n], []).append(n)
+    save_cluster_models(recorder.dir, spec_of(cfg),
+                        {c: models[ns[0]] for c, ns in members.items()}, members)
+
+
 def evaluate_models(grid: Grid, cfg: dict[str, Any], models: dict[int, Weights],
-                    found: dict[int, int], traffic: Traffic) -> dict[str, Any]:
-    """Test every node's final model; ARI of ``found`` vs the ground truth (evaluation only)."""
-    out: dict[str, Any] = {"num_clusters": len(set(found.values())),
+                    found: dict[int, int], traffic: Traffic, recorder: RunRecorder
+                    ) -> dict[str, Any]:
+    """The final message: every node gets its final (cluster) model, its cluster id and the
+    results folder (config record ``"result"``) and keeps them for its data owner; with
+    ``evaluate=true`` it also reports its test accuracy and ground truth, and the server computes
+    the ARI of ``found``. The server saves every cluster's model first.
+    """
+    num_clusters = len(set(found.values()))
+    out: dict[str, Any] = {"num_clusters": num_clusters,
                            "clusters": [found[n] for n in sorted(found)]}
-    if not cfg["evaluate"]:
-        return out
-    ex = send_and_collect(grid, sorted(models),
-                          lambda nid: RecordDict({"model": model_record(models[nid])}),
-                          "evaluate.emdcfl_eval", "evaluate", cfg["timeout"],
-                          validate=eval_reply())
+    save_final_models(recorder, cfg, models, found)
+
+    def content(nid: int) -> RecordDict:
+        result = result_record(recorder.dir)
+        result["cluster"], result["num-clusters"] = int(found[nid]), num_clusters
+        return RecordDict({"model": model_record(models[nid]), "result": result})
+
+    ex = send_and_collect(grid, sorted(models), content, "evaluate.emdcfl_eval", "evaluate",
+                          cfg["timeout"],
+                          validate=eval_reply() if cfg["evaluate"] else final_reply())
     traffic.add(ex, "evaluation")
+    if not cfg["evaluate"]:      # training is over: a node that missed its model is only named
+        out["final_dropped_nodes"] = dropped(ex)
+        return out
     require_replies(ex, "evaluate")
     out["eval_dropped_nodes"] = dropped(ex)
     accs = {n: float(rd.metric_records["metrics"]["test-acc"]) for n, rd in ex.replies.items()}
@@ -371,7 +407,7 @@ def run_emdcfl(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[s
         recorder.log_round(record)
         progress.step(rnd + 1, f"clusters={record['num_clusters']} loss={record['train_loss']}")
     out = evaluate_models(grid, cfg, {n: cluster_models[labels[n]] for n in nodes}, labels,
-                          traffic)
+                          traffic, recorder)
     out = finish_metrics(out, traffic, t_start)
     out.update({"emd_s": emd_s, "embed_s": embed_s,
                 "emd_share_of_run": emd_s / out["total_s"] if out["total_s"] else 0.0,
@@ -440,5 +476,6 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     out["algorithm"] = algorithm
     history_drops = [h.get("dropped_nodes") or {} for h in recorder.history]
     history_drops.append(out.get("eval_dropped_nodes", {}))
+    history_drops.append(out.get("final_dropped_nodes", {}))
     out.setdefault("dropped_nodes", sorted({int(n) for drops in history_drops for n in drops}))
     return out

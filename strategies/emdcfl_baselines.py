@@ -164,5 +164,5 @@ def run_baseline(algorithm: str, grid: Grid, cfg: dict[str, Any], recorder: RunR
         final, labels = _cfl(grid, cfg, recorder, nodes, traffic, progress)
     else:
         raise ValueError(f"unknown baseline {algorithm!r}")
-    out = evaluate_models(grid, cfg, final, labels, traffic)
+    out = evaluate_models(grid, cfg, final, labels, traffic, recorder)
     return finish_metrics(out, traffic, t_start)

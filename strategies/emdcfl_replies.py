@@ -160,6 +160,16 @@ def eval_reply() -> Check:
     return check
 
 
+def final_reply() -> Check:
+    """``evaluate.emdcfl_eval`` with ``evaluate=false`` (the final message that hands every node
+    its cluster model): an integer ``num-test`` ≥ 0."""
+
+    def check(rd: RecordDict) -> str | None:
+        return metric_problem(rd, "num-test", int, low=0)
+
+    return check
+
+
 def group_reply() -> Check:
     """``query.emdcfl_group``: an integer ground-truth ``cluster``."""
 

@@ -12,8 +12,9 @@ embeddings are computed in ``eval()`` mode under ``torch.no_grad()``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -57,6 +58,45 @@ class CNN(nn.Module):
 
 
 Weights = list[NDArray[np.float32]]
+
+
+# parameter names of :class:`CNN`'s ``state_dict`` in the order of the weight arrays
+STATE_KEYS: tuple[str, ...] = ("features.0.weight", "features.0.bias", "features.2.weight",
+                               "features.2.bias", "features.6.weight", "features.6.bias",
+                               "head.weight", "head.bias")
+
+
+def spec_from_config(cfg: Mapping[str, Any]) -> ModelSpec:
+    """The run's :class:`ModelSpec` from its run config (dataset and ``emdcfl.*`` widths)."""
+    from fedclust.emdcfl.data import image_shape
+    from fedclust.emdcfl.keys import dataset_name
+
+    channels, side = image_shape(dataset_name(dict(cfg)))
+    return ModelSpec(channels, side, int(cfg["emdcfl.conv1"]), int(cfg["emdcfl.conv2"]),
+                     int(cfg["emdcfl.embed-dim"]), 10)
+
+
+def state_dict(weights: Weights) -> dict[str, torch.Tensor]:
+    """The weight arrays as a :class:`CNN` ``state_dict`` (``CNN(spec).load_state_dict`` takes
+    it; copies, so the arrays may change afterwards)."""
+    if len(weights) != len(STATE_KEYS):
+        raise ValueError(f"expected {len(STATE_KEYS)} weight arrays, got {len(weights)}")
+    return {k: torch.tensor(np.asarray(w, dtype=np.float32)) for k, w in zip(STATE_KEYS, weights)}
+
+
+def weights_from_state_dict(state: Mapping[str, Any]) -> Weights:
+    """The weight arrays of a :class:`CNN` ``state_dict`` (inverse of :func:`state_dict`).
+
+    Raises
+    ------
+    ValueError
+        ``state`` does not hold exactly the CNN's parameters.
+    """
+    if list(state) != list(STATE_KEYS):
+        raise ValueError(f"not an EMD-CFL CNN state_dict: keys {list(state)}, expected "
+                         f"{list(STATE_KEYS)}")
+    return [np.array(torch.as_tensor(state[k]).detach().cpu().numpy(), dtype=np.float32,
+                     order="C") for k in STATE_KEYS]
 
 
 def init_weights(spec: ModelSpec, seed: int) -> Weights:
@@ -175,6 +215,20 @@ def evaluate(spec: ModelSpec, weights: Weights, x: NDArray, y: NDArray,
         loss += float(F.cross_entropy(out, yt[s:s + batch_size], reduction="sum"))
         correct += int((out.argmax(1) == yt[s:s + batch_size]).sum())
     return loss / len(xt), correct / len(xt)
+
+
+@torch.no_grad()
+def predict_classes(spec: ModelSpec, weights: Weights, x: NDArray, batch_size: int = 128,
+                    device: str = "cpu") -> NDArray[np.int64]:
+    """Predicted class of every image of ``x`` (uint8-scaled pixels, as :func:`to_tensor`):
+    the same computation and batches as :func:`evaluate`, so its accuracy is this mean."""
+    if len(x) == 0:
+        return np.zeros(0, np.int64)
+    w = _tensors(weights, device)
+    xt = to_tensor(x).to(device)
+    parts = [F.linear(_features(w, xt[s:s + batch_size]), w[6], w[7]).argmax(1).cpu()
+             for s in range(0, len(xt), batch_size)]
+    return torch.cat(parts).numpy().astype(np.int64)
 
 
 @torch.no_grad()
