@@ -168,6 +168,8 @@ COMMON_KEYS: list[Key] = [
     Key("seed", int, 0, "master random seed", low=0),
     Key("output-dir", str, "", "directory for summary.json, history.jsonl, arrays "
         "(empty: ~/fedclust-runs/<method>/<dataset>-seed<seed>-<time>)"),
+    Key("overwrite", bool, False, "reuse a non-empty output-dir of an earlier fedclust run "
+        "(it is cleared first); false: such a folder is refused"),
     Key("data-dir", str, "", "folder with dataset files for file-based datasets; "
         "dataset=files: one file (or image folder) per client, sorted by name"),
     Key("files.format", str, "", "dataset=files: file format as node config 'data-format' "

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -73,9 +75,9 @@ class RunRecorder:
     """
 
     def __init__(self, output_dir: str | Path, method: str, dataset: str, seed: int,
-                 num_clients: int, config: Mapping[str, Any]) -> None:
+                 num_clients: int, config: Mapping[str, Any], overwrite: bool = False) -> None:
         self.dir = Path(output_dir).expanduser().resolve()
-        self.dir.mkdir(parents=True, exist_ok=True)
+        claim_folder(self.dir, overwrite)
         self.method, self.dataset, self.seed, self.num_clients = method, dataset, seed, num_clients
         self.config = dict(config)
         self.history: list[dict[str, Any]] = []
@@ -117,6 +119,66 @@ class RunRecorder:
             "metrics": dict(metrics),
         }
         summary = to_jsonable(summary)
-        (self.dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        tmp = self.dir / "summary.json.part"
+        tmp.write_text(json.dumps(summary, indent=2))
+        os.replace(tmp, self.dir / "summary.json")     # atomic, and the last file written
+        (self.dir / RUNNING).unlink(missing_ok=True)
         LOG.info("results written to %s", self.dir)
         return summary
+
+    def interrupted(self, exc: BaseException) -> None:
+        """Mark the folder as the result of a run that did not finish (no summary.json)."""
+        (self.dir / RUNNING).unlink(missing_ok=True)
+        (self.dir / INTERRUPTED).write_text(json.dumps({
+            "method": self.method, "error": type(exc).__name__, "message": str(exc)[:2000],
+            "wall_time_s": round(time.perf_counter() - self.start, 4)}, indent=2))
+
+
+RUNNING = "RUNNING"            # exists while a run writes to the folder (created exclusively)
+INTERRUPTED = "interrupted.json"
+_OURS = ("summary.json", "history.jsonl", RUNNING, INTERRUPTED)
+
+
+class OutputDirError(ValueError):
+    """``output-dir`` holds another run's results (or a run is writing there)."""
+
+
+def claim_folder(folder: Path, overwrite: bool = False) -> None:
+    """Make ``folder`` this run's own: refuse one in use by a running run, or holding files,
+    unless ``overwrite`` (then a fedclust results folder is cleared first; any other folder is
+    refused). Hidden entries and ``*.log`` files (Hydra's job folder) do not count."""
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(folder / RUNNING, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        raise OutputDirError(
+            f"output-dir {str(folder)!r} is in use by another run (it holds {RUNNING}). "
+            f"Allowed: a folder no run is writing to. Fix: pass another output-dir, or leave it "
+            f"empty for a new folder per run (delete {RUNNING} if that run is dead)") from None
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    entries = [p for p in folder.iterdir() if p.name != RUNNING and not p.name.startswith(".")
+               and not p.name.endswith(".log")]
+    if not entries:
+        return
+    ours = any(p.name in _OURS for p in entries)
+    if not overwrite or not ours:
+        (folder / RUNNING).unlink()
+        names = sorted(p.name for p in entries)[:6]
+        if ours:
+            allowed = ("an empty or new folder, or overwrite=true for a folder of an earlier "
+                       "fedclust run (it is cleared first)")
+            fix = "pass another output-dir, leave output-dir empty, or pass overwrite=true"
+        else:
+            allowed = ("an empty or new folder (overwrite=true clears only a fedclust results "
+                       "folder, and this one holds no summary.json or history.jsonl)")
+            fix = "pass another output-dir, or leave output-dir empty for a new folder per run"
+        raise OutputDirError(
+            f"output-dir {str(folder)!r} is not empty (it holds {names}"
+            f"{' …' if len(entries) > 6 else ''}): a run there would mix its results with "
+            f"what is there. Allowed: {allowed}. Fix: {fix}")
+    for p in entries:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()

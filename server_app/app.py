@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -37,11 +38,13 @@ def _load(path: str) -> Any:
 
 
 def output_dir(cfg: dict[str, Any]) -> Path:
-    """``output-dir`` if set, else ``~/fedclust-runs/<method>/<dataset>-seed<seed>-<time>``."""
+    """``output-dir`` if set, else
+    ``~/fedclust-runs/<method>/<dataset>-seed<seed>-<time>-<random>`` (unique per run: runs
+    started in the same second get different folders)."""
     if cfg["output-dir"]:
         return Path(cfg["output-dir"]).expanduser()
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    name = f"{cfg['dataset']}-seed{cfg['seed']}-{stamp}"
+    name = f"{cfg['dataset']}-seed{cfg['seed']}-{stamp}-{secrets.token_hex(3)}"
     return Path.home() / "fedclust-runs" / cfg["method"] / name
 
 
@@ -75,10 +78,14 @@ def run_method(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
         cfg = check_run_config({**run_config, "num-clients": n})
     runner = _load(METHODS[cfg["method"]].runner)
     recorder = RunRecorder(output_dir(cfg), cfg["method"], cfg["dataset"], cfg["seed"],
-                           cfg["num-clients"], cfg)
+                           cfg["num-clients"], cfg, overwrite=cfg["overwrite"])
     LOG.info("method=%s dataset=%s clients=%s -> %s", cfg["method"], cfg["dataset"],
              cfg["num-clients"] or "every connected node", recorder.dir)
-    metrics = runner(grid, cfg, recorder)
+    try:
+        metrics = runner(grid, cfg, recorder)
+    except BaseException as exc:   # Ctrl-C included: the folder says the run did not finish
+        recorder.interrupted(exc)
+        raise
     recorder.num_clients = recorder.config["num-clients"] = cfg["num-clients"]
     summary = recorder.finish(metrics)
     LOG.info("done in %.1fs: %s", summary["wall_time_s"],

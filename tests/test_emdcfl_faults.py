@@ -178,7 +178,7 @@ def test_uneven_groups_are_a_warning_with_the_fix():
     from fedclust.emdcfl.keys import uneven_groups
 
     assert uneven_groups(validate({**TINY, "num-clients": 8})) is None
-    text = uneven_groups(validate({"method": "emdcfl"}))        # the default job: 5 clients
+    text = uneven_groups(validate({"method": "emdcfl", "num-clients": 5}))
     assert "num-clients=5" in text and "num-clients=4 or 8" in text
     bd = uneven_groups(validate({**TINY, "dataset": "backdoor-mnist", "num-clients": 10}))
     assert "3 data groups" in bd and "num-clients=9 or 12" in bd

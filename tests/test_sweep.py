@@ -26,7 +26,7 @@ def test_multirun_inprocess_sweep(tmp_path):
          f"hydra.sweep.dir={tmp_path}"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "job 2/2" in out.stdout
-    seeds = sorted(json.loads(p.read_text())["seed"] for p in tmp_path.rglob("summary.json"))
+    seeds = sorted(json.loads(p.read_text())["seed"] for p in tmp_path.glob("*/summary.json"))
     assert seeds == [0, 1]
 
 

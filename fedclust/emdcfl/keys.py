@@ -162,8 +162,10 @@ def uneven_groups(cfg: dict[str, Any]) -> str | None:
         return None
     return (f"num-clients={n} is not a multiple of the {s} data groups of "
             f"{dataset_name(cfg)!r}: groups get {n // s + 1} or {n // s} clients (client i is "
-            f"in group i % {s}); pass num-clients={max(s, n - n % s)} or "
-            f"{n - n % s + s} for even groups (the paper uses 10 per group: "
+            f"in group i % {s}); pass "
+            + (f"num-clients={n - n % s} or {n - n % s + s}" if n > s else f"num-clients={s}")
+            + " (in simulation with as many SuperNodes) for even groups (the paper uses 10 per "
+            f"group: "
             f"emdcfl.clients-per-group=10 with num-clients={10 * s})")
 
 
