@@ -3,11 +3,19 @@
 
 Per-node state (labels, own models, the error cache of received models) lives in
 ``context.state`` so it survives between messages in simulation and in deployment.
+
+Results for the data owner (``client_apps.results``; never sent): every refinement writes the
+client's labels (``assignments.csv``), the models that define them (``models.npz``), a
+client ``summary.json`` for ``fedclust predict`` and ``result.json``; the local phase and the
+community rounds of each later iteration update ``result.json`` with the community each local
+cluster is in, so that after the run it describes the last iteration (docs/fedcref.md,
+"Results for each data owner").
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from typing import Any
 
@@ -27,7 +35,9 @@ _initial = LazyModule("fedclust.fedcref.initial")
 def initial_clustering(*args: Any, **kwargs: Any) -> Any:
     return _initial.initial_clustering(*args, **kwargs)
 
-STATE, CACHE = "fedcref.state", "fedcref.cache"
+STATE, CACHE, OWNER = "fedcref.state", "fedcref.cache", "fedcref.owner"
+LOG = logging.getLogger("fedclust")
+ISOLATED, NO_MODEL = -1, -2     # community entries of the owner state
 
 
 # ---------------------------------------------------------------------------------------------
@@ -176,6 +186,75 @@ def _models_by_key(rec: ArrayRecord) -> dict[str, ae.Params]:
 
 
 # ---------------------------------------------------------------------------------------------
+# results for the data owner (written on the node, never sent)
+
+def _owner_state(context: Context, k: int) -> dict[str, np.ndarray]:
+    """What the owner's ``result.json`` needs between messages: ``community`` (K,) — the
+    community of each local cluster in iteration ``meta[0]`` (ISOLATED, NO_MODEL) — and the
+    last refinement's selected models (``used_*``, iteration ``meta[1]``; 0 = none yet)."""
+    if OWNER in context.state:
+        return {k_: v.numpy().copy() for k_, v in context.state[OWNER].items()}
+    empty = np.zeros(0, dtype=np.int64)
+    return {"community": np.full(k, NO_MODEL, dtype=np.int64),
+            "meta": np.zeros(2, dtype=np.int64), "used_clusters": empty,
+            "used_kind": empty, "used_ref": empty}
+
+
+def _save_owner(context: Context, own: dict[str, np.ndarray]) -> None:
+    context.state[OWNER] = ArrayRecord({k: Array(np.ascontiguousarray(v, dtype=np.int64))
+                                        for k, v in own.items()})
+
+
+def owner_result(st: core.ClientState, own: dict[str, np.ndarray], n_rows: int,
+                 run_id: int) -> dict[str, Any]:
+    """``result.json`` of a FedCRef client (schema: docs/fedcref.md)."""
+    rows = np.bincount(st.labels, minlength=st.k)
+    model_of = {int(q): i for i, q in enumerate(own["used_clusters"])}
+    clusters = {}
+    for q in range(st.k):
+        c = int(own["community"][q]) if q < len(own["community"]) else NO_MODEL
+        status = "community" if c >= 0 else "isolated" if c == ISOLATED else "unmodelled"
+        clusters[str(q)] = {"rows": int(rows[q]), "community": c if c >= 0 else None,
+                            "isolated": c == ISOLATED, "status": status,
+                            "model": model_of.get(q)}
+    models = []
+    for q, kind, ref in zip(own["used_clusters"], own["used_kind"], own["used_ref"],
+                            strict=True):
+        src = ({"source": "community", "community": int(ref), "iteration": int(own["meta"][1])}
+               if kind == core.USED_COMMUNITY else {"source": "own", "own_cluster": int(ref)})
+        models.append({"label": int(q), **src})
+    files = ["assignments.csv", "summary.json"] + (["models.npz"] if models else [])
+    return {"method": "fedcref", "run_id": run_id, "rows": int(n_rows), "k": int(st.k),
+            "iteration": int(own["meta"][0]), "labels_iteration": int(own["meta"][1]),
+            "clusters": clusters, "models": models, "files": files}
+
+
+def _keep_owner_results(msg: Message, context: Context, cfg: dict, st: core.ClientState,
+                        own: dict[str, np.ndarray], n_rows: int, refined: bool) -> None:
+    """Write the owner's files: after a refinement all of them, else ``result.json`` only
+    (and nothing before the first refinement)."""
+    from client_apps import results
+    from fedclust.fedcref.predict import MODELS, save_models
+
+    if not refined and int(own["meta"][1]) == 0:
+        return
+    folder = results.owner_dir(msg, context)
+    if folder is None:
+        return
+    if refined:
+        results.write_assignments(folder, st.labels)
+        if ae.n_models(st.used_models):
+            save_models(folder / MODELS, st.used_models, st.used_clusters)
+        else:
+            (folder / MODELS).unlink(missing_ok=True)
+        results.write_summary(folder, "fedcref",
+                              {"fedcref.torch-threads": cfg["fedcref.torch-threads"]},
+                              models=MODELS, label="local cluster",
+                              iteration=int(own["meta"][1]))
+    results.write_result(folder, owner_result(st, own, n_rows, context.run_id))
+
+
+# ---------------------------------------------------------------------------------------------
 # handlers
 
 @app.train("fedcref_local")
@@ -192,6 +271,13 @@ def fedcref_local(msg: Message, context: Context) -> Message:
     arrays.update(_eval(st, y, cfg))
     arrays = {k: v for k, v in arrays.items() if v}
     _save_state(context, st)
+    # a new iteration: every modelled cluster is isolated until a community round names it
+    own = _owner_state(context, st.k)
+    own["community"] = np.full(st.k, NO_MODEL, dtype=np.int64)
+    own["community"][st.model_clusters] = ISOLATED
+    own["meta"][0] = int(conf.get("iteration", 0))
+    _save_owner(context, own)
+    _keep_owner_results(msg, context, cfg, st, own, len(x), refined=False)
     return reply(msg, arrays=arrays, metrics={"seconds": seconds, "k": st.k,
                                               "version": st.version, "n": len(x),
                                               "key": client_key(x)})
@@ -225,6 +311,13 @@ def fedcref_comm(msg: Message, context: Context) -> Message:
     members = np.split(flat, np.cumsum(lens)[:-1])
     out, counts = core.train_communities(x, st.labels, params, members, cfg,
                                          _client_seed(conf, x))
+    own = _owner_state(context, st.k)
+    before = own["community"].copy()
+    for g, qs in zip(conf["communities"], members, strict=True):
+        own["community"][qs] = int(g)
+    if not np.array_equal(before, own["community"]):   # the first round of an iteration
+        _save_owner(context, own)
+        _keep_owner_results(msg, context, cfg, st, own, len(x), refined=False)
     return reply(msg, arrays={"models": ae.to_numpy(out), "counts": {"counts": counts}},
                  metrics={"seconds": time.perf_counter() - t0})
 
@@ -239,6 +332,17 @@ def fedcref_refine(msg: Message, context: Context) -> Message:
         if "models" in msg.content.array_records else []
     agreement = core.refine(st, x, comm)
     _save_state(context, st)
+    own = _owner_state(context, st.k)
+    refined = bool(len(st.model_clusters)) or bool(ae.n_models(comm))   # else: no candidates
+    if refined:
+        own.update({"used_clusters": st.used_clusters, "used_kind": st.used_kind,
+                    "used_ref": st.used_ref})
+        own["meta"][1] = int(conf.get("iteration", 0)) or max(int(own["meta"][0]), 1)
+        _save_owner(context, own)
+    if st.used_mismatch:   # only on exact ties of two models' errors
+        LOG.warning("fedcref: %d rows' labels differ from the argmin of the models that "
+                    "define them (ties)", st.used_mismatch)
+    _keep_owner_results(msg, context, cfg, st, own, len(x), refined=refined)
     return reply(msg, arrays=_eval(st, y, cfg),
                  metrics={"agreement": agreement, "seconds": time.perf_counter() - t0})
 

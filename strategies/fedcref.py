@@ -15,6 +15,13 @@ One iteration t:
 5. ``train.fedcref_refine`` — active clients run Algorithm 2 with their own models and all
    community models and report ACC(previous, new) for the stability test (τ).
 
+The results for each data owner travel in these messages, with no extra round trip: the
+config record ``"result"`` (the run folder, for simulated clients) rides on every local,
+community and refinement message; a client learns the community of each of its clusters from
+the community rounds (none: isolated) and writes its labels and the models that define them
+after each refinement (docs/fedcref.md, "Results for each data owner"). At the end the server
+saves the final community models as ``community_models.npz`` for ``fedclust predict``.
+
 Stop when no client is active, when communities and isolated counts changed by at most
 ``stop-change`` for ``stop-window`` consecutive iterations, or after ``max-iterations``.
 Clients that do not answer are left out of that step and recorded (``dropped_nodes``).
@@ -38,7 +45,13 @@ from fedclust.fedcref.client import derive_seed, hidden_sizes
 from fedclust.fedcref.evaluation import majority_classes, mean_accuracy, wrong_associations
 from fedclust.fedcref.stopping import StabilityStop
 from fedclust.results import Progress, RunRecorder
-from strategies.common import Exchange, check_each, connected_clients, send_and_collect
+from strategies.common import (
+    Exchange,
+    check_each,
+    connected_clients,
+    result_record,
+    send_and_collect,
+)
 
 LOG = logging.getLogger("fedclust")
 Node = tuple[int, int]   # (client index, local cluster)
@@ -238,6 +251,8 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     stop_reason = "max-iterations"
     layer: list[int] | None = None
     hidden = hidden_sizes(cfg)
+    result_dir = str(recorder.dir)    # simulated clients keep their owner's results under it
+    comm_params: ae.Params = []
     t = 0
     for t in range(1, cfg["fedcref.max-iterations"] + 1):
         rec: dict[str, Any] = {"iteration": t, "active_clients": len(active)}
@@ -247,7 +262,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         def local_content(nid: int, t: int = t) -> RecordDict:
             return RecordDict({"config": ConfigRecord({
                 "active": nid in active, "iteration": t,
-                "seed": derive_seed(seed, t, 1)})})
+                "seed": derive_seed(seed, t, 1)}), "result": result_record(result_dir)})
 
         def check_local(nid: int, content: RecordDict) -> str | None:
             nonlocal layer     # the first valid model fixes the layer sizes of the run
@@ -389,7 +404,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
             rec["eval_ideal_communities"] = int((holders >= 2).sum())
 
         # 4. community models (FedAvg, all communities in parallel) ----------------------------
-        comm_params: ae.Params = []
+        comm_params = []
         if groups and layer is not None:
             comm_params = ae.init_params(len(groups), layer, derive_seed(seed, 7, t, 2),
                                          cfg["fedcref.ae-init"])
@@ -413,7 +428,8 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
                         "config": ConfigRecord({
                             "communities": gs, "members-len": [len(qs) for _, qs in mine],
                             "members-flat": [q for _, qs in mine for q in qs],
-                            "seed": derive_seed(seed, t, 100 + rnd)})})
+                            "seed": derive_seed(seed, t, 100 + rnd)}),
+                        "result": result_record(result_dir)})
 
                 targets = [nodes[ci] for ci in sorted(by_client)]
                 ex = send_and_collect(grid, targets, comm_content, "train.fedcref_comm",
@@ -446,7 +462,8 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
 
         # 5. refinement on the active clients ------------------------------------------------
         refine_targets = [n for n in nodes if n in active]
-        content = RecordDict({"config": ConfigRecord({"iteration": t})})
+        content = RecordDict({"config": ConfigRecord({"iteration": t}),
+                              "result": result_record(result_dir)})
         if ae.n_models(comm_params):
             content["models"] = _arrays(ae.to_numpy(comm_params))
         ex = send_and_collect(grid, refine_targets, content, "train.fedcref_refine",
@@ -488,6 +505,14 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
             stop_reason = reason
             break
 
+    # what `fedclust predict RUN_DIR` applies: the last iteration's community models
+    from fedclust.fedcref.predict import COMMUNITY_MODELS, save_models
+
+    if ae.n_models(comm_params):
+        save_models(recorder.path(COMMUNITY_MODELS), comm_params,
+                    np.arange(ae.n_models(comm_params)))
+    else:   # no community at the end (and none left from an earlier run in this folder)
+        recorder.path(COMMUNITY_MODELS).unlink(missing_ok=True)
     if cfg["plots"]:
         try:
             from fedclust.fedcref.plots import figure4

@@ -99,6 +99,18 @@ class ClientState:
     version: int = 0
     own_errors: NDArray[np.float32] | None = None      # (K, n), NaN rows for clusters w/o model
     cache: dict[str, NDArray[np.float32]] = field(default_factory=dict)
+    # What the last refinement used (Algorithm 2's selected models, in candidate order: own
+    # models first, then community models): the local cluster each one defines, its source
+    # (USED_OWN: own model of cluster ``used_ref``; USED_COMMUNITY: community ``used_ref``)
+    # and the models themselves (not kept between messages; written for the data owner).
+    used_clusters: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    used_kind: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    used_ref: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
+    used_models: ae.Params = field(default_factory=list)
+    used_mismatch: int = 0     # rows whose label differs from the argmin over the used models
+
+
+USED_OWN, USED_COMMUNITY = 0, 1
 
 
 def own_error_matrix(state: ClientState, x: NDArray) -> NDArray[np.float32]:
@@ -176,23 +188,42 @@ def train_communities(x: NDArray, labels: NDArray, params: ae.Params,
 
 def refine(state: ClientState, x: NDArray, community_models: ae.Params) -> float:
     """Algorithm 2 with the client's own models and all community models; returns ACC between
-    the previous and the new labeling (eq. 4), used for the stability test."""
+    the previous and the new labeling (eq. 4), used for the stability test.
+
+    Also records the selected models (``state.used_*``): every new label is the argmin of the
+    selected models' errors (the greedy picks take exactly the samples whose best remaining
+    model is the pick, and every earlier pick was worse for them), so applying these models to
+    the client's rows (:func:`fedclust.fedcref.predict.assign`) gives its labels back.
+    """
     own = state.own_errors if state.own_errors is not None else own_error_matrix(state, x)
     rows = [own[state.model_clusters]] if len(state.model_clusters) else []
     if ae.n_models(community_models):
         rows.append(ae.errors(community_models, x))
     if not rows:
         return 1.0
-    labels, _ = cluster_refine(np.concatenate(rows), state.k)
-    labels = align_labels(state.labels, labels, state.k)
+    errors = np.concatenate(rows)
+    labels, sel = cluster_refine(errors, state.k)
+    mapping = label_mapping(state.labels, labels, state.k)
+    labels = mapping[labels]
     agreement = label_agreement(state.labels, labels)
     state.labels = labels
+    # the selected models in candidate order (ties in the greedy picks go to the lower index)
+    order = np.argsort(sel, kind="stable")
+    cand = sel[order]
+    n_own = len(state.model_clusters)
+    state.used_clusters = mapping[order].astype(np.int64)
+    state.used_kind = np.where(cand < n_own, USED_OWN, USED_COMMUNITY).astype(np.int64)
+    state.used_ref = np.where(cand < n_own, state.model_clusters[np.minimum(cand, n_own - 1)]
+                              if n_own else 0, cand - n_own).astype(np.int64)
+    candidates = ae.concat([p for p in (state.models, community_models) if ae.n_models(p)])
+    state.used_models = ae.select(candidates, cand)
+    check = state.used_clusters[np.argmin(errors[cand], axis=0)]
+    state.used_mismatch = int(np.sum(check != labels))
     return agreement
 
 
-def align_labels(old: NDArray, new: NDArray, k: int) -> NDArray[np.int64]:
-    """Rename the new clusters to the old ids they overlap most (Hungarian), so that a client
-    that stops retraining keeps model q matched with cluster q. Labels stay in 0..k−1."""
+def label_mapping(old: NDArray, new: NDArray, k: int) -> NDArray[np.int64]:
+    """``mapping[new id] = old id`` of :func:`align_labels` (Hungarian on the overlaps)."""
     from scipy.optimize import linear_sum_assignment
 
     table = np.zeros((k, k), dtype=np.int64)
@@ -200,7 +231,13 @@ def align_labels(old: NDArray, new: NDArray, k: int) -> NDArray[np.int64]:
     rows, cols = linear_sum_assignment(-table)
     mapping = np.empty(k, dtype=np.int64)
     mapping[rows] = cols
-    return mapping[new]
+    return mapping
+
+
+def align_labels(old: NDArray, new: NDArray, k: int) -> NDArray[np.int64]:
+    """Rename the new clusters to the old ids they overlap most (Hungarian), so that a client
+    that stops retraining keeps model q matched with cluster q. Labels stay in 0..k−1."""
+    return label_mapping(old, new, k)[new]
 
 
 def class_histograms(labels: NDArray, y: NDArray, k: int, n_classes: int) -> NDArray[np.int64]:
