@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 
 
 def engine_mod(msg: Message, context: Context, call_next) -> Message:
@@ -42,7 +44,28 @@ def engine_mod(msg: Message, context: Context, call_next) -> Message:
         context.node_config, context.run_config = node, run
 
 
-app = ClientApp(mods=[engine_mod])
+# Errors whose messages are data-free by construction (they name keys, files, row and column
+# numbers, never a value read from the data): their text may reach the server.
+PUBLIC_ERRORS = ("ConfigError", "LocalDataError", "SiteFilesError", "PartitionError",
+                 "DatasetError")
+LOG = logging.getLogger("fedclust.node")
+
+
+def error_mod(msg: Message, context: Context, call_next) -> Message:
+    """Every error reply carries an error class and a data-free message; the details (which
+    may quote a cell of the node's data) stay in the node's own log."""
+    try:
+        return call_next(msg, context)
+    except Exception as exc:
+        name = type(exc).__name__
+        LOG.error("action %s failed on this node", msg.metadata.message_type, exc_info=True)
+        reason = (f"{name}: {exc}" if name in PUBLIC_ERRORS else
+                  f"{name} in {msg.metadata.message_type} (details in this node's log)")
+        return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason),
+                       reply_to=msg)
+
+
+app = ClientApp(mods=[error_mod, engine_mod])
 
 
 @app.query("fedclust_node")

@@ -176,3 +176,32 @@ def test_site_files_on_flowers_simulation_engine(tmp_path):
     assert not bad.ok and "num-supernodes=3" in bad.log
     for i, path in enumerate(paths):
         check_owner_folder(out, i, path, 2.0)
+
+
+def test_error_replies_carry_no_node_data():
+    """A handler failing on a value of the node's data sends its error class and a fixed text;
+    the value stays in the node's log. Errors whose text is data-free by construction (bad
+    config, a data file that cannot be used) keep their message."""
+    from flwr.app import Context, Message, RecordDict
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from client_apps.app import error_mod
+    from fedclust.data.local import LocalDataError
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    ctx = Context(run_id=1, node_id=5, node_config={}, state=RecordDict(), run_config={})
+    msg = Message(RecordDict(), dst_node_id=5, message_type="query.fcm_stats")
+    msg.metadata.__dict__["_message_id"] = "m1"
+    secret = "PATIENT_SMITH_1957"
+
+    def numpy_failure(msg, context):
+        raise ValueError(f"could not convert string {secret!r} to float")
+
+    def file_failure(msg, context):
+        raise LocalDataError("site0.csv: row 3, column 2 is not a number")
+
+    rep = error_mod(msg, ctx, numpy_failure)
+    assert rep.has_error() and secret not in rep.error.reason
+    assert rep.error.reason == "ValueError in query.fcm_stats (details in this node's log)"
+    rep = error_mod(msg, ctx, file_failure)
+    assert rep.error.reason == "LocalDataError: site0.csv: row 3, column 2 is not a number"
