@@ -15,7 +15,7 @@ Actions (message type → what the client does → what it sends back):
 - ``evaluate.emdcfl_eval``: test accuracy of the received model (ground truth returned only
   when ``evaluate=true``). This is the final message: it carries the node's cluster model and
   (config record ``"result"``) its cluster id and the server's results folder; the node keeps
-  ``model.pt``, ``summary.json`` and ``result.json`` for its data owner (never sent).
+  ``model.pt``, ``predict.json`` and ``result.json`` for its data owner (never sent).
 - ``query.emdcfl_group``: ground-truth cluster (Oracle baseline; only when ``evaluate=true``).
 
 Clients never send samples or labels; only models, projected embeddings, counts and metrics.
@@ -195,7 +195,7 @@ def ifca_handler(msg: Message, context: Context) -> Message:
 def keep_owner_results(msg: Message, context: Context, cfg: dict[str, Any], spec, data,
                        weights: list[np.ndarray], test: tuple[float, float]) -> None:
     """Write this node's results for its data owner (never sent): ``model.pt`` (its cluster's
-    final model, a torch ``state_dict``), ``summary.json`` (so that ``fedclust predict`` can use
+    final model, a torch ``state_dict``), ``predict.json`` (so that ``fedclust predict`` can use
     the folder) and ``result.json`` last. Nothing happens when the message names no cluster
     (an older server) or no owner folder can be found."""
     from client_apps import results
@@ -209,13 +209,13 @@ def keep_owner_results(msg: Message, context: Context, cfg: dict[str, Any], spec
         return
     cluster = int(rec["cluster"])
     save_model(folder / OWNER_MODEL, weights)
-    results.write_summary(folder, "emdcfl", {k: cfg[k] for k in SPEC_KEYS},
+    results.write_predict_info(folder, "emdcfl", {k: cfg[k] for k in SPEC_KEYS},
                           model=OWNER_MODEL, spec=spec_dict(spec), cluster=cluster)
     results.write_result(folder, {
         "method": "emdcfl", "algorithm": cfg["emdcfl.algorithm"], "run_id": context.run_id,
         "cluster": cluster, "num_clusters": int(rec.get("num-clusters", 0)),
         "test_accuracy": test[1], "test_loss": test[0], "num_test": int(len(data.y_test)),
-        "num_train": int(len(data.y_train)), "files": [OWNER_MODEL, "summary.json"]})
+        "num_train": int(len(data.y_train)), "files": [OWNER_MODEL, "predict.json"]})
 
 
 @app.evaluate("emdcfl_eval")

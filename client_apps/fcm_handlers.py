@@ -92,7 +92,7 @@ def keep_owner_results(msg: Message, context: Context, cfg: dict, x: np.ndarray,
     for name, arr in (("centers", centers), ("scaling_shift", shift), ("scaling_scale", scale)):
         np.save(folder / f"{name}.npy", arr)
     key = "fedfcm.m" if cfg["method"] == "fedfcm" else "fcm.m"
-    results.write_summary(folder, cfg["method"], {key: m})
+    results.write_predict_info(folder, cfg["method"], {key: m})
     results.write_result(folder, {
         "method": cfg["method"], "run_id": context.run_id, "rows": int(x.shape[0]),
         "n_clusters": int(centers.shape[0]), "m": m,

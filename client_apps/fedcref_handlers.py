@@ -6,7 +6,7 @@ Per-node state (labels, own models, the error cache of received models) lives in
 
 Results for the data owner (``client_apps.results``; never sent): every refinement writes the
 client's labels (``assignments.csv``), the models that define them (``models.npz``), a
-client ``summary.json`` for ``fedclust predict`` and ``result.json``; the local phase and the
+client ``predict.json`` for ``fedclust predict`` and ``result.json``; the local phase and the
 community rounds of each later iteration update ``result.json`` with the community each local
 cluster is in, so that after the run it describes the last iteration (docs/fedcref.md,
 "Results for each data owner").
@@ -223,7 +223,7 @@ def owner_result(st: core.ClientState, own: dict[str, np.ndarray], n_rows: int,
         src = ({"source": "community", "community": int(ref), "iteration": int(own["meta"][1])}
                if kind == core.USED_COMMUNITY else {"source": "own", "own_cluster": int(ref)})
         models.append({"label": int(q), **src})
-    files = ["assignments.csv", "summary.json"] + (["models.npz"] if models else [])
+    files = ["assignments.csv", "predict.json"] + (["models.npz"] if models else [])
     return {"method": "fedcref", "run_id": run_id, "rows": int(n_rows), "k": int(st.k),
             "iteration": int(own["meta"][0]), "labels_iteration": int(own["meta"][1]),
             "clusters": clusters, "models": models, "files": files}
@@ -247,7 +247,7 @@ def _keep_owner_results(msg: Message, context: Context, cfg: dict, st: core.Clie
             save_models(folder / MODELS, st.used_models, st.used_clusters)
         else:
             (folder / MODELS).unlink(missing_ok=True)
-        results.write_summary(folder, "fedcref",
+        results.write_predict_info(folder, "fedcref",
                               {"fedcref.torch-threads": cfg["fedcref.torch-threads"]},
                               models=MODELS, label="local cluster",
                               iteration=int(own["meta"][1]))

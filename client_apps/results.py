@@ -91,11 +91,11 @@ def write_result(folder: Path, meta: Mapping[str, Any]) -> Path:
     return path
 
 
-def write_summary(folder: Path, method: str, config: Mapping[str, Any], **extra: Any) -> Path:
-    """A client-side ``summary.json`` (``scope: "client"``) so that ``fedclust predict`` can be
-    pointed at the owner folder itself; ``config`` holds only the keys prediction needs."""
-    path = folder / "summary.json"
-    tmp = path.with_name("summary.json.part")
+def write_predict_info(folder: Path, method: str, config: Mapping[str, Any], **extra: Any) -> Path:
+    """``predict.json`` (``scope: "client"``): what ``fedclust predict`` needs to be pointed at
+    the owner folder itself; ``config`` holds only the keys prediction needs."""
+    path = folder / "predict.json"
+    tmp = path.with_name("predict.json.part")
     tmp.write_text(json.dumps({"method": method, "scope": "client", "config": dict(config),
                                **extra}, indent=2))
     os.replace(tmp, path)

@@ -54,11 +54,13 @@ PREDICTORS: dict[str, str] = {
 
 
 def load_summary(run_dir: str | Path) -> dict[str, Any]:
-    path = Path(run_dir).expanduser() / "summary.json"
-    if not path.is_file():
-        raise PredictError(f"{path} does not exist: RUN_DIR must be the results folder of a "
-                           f"finished run (the folder that holds summary.json)")
-    return json.loads(path.read_text())
+    """``summary.json`` of a run's folder, or ``predict.json`` of a data owner's folder."""
+    folder = Path(run_dir).expanduser()
+    for name in ("summary.json", "predict.json"):
+        if (folder / name).is_file():
+            return json.loads((folder / name).read_text())
+    raise PredictError(f"{folder} holds neither summary.json nor predict.json: RUN_DIR must be "
+                       f"the results folder of a finished run, or a site's own results folder")
 
 
 def predict(run_dir: str | Path, data: str | Path | np.ndarray, out: str | Path | None = None,

@@ -42,11 +42,12 @@ def _widen_one_array(content: RecordDict) -> None:
 
 
 def _run(tmp_path, app, cfg_extra=None):
-    cfg = {**TINY, "emdcfl.local-epochs": 2, "plots": False, "output-dir": str(tmp_path),
-           **(cfg_extra or {})}
+    cfg = {**TINY, "emdcfl.local-epochs": 2, "plots": False,
+           "output-dir": str(tmp_path / "run"), **(cfg_extra or {})}
     grid = InProcessGrid(app, 4, cfg, node_configs=planted_nodes(tmp_path))
     summary = run_method(grid, cfg)
-    history = [json.loads(x) for x in (tmp_path / "history.jsonl").read_text().splitlines()]
+    history = [json.loads(x)
+               for x in (tmp_path / "run" / "history.jsonl").read_text().splitlines()]
     return summary, history
 
 

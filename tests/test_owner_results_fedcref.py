@@ -1,5 +1,5 @@
 """FedCRef results for each data owner: every simulated client keeps ``assignments.csv``,
-``models.npz``, ``summary.json`` and ``result.json`` under ``<run dir>/clients/<i>/`` (nothing of
+``models.npz``, ``predict.json`` and ``result.json`` under ``<run dir>/clients/<i>/`` (nothing of
 it is sent), and ``fedclust predict`` on a client's owner folder gives its own rows back the
 labels it received; on the server's run folder it gives community ids."""
 
@@ -80,7 +80,7 @@ def test_each_client_keeps_its_assignments_models_and_result(run) -> None:
         assert sorted(m["label"] for m in result["models"]) == sorted(model_labels.tolist())
         assert {c["model"] for c in result["clusters"].values() if c["rows"]} \
             == set(range(len(model_labels)))
-        client_summary = json.loads((folder / "summary.json").read_text())
+        client_summary = json.loads((folder / "predict.json").read_text())
         assert client_summary["method"] == "fedcref" and client_summary["scope"] == "client"
         assert result["iteration"] == summary["metrics"]["iterations"]
 

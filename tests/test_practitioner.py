@@ -104,7 +104,7 @@ def test_predict_refuses_rows_of_the_wrong_width_and_the_cli_writes_the_same_row
     with pytest.raises(PredictError, match="the rows have 2 features but the run's centers "
                                            "have 3"):
         predict(out, np.zeros((4, 2)))
-    with pytest.raises(PredictError, match="summary.json"):
+    with pytest.raises(PredictError, match="neither summary.json nor predict.json"):
         predict(tmp_path / "sites", paths[0])
     target = tmp_path / "pred.csv"
     cli = [sys.executable, "-m", "fedclust.cli", "predict", str(out), str(paths[1]),

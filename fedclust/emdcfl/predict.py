@@ -7,7 +7,7 @@ Files (all written at the end of a run, never sent anywhere):
   (written last): ``{"spec": {in_channels, size, c1, c2, embed_dim, num_classes}, "clusters":
   {"<c>": {"file": "cluster_<c>.pt", "clients": [node ids]}}}``;
 - a client's owner folder: ``model.pt`` (its cluster's final model, same format),
-  ``summary.json`` (``scope: "client"``: method, the config keys that shape the network, the
+  ``predict.json`` (``scope: "client"``: method, the config keys that shape the network, the
   spec, its cluster) and ``result.json`` (last).
 
 :func:`predict_rows` is what :func:`fedclust.predict.predict` calls for ``method == "emdcfl"``.
@@ -39,7 +39,7 @@ from fedclust.predict import PredictError, Prediction, check_width
 MODELS_DIR = "models"
 INDEX = "clusters.json"
 OWNER_MODEL = "model.pt"
-# run-config keys a data owner's summary.json keeps: they fix the network's shape
+# run-config keys a data owner's predict.json keeps: they fix the network's shape
 SPEC_KEYS = ("dataset", "emdcfl.algorithm", "emdcfl.conv1", "emdcfl.conv2", "emdcfl.embed-dim")
 
 
@@ -106,7 +106,7 @@ def _owner_model(run_dir: Path, summary: Mapping[str, Any], want: Any
         raise PredictError(f"{run_dir} is a data owner's folder and holds only the model of its "
                            f"own cluster {own}; pass cluster={own} or no cluster, or point "
                            f"predict at the server's run folder for cluster {int(want)}")
-    spec = _spec(summary.get("spec"), summary.get("config", {}), run_dir / "summary.json")
+    spec = _spec(summary.get("spec"), summary.get("config", {}), run_dir / "predict.json")
     return own, run_dir / str(summary.get("model", OWNER_MODEL)), spec
 
 

@@ -1,7 +1,7 @@
 """Apply a finished FedCRef run to rows: each row goes to the model that reconstructs it best.
 
-Two folders can be given to ``fedclust predict`` (both hold a ``summary.json`` with method
-``fedcref``):
+Two folders can be given to ``fedclust predict`` (the run folder holds ``summary.json``, an
+owner folder ``predict.json``, both with method ``fedcref``):
 
 - a client's **owner folder** (``scope: "client"``): its ``models.npz`` holds the models its
   last refinement selected, one per non-empty local cluster; the label is the client's **local
