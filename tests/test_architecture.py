@@ -44,3 +44,17 @@ def test_fedclust_does_not_import_flower() -> None:
     offenders = {str(f.relative_to(PACKAGE.parent)): lines for f in files
                  if (lines := flwr_imports(f.read_text(encoding="utf-8")))}
     assert not offenders, f"fedclust/ must not import flwr; found at {offenders}"
+
+
+def test_the_clientapp_imports_no_heavy_library() -> None:
+    """Every deployment message starts a fresh ClientApp process: importing it must not pull
+    torch, scikit-learn, scipy.stats or POT (each costs from 0.3 to 2 s per message); a
+    handler imports what its method needs when it runs."""
+    import subprocess
+    import sys
+
+    code = ("import sys, client_apps.app; heavy = ('torch', 'sklearn', 'scipy.stats', 'ot', "
+            "'networkx', 'matplotlib', 'hydra'); print([m for m in heavy if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "[]", out.stdout
