@@ -40,11 +40,30 @@ def _eval_table(data: ClientData, x: np.ndarray, centers: np.ndarray,
     return contingency(y, labels_from_centers(x, centers), n_rows, centers.shape[0])
 
 
+WITHHELD = {"withheld": 1}
+
+
+def guard_withholds(cfg: dict, x: np.ndarray) -> bool:
+    """Paper 004 §4.2's privacy guard, one rule for every reply of the FCM family: a node with
+    ``N ≤ C(F+1)/F`` rows (C the most clusters the run fits: ``fcm.n-clusters``, or
+    ``fedfcm.k-max``) sends no statistic of its rows in any phase — bounds, sums, local
+    centers, index sums, objective, evaluation table. It still receives the final centers and
+    keeps its own results."""
+    if cfg["method"] == "fedfcm":
+        on, c = cfg["fedfcm.privacy-guard"], cfg["fedfcm.k-max"]
+    else:
+        on, c = cfg["fcm.privacy-guard"], cfg["fcm.n-clusters"]
+    n, f = x.shape
+    return bool(on) and n <= c * (f + 1) / f
+
+
 @app.query("fcm_stats")
 def fcm_stats(msg: Message, context: Context) -> Message:
     """Per-feature statistics for federated scaling and the server's initial-center box."""
     cfg = run_config(context)
     data = load_client_data(context, cfg)
+    if guard_withholds(cfg, data.x):
+        return reply(msg, metrics=WITHHELD)
     st = scaling.column_stats(data.x)
     metrics = None
     if cfg.get("fcm.secure-aggregation") and cfg["evaluate"] and data.y_eval is not None:
@@ -60,9 +79,8 @@ def fcm_sums(msg: Message, context: Context) -> Message:
     """Paper 004 Algorithm 2: ``U_c = Σ u^m``, ``WS_c = Σ u^m x`` for the received centers."""
     data, cfg, x = _scaled_data(msg, context)
     centers = msg.content.array_records["centers"]["centers"].numpy()
-    c, f = centers.shape
-    if cfg["fcm.privacy-guard"] and x.shape[0] <= c * (f + 1) / f:
-        return reply(msg, metrics={"withheld": 1})
+    if guard_withholds(cfg, x):
+        return reply(msg, metrics=WITHHELD)
     u, ws = fcm.local_sums(x, centers, cfg["fcm.m"])
     return reply(msg, arrays={"sums": {"U": u, "WS": ws}}, metrics={"withheld": 0})
 
@@ -115,6 +133,8 @@ def fcm_final(msg: Message, context: Context) -> Message:
     else:
         shift, scale = np.zeros(x.shape[1]), np.ones(x.shape[1])
     keep_owner_results(msg, context, cfg, x, centers, shift, scale)
+    if guard_withholds(cfg, x):
+        return reply(msg, metrics=WITHHELD)
     arrays = {"objective": {"J": np.array([fcm.objective(x, centers, fuzzifier(cfg))])}}
     # FedFCM's evaluation tables of every K already came with the FedFuzzDB statistics.
     if cfg["evaluate"] and data.y_eval is not None and cfg["method"] == "exact-fcm":
@@ -151,6 +171,8 @@ def fedfcm_local(msg: Message, context: Context) -> Message:
     averaging needs nothing else).
     """
     data, cfg, x = _scaled_data(msg, context)
+    if guard_withholds(cfg, x):
+        return reply(msg, metrics=WITHHELD)
     out, iters = {}, []
     for name, arr in msg.content.array_records["centers"].items():
         centers, support, n_iter = local_step(x, arr.numpy(), cfg["fedfcm.m"],
@@ -166,6 +188,8 @@ def fedfcm_local(msg: Message, context: Context) -> Message:
 def fedfcm_db(msg: Message, context: Context) -> Message:
     """FedFuzzDB sums (N_l, Σ‖x−c_i‖^q, Σu_i) per K; optionally local index and eval tables."""
     data, cfg, x = _scaled_data(msg, context)
+    if guard_withholds(cfg, x):
+        return reply(msg, metrics=WITHHELD)
     m, p, q = cfg["fedfcm.m"], cfg["fedfcm.p"], cfg["fedfcm.q"]
     stats, local, evals = {}, {}, {}
     for name, arr in msg.content.array_records["centers"].items():

@@ -21,7 +21,7 @@ from flwr.client.mod import secaggplus_mod
 from client_apps.app import app
 from client_apps.common import run_config
 from client_apps.data import load_client_data
-from client_apps.fcm_handlers import keep_owner_results, secure_final_vector
+from client_apps.fcm_handlers import guard_withholds, keep_owner_results, secure_final_vector
 from fedclust import fcm
 from fedclust.data import scaling
 from strategies.secure_fcm import LIMBS, PHASE_FINAL, PHASE_SUMS, pack
@@ -45,7 +45,7 @@ def secure_fcm_sums(msg: Message, context: Context) -> Message:
                            str(fit_cfg.get("fedclust.run-dir", "")))
         vec = secure_final_vector(data, x, centers, cfg["fcm.m"], dict(fit_cfg))
     else:
-        if cfg["fcm.privacy-guard"] and x.shape[0] <= c * (f + 1) / f:
+        if guard_withholds(cfg, x):
             u, ws = np.zeros(c), np.zeros((c, f))
         else:
             u, ws = fcm.local_sums(x, centers, cfg["fcm.m"])

@@ -16,7 +16,8 @@ FCM_KEYS: list[Key] = [
     Key("fcm.fraction", float, 1.0, "participation fraction gamma, resampled every round",
         low=0.0, high=1.0, low_open=True),
     Key("fcm.privacy-guard", bool, True,
-        "a client with N <= C(F+1)/F points does not send its sums (paper 004 §4.2)"),
+        "a client with N <= C(F+1)/F points sends no statistic in any phase: no bounds, sums, "
+        "objective or evaluation table (paper 004 §4.2)"),
     Key("fcm.secure-aggregation", bool, False,
         "sum U and WS with SecAgg+ so the server sees only the totals (deployment issue)"),
 ]
@@ -38,6 +39,9 @@ FEDFCM_KEYS: list[Key] = [
         "003 Table 1 uses 5", low=0),
     Key("fedfcm.p", float, 2.0, "Minkowski p of the center distances M_ij", low=1.0),
     Key("fedfcm.q", float, 1.0, "power q of the spread S_i", low=1.0),
+    Key("fedfcm.privacy-guard", bool, True,
+        "a client with N <= K(F+1)/F points (K = fedfcm.k-max) sends no statistic in any phase "
+        "(paper 004 §4.2's rule applied to FedFCM: a tiny client's local centers are its rows)"),
 ]
 
 

@@ -20,7 +20,7 @@ from fedclust import fcm
 from fedclust.results import Progress, RunRecorder
 from strategies.common import (all_of, arrays, connected_clients, expect_arrays, result_record,
                                send_and_collect)
-from strategies.fcm_common import eval_ari, federated_scaling
+from strategies.fcm_common import eval_ari, federated_scaling, withheld_ok
 
 LOG = logging.getLogger("fedclust")
 
@@ -86,6 +86,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     recorder.save_array("scaling_scale", sc.scale)
     metrics: dict[str, Any] = {"rounds": rnd, "converged": converged, "final_shift": shift,
                                "rounds_with_contributions": rounds_with_contributions,
+                               "scaling_withheld_clients": sc.withheld,
                                "n_clients": len(nodes), **totals}
     # The final centers reach every node in this message; each keeps its owner's results.
     final = RecordDict({"centers": arrays(centers=centers), "scaling": sc.record(),
@@ -102,9 +103,11 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
             metrics["eval_ari"] = eval_ari([table] if table is not None else [])
     else:
         ex = send_and_collect(grid, nodes, final, "query.fcm_final", "final", cfg["timeout"],
-                              validate=expect_arrays("objective", ["J"]))
-        metrics["objective"] = float(sum(r.array_records["objective"]["J"].numpy()[0]
-                                         for r in ex.replies.values()))
+                              validate=withheld_ok(expect_arrays("objective", ["J"])))
+        shares = [r.array_records["objective"]["J"].numpy()[0] for r in ex.replies.values()
+                  if "objective" in r.array_records]
+        metrics["objective"] = float(sum(shares))
+        metrics["objective_withheld_clients"] = len(ex.replies) - len(shares)
         if cfg["evaluate"]:
             tables = [r.array_records["eval"]["contingency"].numpy()
                       for r in ex.replies.values() if "eval" in r.array_records]

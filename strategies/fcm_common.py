@@ -23,6 +23,7 @@ class Scaling:
     high: np.ndarray
     exchange: Exchange
     eval_rows: int = 0  # label rows of a securely summed contingency table (evaluation path)
+    withheld: int = 0   # clients the privacy guard kept silent
 
     def record(self) -> Any:
         return arrays(shift=self.shift, scale=self.scale)
@@ -33,7 +34,9 @@ def federated_scaling(grid: Grid, nodes: list[int], cfg: dict[str, Any]) -> Scal
     kind = cfg["scaling"]
     ex = send_and_collect(grid, nodes, RecordDict(), "query.fcm_stats", "scaling",
                           cfg["timeout"], validate=_stats_ok)
-    dims = {nid: _n_features(c) for nid, c in ex.replies.items()}
+    speaking = {nid: c for nid, c in ex.replies.items() if "stats" in c.array_records}
+    withheld = len(ex.replies) - len(speaking)
+    dims = {nid: _n_features(c) for nid, c in speaking.items()}
     votes = Counter(dims.values()).most_common()
     if len(votes) > 1 and votes[0][1] == votes[1][1]:
         raise RuntimeError(f"the clients disagree on the number of features with no majority "
@@ -41,12 +44,15 @@ def federated_scaling(grid: Grid, nodes: list[int], cfg: dict[str, Any]) -> Scal
     if votes:
         common = votes[0][0]
         for nid, d in dims.items():
-            reject(ex, nid, None if d == common else
-                   f"{d} features where the other clients have {common}", "scaling")
-    if not ex.replies:
+            if reject(ex, nid, None if d == common else
+                      f"{d} features where the other clients have {common}", "scaling"):
+                del speaking[nid]
+    if not speaking:
+        if withheld:
+            raise RuntimeError(guard_message(cfg, "the scaling phase"))
         raise RuntimeError(f"no client answered the scaling phase: {ex.failed}")
     stats = []
-    for content in ex.replies.values():
+    for content in speaking.values():
         rec = content.array_records["stats"]
         if "stats" in rec:
             stats.append(scaling.ColumnStats.from_array(rec["stats"].numpy()))
@@ -55,7 +61,32 @@ def federated_scaling(grid: Grid, nodes: list[int], cfg: dict[str, Any]) -> Scal
             stats.append(scaling.ColumnStats(0, lo, hi, np.zeros_like(lo), np.zeros_like(lo)))
     eval_rows = max((int(c.metric_records["metrics"].get("eval-labels", 0))
                      for c in ex.replies.values() if "metrics" in c.metric_records), default=0)
-    return Scaling(*combine_scaling(stats, kind), ex, eval_rows)
+    return Scaling(*combine_scaling(stats, kind), ex, eval_rows, withheld)
+
+
+def guard_message(cfg: dict[str, Any], phase: str) -> str:
+    """Why a phase got no statistic: every client was withheld by the privacy guard."""
+    if cfg["method"] == "fedfcm":
+        c, key, name = cfg["fedfcm.k-max"], "fedfcm.k-max", "K"
+    else:
+        c, key, name = cfg["fcm.n-clusters"], "fcm.n-clusters", "C"
+    guard = "fedfcm.privacy-guard" if cfg["method"] == "fedfcm" else "fcm.privacy-guard"
+    return (f"{cfg['method']}: no client sent a statistic in {phase}: every answering client "
+            f"was withheld by the privacy guard (a client with N <= {name}(F+1)/F points, "
+            f"{name} = {c} from {key}, F features, sends nothing in any phase; for exact FCM "
+            f"this is the rule N <= C(F+1)/F of paper 004). Fix: lower {key}, or set "
+            f"{guard}=false (and check the nodes' logs for dropouts).")
+
+
+def withheld_ok(check):
+    """A reply validator that also accepts the privacy guard's notice (metrics withheld=1)."""
+    def _check(content: RecordDict) -> str | None:
+        if not content.array_records and \
+                content.metric_records.get("metrics", {}).get("withheld", 0) == 1:
+            return None
+        return check(content)
+
+    return _check
 
 
 def combine_scaling(stats: list[scaling.ColumnStats], kind: str
@@ -71,6 +102,8 @@ def combine_scaling(stats: list[scaling.ColumnStats], kind: str
 
 def _stats_ok(content: RecordDict) -> str | None:
     if "stats" not in content.array_records:
+        if content.metric_records.get("metrics", {}).get("withheld", 0) == 1:
+            return None
         return "missing 'stats'"
     rec = content.array_records["stats"]
     if "stats" in rec:

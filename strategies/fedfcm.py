@@ -20,7 +20,7 @@ from fedclust.results import Progress, RunRecorder
 from fedclust.validity import DBStatistics, choose_k, federated_fuzzy_db
 from strategies.common import (arrays, connected_clients, expect_arrays, result_record,
                                send_and_collect)
-from strategies.fcm_common import eval_ari, federated_scaling
+from strategies.fcm_common import eval_ari, federated_scaling, guard_message, withheld_ok
 
 
 def _key(k: int) -> str:
@@ -46,16 +46,20 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
                               "scaling": sc.record()})
         ex = send_and_collect(grid, nodes, content, "train.fedfcm_local", f"round-{rnd}",
                               cfg["timeout"],
-                              validate=_local_ok(sorted(active), centers, needs_support))
+                              validate=withheld_ok(_local_ok(sorted(active), centers,
+                                                             needs_support)))
         traffic[0] += ex.bytes_sent
         traffic[1] += ex.bytes_received
         dropped_all |= set(ex.failed)
         shifts = {}
-        if ex.replies:
+        speaking = [r for r in ex.replies.values() if "local" in r.array_records]
+        if ex.replies and not speaking:   # the guard depends only on N, K and F: for good
+            raise RuntimeError(guard_message(cfg, f"local round {rnd}"))
+        if speaking:
             for k in sorted(active):
-                locals_ = [r.array_records["local"][_key(k)].numpy() for r in ex.replies.values()]
+                locals_ = [r.array_records["local"][_key(k)].numpy() for r in speaking]
                 supports = ([r.array_records["local"][f"{_key(k)}.support"].numpy()
-                             for r in ex.replies.values()] if needs_support else None)
+                             for r in speaking] if needs_support else None)
                 seed = int(cfg["seed"]) * 1000 + k
                 new = average(cfg["fedfcm.averaging"], locals_, supports, k, previous[k], seed)
                 shifts[k] = center_shift(centers[k], new)
@@ -65,7 +69,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         active -= done
         recorder.log_round({"round": rnd, "shift": {str(k): v for k, v in shifts.items()},
                             "converged_k": sorted(done), "active_k": sorted(active),
-                            "replies": len(ex.replies),
+                            "replies": len(ex.replies), "withheld": len(ex.replies) - len(speaking),
                             "dropped_nodes": {str(k): v for k, v in ex.failed.items()},
                             "seconds": ex.seconds})
         progress.step(rnd, f"{len(active)} K still moving | {len(ex.replies)} clients")
@@ -80,7 +84,9 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
                                len(nodes), ks[0], ks[-1],
                                " and their local index" if cfg["fedfcm.local-index"] else "")
     ex = send_and_collect(grid, nodes, content, "query.fedfcm_db", "fedfuzzdb", cfg["timeout"],
-                          validate=_db_ok(ks))
+                          validate=withheld_ok(_db_ok(ks)))
+    for nid in [n for n, r in ex.replies.items() if "db" not in r.array_records]:
+        del ex.replies[nid]   # withheld by the privacy guard: nothing to add
     index_progress.step(1, f"K {ks[0]}..{ks[-1]} scored | {len(ex.replies)} clients"
                         + (" (with local index)" if cfg["fedfcm.local-index"] else ""))
     dropped_all |= set(ex.failed)
@@ -110,7 +116,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     final = RecordDict({"centers": arrays(centers=centers[choice.best_k]),
                         "scaling": sc.record(), "result": result_record(recorder.dir)})
     fin = send_and_collect(grid, nodes, final, "query.fcm_final", "final", cfg["timeout"],
-                           validate=expect_arrays("objective", ["J"]))
+                           validate=withheld_ok(expect_arrays("objective", ["J"])))
     dropped_all |= set(fin.failed)
     traffic[0] += ex.bytes_sent + fin.bytes_sent
     traffic[1] += fin.bytes_received
@@ -118,7 +124,9 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         **choice.as_dict(), "fedfuzzdb": dict(zip(map(str, ks), fed_db)),
         "rounds": {str(k): rounds_of[k] for k in ks}, "unconverged_k": sorted(active),
         "objective_best_k": float(sum(r.array_records["objective"]["J"].numpy()[0]
-                                      for r in fin.replies.values())),
+                                      for r in fin.replies.values()
+                                      if "objective" in r.array_records)),
+        "scaling_withheld_clients": sc.withheld,
         "averaging": cfg["fedfcm.averaging"], "n_clients": len(nodes),
         "dropped_nodes": sorted(dropped_all), "bytes_sent": traffic[0],
         "bytes_received": traffic[1] + ex.bytes_received,

@@ -202,27 +202,55 @@ GUARDED = {"method": "exact-fcm", "num-clients": 3, "seed": 0, "blobs.n-samples"
 
 
 @pytest.mark.parametrize("secure", [False, True])
-def test_everyone_withheld_stops_with_a_clear_error(tmp_path, fedclust_log, secure):
-    """All clients sampled, none dropped: the guard will withhold forever -> stop in round 1."""
+def test_everyone_withheld_stops_with_a_clear_error(tmp_path, secure):
+    """Every client is under the guard: it stops the run in the scaling phase, before any
+    round, since the guard depends only on N, C and F."""
     from server_app.inprocess import run_server
 
     with pytest.raises(RuntimeError) as err:
         run_server({**GUARDED, "output-dir": str(tmp_path), "fcm.secure-aggregation": secure})
     msg = str(err.value)
-    assert "N <= C(F+1)/F" in msg and "fcm.n-clusters" in msg and "fcm.privacy-guard=false" in msg
-    assert any("no client contributed" in m for m in fedclust_log), fedclust_log[-3:]
-    history = [json.loads(x) for x in (tmp_path / "history.jsonl").read_text().splitlines()]
-    assert len(history) == 1 and history[0]["contributed"] == (0 if not secure else 3)
+    assert "scaling phase" in msg and "N <= C(F+1)/F" in msg and "fcm.n-clusters" in msg
+    assert "fcm.privacy-guard=false" in msg
+    assert (tmp_path / "history.jsonl").read_text() == ""
     assert not (tmp_path / "centers.npy").exists()     # no result that is only the random init
 
 
-def test_everyone_withheld_with_sampling_runs_all_rounds_then_fails(tmp_path, fedclust_log):
-    """With γ < 1 a later round could sample someone else: warn every round, fail at the end."""
-    from server_app.inprocess import run_server
+@pytest.mark.parametrize("method", ["exact-fcm", "fedfcm"])
+def test_guarded_clients_send_nothing_in_any_phase_and_still_get_their_results(tmp_path,
+                                                                              method):
+    """3 clients with 400 rows and 1 with 3 rows (3 <= C(F+1)/F = 6): the tiny client answers
+    every phase with the guard's notice only — no bounds, sums, local centers, index sums,
+    objective or label table — and the run uses the others. It still keeps its own results."""
+    import numpy as np
 
-    with pytest.raises(RuntimeError, match="no client contributed to any of the 3 round"):
-        run_server({**GUARDED, "output-dir": str(tmp_path), "fcm.fraction": 0.5})
-    assert sum("no client contributed (" in m for m in fedclust_log) == 3
+    from server_app.inprocess import run_server
+    from tests.test_practitioner import write_sites
+
+    write_sites(tmp_path / "sites", sizes=(400, 400, 400, 3), width=2)
+    replies = []
+    extra = {"fedfcm.k-max": 4} if method == "fedfcm" else {}
+    summary, _ = run_server({"method": method, "dataset": "files", "fcm.n-clusters": 4,
+                             "data-dir": str(tmp_path / "sites"), "plots": False,
+                             "files.label-column": "diagnosis", **extra,
+                             "output-dir": str(tmp_path / "run")},
+                            inspect=lambda msg, rep: replies.append((msg, rep)))
+    tiny = max(m.metadata.dst_node_id for m, _ in replies)      # node 1003 = site3.csv
+    phases = set()
+    for msg, rep in replies:
+        if msg.metadata.dst_node_id == tiny and msg.metadata.message_type != "query.fedclust_node":
+            phases.add(msg.metadata.message_type)
+            assert not rep.has_error()
+            assert list(rep.content.array_records) == [], msg.metadata.message_type
+            assert dict(rep.content.metric_records["metrics"]) == {"withheld": 1}
+    expected = ({"query.fcm_stats", "query.fcm_sums", "query.fcm_final"} if method == "exact-fcm"
+                else {"query.fcm_stats", "train.fedfcm_local", "query.fedfcm_db",
+                      "query.fcm_final"})
+    assert phases == expected
+    assert summary["metrics"]["scaling_withheld_clients"] == 1
+    table = np.loadtxt(tmp_path / "run" / "clients" / "3" / "assignments.csv", delimiter=",",
+                       skiprows=1, ndmin=2)
+    assert table.shape[0] == 3
 
 
 def test_rounds_with_contributions_is_recorded(tmp_path):
