@@ -49,7 +49,8 @@ def secure_fcm_sums(msg: Message, context: Context) -> Message:
             u, ws = np.zeros(c), np.zeros((c, f))
         else:
             u, ws = fcm.local_sums(x, centers, cfg["fcm.m"])
-        vec = pack(u, ws, divisor, limbs)
+        vec = pack(u, ws, divisor, limbs,
+                   scale_u=float(fit_cfg.get("fedclust.secure-scale-u", divisor)))
     return Message(RecordDict({
         "fitres.parameters": ArrayRecord([vec]),
         "fitres.num_examples": MetricRecord({"num_examples": 1}),

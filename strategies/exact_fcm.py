@@ -34,6 +34,12 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     recorder.save_array("initial_centers", centers)
     f = centers.shape[1]
     n_sample = max(1, math.ceil(cfg["fcm.fraction"] * len(nodes)))
+    bound = None
+    if cfg["fcm.secure-aggregation"]:
+        from strategies.secure_fcm import check_secure_round, secure_bound
+
+        check_secure_round(min(n_sample, len(nodes)))
+        bound = secure_bound(sc.low, sc.high)
     progress = Progress(cfg["fcm.max-rounds"], "exact-fcm round")
     totals = {"bytes_sent": sc.exchange.bytes_sent, "bytes_received": sc.exchange.bytes_received}
     dropped_all: set[int] = set(sc.exchange.failed)
@@ -47,7 +53,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
             # SecAgg+: the server learns only ΣU and ΣWS over the sampled clients.
             from strategies.secure_fcm import secure_sums
 
-            u, ws, ex, n_contrib = secure_sums(grid, sampled, content, c, f, cfg, rnd)
+            u, ws, ex, n_contrib = secure_sums(grid, sampled, content, c, f, cfg, rnd, bound)
             withheld = 0
             sums = [None] * n_contrib
         else:
@@ -97,7 +103,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
 
         objective, table, ex, _ = secure_final(grid, nodes, final, c, f, cfg, rnd + 1,
                                                sc.eval_rows if cfg["evaluate"] else 0,
-                                               str(recorder.dir))
+                                               str(recorder.dir), bound)
         metrics["objective"] = objective
         if cfg["evaluate"]:
             metrics["eval_ari"] = eval_ari([table] if table is not None else [])

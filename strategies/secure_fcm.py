@@ -83,20 +83,30 @@ def from_limbs(limb_sums: np.ndarray, scale: float) -> np.ndarray:
     return scale * np.tensordot(weights, limb_sums, axes=1)
 
 
-def pack(u: np.ndarray, ws: np.ndarray, scale: float, limbs: int = LIMBS) -> np.ndarray:
-    """The vector a client feeds to SecAgg+: limbs of ``[U, WS.ravel()]`` (flat float64)."""
-    return to_limbs(np.concatenate([u.ravel(), ws.ravel()]), scale, limbs).ravel()
+def pack(u: np.ndarray, ws: np.ndarray, scale: float, limbs: int = LIMBS,
+         scale_u: float | None = None) -> np.ndarray:
+    """The vector a client feeds to SecAgg+: limbs of ``U / scale_u`` then of
+    ``WS / scale`` (flat float64). ``U = Σu^m ≤ N`` does not grow with the data's units, so it
+    gets its own divisor (``scale_for(1)``); one divisor for both would round U away when the
+    features are large."""
+    scale_u = scale if scale_u is None else scale_u
+    return np.concatenate([to_limbs(u.ravel(), scale_u, limbs).ravel(),
+                           to_limbs(ws.ravel(), scale, limbs).ravel()])
 
 
-def unpack(vec: np.ndarray, c: int, f: int, scale: float, limbs: int = LIMBS
-           ) -> tuple[np.ndarray, np.ndarray]:
+def unpack(vec: np.ndarray, c: int, f: int, scale: float, limbs: int = LIMBS,
+           scale_u: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Summed packed vector → ``(ΣU (c,), ΣWS (c, f))``."""
-    total = from_limbs(np.asarray(vec, dtype=np.float64).reshape(limbs, c * (f + 1)), scale)
-    return total[:c], total[c:].reshape(c, f)
+    scale_u = scale if scale_u is None else scale_u
+    vec = np.asarray(vec, dtype=np.float64)
+    u = from_limbs(vec[:limbs * c].reshape(limbs, c), scale_u)
+    ws = from_limbs(vec[limbs * c:].reshape(limbs, c * f), scale)
+    return u, ws.reshape(c, f)
 
 
 def secure_sums(grid: Grid, sampled_node_ids: list[int], content: RecordDict, c: int, f: int,
-                cfg: dict[str, Any], rnd: int) -> tuple[np.ndarray, np.ndarray, Exchange, int]:
+                cfg: dict[str, Any], rnd: int, bound: float | None = None
+                ) -> tuple[np.ndarray, np.ndarray, Exchange, int]:
     """One SecAgg+ round over ``sampled_node_ids``; return ``(ΣU, ΣWS, exchange, n)``.
 
     ``content`` is the round's plain payload (``centers`` and ``scaling`` ArrayRecords); it is
@@ -106,22 +116,25 @@ def secure_sums(grid: Grid, sampled_node_ids: list[int], content: RecordDict, c:
     (too few survivors), the round contributes nothing (zero sums, ``n = 0``) and the centers
     stay where they are.
     """
-    scale = scale_for(_bound_after_scaling(cfg))
+    scale = scale_for(_bound_after_scaling(cfg) if bound is None else bound)
+    scale_u = scale_for(1.0)
     total, ex, n = _secure_round(grid, sampled_node_ids, content, cfg, rnd, {
-        "fedclust.phase": PHASE_SUMS, "fedclust.secure-scale": scale, "fedclust.limbs": LIMBS})
+        "fedclust.phase": PHASE_SUMS, "fedclust.secure-scale": scale,
+        "fedclust.secure-scale-u": scale_u, "fedclust.limbs": LIMBS})
     if total is None:
         return np.zeros(c), np.zeros((c, f)), ex, 0
-    u, ws = unpack(total, c, f, scale)
+    u, ws = unpack(total, c, f, scale, scale_u=scale_u)
     return u, ws, ex, n
 
 
-def final_scales(f: int, cfg: dict[str, Any]) -> tuple[float, float]:
+def final_scales(f: int, cfg: dict[str, Any], bound: float | None = None
+                 ) -> tuple[float, float]:
     """Public divisors of the final phase: ``(S_J, S_table)``.
 
     ``J = Σ_j Σ_i u_ij^m ‖x_j − v_i‖² ≤ N · F · (2·max|x|)²`` (memberships^m sum to ≤ 1 per point,
     centers lie in the data's box); contingency counts are integers ≤ N.
     """
-    bound = _bound_after_scaling(cfg)
+    bound = _bound_after_scaling(cfg) if bound is None else bound
     return scale_for(f * (2.0 * bound) ** 2), scale_for(1.0)
 
 
@@ -143,7 +156,8 @@ def unpack_final(vec: np.ndarray, rows: int, cols: int, scale_j: float, scale_t:
 
 
 def secure_final(grid: Grid, node_ids: list[int], content: RecordDict, c: int, f: int,
-                 cfg: dict[str, Any], rnd: int, eval_rows: int, run_dir: str = ""
+                 cfg: dict[str, Any], rnd: int, eval_rows: int, run_dir: str = "",
+                 bound: float | None = None
                  ) -> tuple[float, np.ndarray | None, Exchange, int]:
     """The final phase under SecAgg+: ``(ΣJ, Σ contingency or None, exchange, n)``.
 
@@ -151,7 +165,7 @@ def secure_final(grid: Grid, node_ids: list[int], content: RecordDict, c: int, f
     learns the objective and (on the evaluation path, ``eval_rows > 0``) the label × cluster
     table of the federation only, never a client's own. ``ΣJ`` is NaN if the protocol halted.
     """
-    scale_j, scale_t = final_scales(f, cfg)
+    scale_j, scale_t = final_scales(f, cfg, bound)
     total, ex, n = _secure_round(grid, node_ids, content, cfg, rnd, {
         "fedclust.phase": PHASE_FINAL, "fedclust.secure-scale": scale_j,
         "fedclust.secure-scale-table": scale_t, "fedclust.limbs": LIMBS,
@@ -247,8 +261,36 @@ def _secure_round(grid: Grid, node_ids: list[int], content: RecordDict, cfg: dic
     return np.asarray(mean_vec, dtype=np.float64) * n, ex, n
 
 
+MAX_SECURE_CLIENTS = MOD // QUANT - 1   # the modular sum of n values < 2^22 must stay < 2^32
+
+
+def secure_bound(low: np.ndarray, high: np.ndarray) -> float:
+    """``max|x|`` after federated scaling, from the federated bounds the server learned in the
+    scaling phase: the public divisor ``S`` then fits every client's values, whatever the
+    scaling (no clipping, error ``≲ n · 2^-50 · max|x|``)."""
+    return float(max(1.0, np.max(np.abs(low)), np.max(np.abs(high))))
+
+
+def check_secure_round(n_sampled: int) -> None:
+    """SecAgg+ needs 2 or more clients per round and at most :data:`MAX_SECURE_CLIENTS`:
+    refuse other settings before any round."""
+    from fedclust.config import ConfigError
+
+    if n_sampled < 2:
+        raise ConfigError(
+            f"fcm.secure-aggregation=true with {n_sampled} client(s) per round: SecAgg+ needs "
+            f"at least 2 (a lone client's masked sum is its own). Allowed: 2 or more sampled "
+            f"clients. Fix: raise fcm.fraction or use more clients")
+    if n_sampled > MAX_SECURE_CLIENTS:
+        raise ConfigError(
+            f"fcm.secure-aggregation=true with {n_sampled} clients per round: the secure sum "
+            f"encodes {n_sampled} values of up to 2^22 in 32-bit arithmetic, which holds at "
+            f"most {MAX_SECURE_CLIENTS}. Fix: lower fcm.fraction so that at most "
+            f"{MAX_SECURE_CLIENTS} clients are sampled per round")
+
+
 def _bound_after_scaling(cfg: dict[str, Any]) -> float:
-    """A bound on ``max|x|`` after federated scaling.
+    """A bound on ``max|x|`` after federated scaling when the federated bounds are not at hand.
 
     minmax → 1. Otherwise a generous 1e6 (S = 2^60): the error bound then grows to
     ~n · 2^-30 per summed value, still far below FCM's tolerance.

@@ -161,3 +161,38 @@ def test_secure_final_sums_objective_and_tables_exactly():
     j, table = unpack_final(summed, 3, 4, s_j, s_t)
     assert j == pytest.approx(js.sum(), rel=1e-12)
     assert table.tolist() == np.sum(tables, axis=0).tolist()
+
+
+@pytest.mark.parametrize("scaling", ["standard", "none"])
+def test_secure_sums_fit_any_scaling_without_clipping(tmp_path, scaling):
+    """The public divisor follows the federated bounds, so values far outside [0, 1] (here a
+    feature near 1e12 with scaling=none) are summed exactly as in the plain run."""
+    from tests.test_practitioner import write_sites
+
+    paths = write_sites(tmp_path / "sites", sizes=(40, 50, 60))
+    for p in paths:   # make the first feature huge
+        lines = p.read_text().splitlines()
+        rows = [lines[0]] + [",".join([str(float(r.split(",")[0]) * 1e10)] + r.split(",")[1:])
+                             for r in lines[1:]]
+        p.write_text("\n".join(rows) + "\n")
+    cfg = {"dataset": "files", "data-dir": str(tmp_path / "sites"), "fcm.n-clusters": 2,
+           "files.label-column": "diagnosis", "scaling": scaling, "fcm.max-rounds": 4,
+           "fcm.epsilon": 0.0, "plots": False, "seed": 1}
+    plain, _ = run_server({**cfg, "output-dir": str(tmp_path / "plain")})
+    secure, _ = run_server({**cfg, "output-dir": str(tmp_path / "secure"),
+                            "fcm.secure-aggregation": True})
+    a, b = (np.load(tmp_path / d / "centers.npy") for d in ("plain", "secure"))
+    np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-9 * np.abs(a).max())
+    assert secure["metrics"]["objective"] == pytest.approx(plain["metrics"]["objective"],
+                                                           rel=1e-9)
+
+
+def test_fewer_than_two_clients_per_secure_round_is_refused_before_any_round(tmp_path):
+    from fedclust.config import ConfigError
+
+    sent = []
+    with pytest.raises(ConfigError, match="SecAgg\\+ needs at least 2"):
+        run_server({**CFG, "fcm.secure-aggregation": True, "fcm.fraction": 0.25,
+                    "output-dir": str(tmp_path / "run")},
+                   inspect=lambda msg, rep: sent.append(msg.metadata.message_type))
+    assert "train" not in sent and "query.fcm_sums" not in sent
