@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,8 @@ from flwr.serverapp import Grid
 from fedclust.data import scaling
 from fedclust.metrics import ari_from_contingency
 from strategies.common import Exchange, arrays, reject, send_and_collect
+
+LOG = logging.getLogger("fedclust")
 
 
 @dataclass
@@ -59,6 +62,12 @@ def federated_scaling(grid: Grid, nodes: list[int], cfg: dict[str, Any]) -> Scal
         else:
             lo, hi = rec["min"].numpy(), rec["max"].numpy()
             stats.append(scaling.ColumnStats(0, lo, hi, np.zeros_like(lo), np.zeros_like(lo)))
+    for feature, nid, ratio in dominated_features(list(speaking), stats):
+        LOG.warning("[scaling] feature %d: node %s alone spans %.3g times the range of every "
+                    "other client together; with %s scaling the other clients' values of this "
+                    "feature are squeezed into a sliver. Check that node's data for an outlier "
+                    "or another unit%s", feature, nid, ratio, kind,
+                    ", or use scaling=standard" if kind == "minmax" else "")
     eval_rows = max((int(c.metric_records["metrics"].get("eval-labels", 0))
                      for c in ex.replies.values() if "metrics" in c.metric_records), default=0)
     return Scaling(*combine_scaling(stats, kind), ex, eval_rows, withheld)
@@ -87,6 +96,24 @@ def withheld_ok(check):
         return check(content)
 
     return _check
+
+
+def dominated_features(nodes: list[int], stats: list[scaling.ColumnStats],
+                       factor: float = 100.0) -> list[tuple[int, int, float]]:
+    """``(feature, node, ratio)`` where one node's values stretch the federated range of a
+    feature more than ``factor`` times the range of all other nodes together."""
+    if len(stats) < 2:
+        return []
+    lo, hi = np.array([s.min for s in stats]), np.array([s.max for s in stats])
+    out = []
+    for i, nid in enumerate(nodes):
+        others = np.arange(len(stats)) != i
+        rest = hi[others].max(axis=0) - lo[others].min(axis=0)
+        full = hi.max(axis=0) - lo.min(axis=0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(rest > 0, full / rest, np.where(full > 0, np.inf, 1.0))
+        out += [(int(j), nid, float(ratio[j])) for j in np.flatnonzero(ratio > factor)]
+    return out
 
 
 def combine_scaling(stats: list[scaling.ColumnStats], kind: str

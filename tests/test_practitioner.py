@@ -205,3 +205,17 @@ def test_error_replies_carry_no_node_data():
     assert rep.error.reason == "ValueError in query.fcm_stats (details in this node's log)"
     rep = error_mod(msg, ctx, file_failure)
     assert rep.error.reason == "LocalDataError: site0.csv: row 3, column 2 is not a number"
+
+
+def test_one_site_dominating_a_feature_is_named_in_a_warning(tmp_path, fedclust_log):
+    paths = write_sites(tmp_path / "sites")
+    lines = paths[2].read_text().splitlines()
+    cells = lines[5].split(",")
+    cells[1] = "123456789.0"                       # one outlier in feature 1 at site 2
+    lines[5] = ",".join(cells)
+    paths[2].write_text("\n".join(lines) + "\n")
+    run_server({**FILES_CFG, "data-dir": str(tmp_path / "sites"),
+                "output-dir": str(tmp_path / "run")})
+    warned = [m for m in fedclust_log if "alone spans" in m]
+    assert len(warned) == 1 and "feature 1: node 1002" in warned[0]
+    assert "123456789" not in warned[0]
