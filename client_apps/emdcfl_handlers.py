@@ -4,7 +4,10 @@ Actions (message type → what the client does → what it sends back):
 
 - ``train.emdcfl_local``: trains the received model for ``emdcfl.local-epochs`` on its train
   split → the new weights and its train-set size; on request it first makes its X25519 key
-  pair (private key kept in ``context.state``) and sends the **public** key.
+  pair (private key kept in ``context.state``) and sends the **public** key. A deployed node's
+  pair is fresh from the OS; a simulated node's (``partition-id``, no ``data-path``) derives from
+  the run seed and its partition id, so the same seed gives the same run (not secret: for
+  experiments only).
 - ``query.emdcfl_embed``: receives every participant's model and public key; for each peer
   ``c`` derives the pair projection ``R`` from the X25519 shared secret (HKDF; the server never
   sees it) and sends projected, subsampled embeddings: its own train (``src``) and val
@@ -39,8 +42,11 @@ SPLIT_KEYS = ("dataset", "emdcfl.rotation", "emdcfl.samples", "emdcfl.test-sampl
               "emdcfl.val-fraction", "seed", "data-dir", "emdcfl.backdoor-colours")
 
 
-def _device(cfg: dict[str, Any]) -> str:
+def _device(cfg: dict[str, Any], context: Context | None = None) -> str:
     """Torch device of this node (``emdcfl.device``); on the CPU, torch runs one thread.
+
+    On a GPU, a simulated node (``context`` given, node config with ``partition-id``) also
+    turns cuDNN's autotuner off and asks for its deterministic kernels (reproducible runs).
 
     Raises a ConfigError naming the key when ``cuda`` is requested but unavailable (the
     reply is then an error reply and the server drops the node with that reason).
@@ -51,8 +57,20 @@ def _device(cfg: dict[str, Any]) -> str:
     if device == "cpu":
         import torch
 
-        torch.set_num_threads(1)   # 2 threads thrash on a shared 2-core box
+        # 2 threads thrash on a shared 2-core box; one thread also fixes the reduction order
+        torch.set_num_threads(1)
+    elif context is not None and _is_simulated(context):
+        import torch
+
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
     return device
+
+
+def _is_simulated(context: Context) -> bool:
+    from fedclust.emdcfl.privacy import is_simulated
+
+    return is_simulated(context.node_config)
 
 
 @lru_cache(maxsize=64)
@@ -98,8 +116,11 @@ def weights_of(record: ArrayRecord) -> list[np.ndarray]:
 
 
 def _train_seed(cfg: dict[str, Any], context: Context, rnd: int) -> int:
-    return int(np.random.SeedSequence([cfg["seed"], rnd, int(context.node_id) % (2**31)])
-               .generate_state(1)[0])
+    """Seed of the minibatch order of round ``rnd``: from the run seed and the partition id on
+    a simulated node (Flower's simulated node ids change from run to run), else the node id."""
+    who = (int(context.node_config["partition-id"]) if _is_simulated(context)
+           else int(context.node_id) % (2**31))
+    return int(np.random.SeedSequence([cfg["seed"], rnd, who]).generate_state(1)[0])
 
 
 def _train(cfg, context, weights, rnd, device="cpu"):
@@ -114,12 +135,14 @@ def _train(cfg, context, weights, rnd, device="cpu"):
 KEY_STATE = "emdcfl_keys"
 
 
-def _ensure_keys(context: Context) -> bytes:
-    """Public key of this node's per-run X25519 pair (created on first use)."""
-    from fedclust.emdcfl.privacy import generate_keypair
+def _ensure_keys(context: Context, cfg: dict[str, Any]) -> bytes:
+    """Public key of this node's per-run X25519 pair (created on first use): fresh from the OS
+    on a deployed node, derived from the run seed and partition id on a simulated one
+    (:func:`fedclust.emdcfl.privacy.node_keypair`; reproducible, not secret)."""
+    from fedclust.emdcfl.privacy import node_keypair
 
     if KEY_STATE not in context.state.config_records:
-        private, public = generate_keypair()
+        private, public = node_keypair(context.node_config, int(cfg["seed"]))
         context.state[KEY_STATE] = ConfigRecord({"private": private, "public": public})
     return bytes(context.state.config_records[KEY_STATE]["public"])
 
@@ -127,13 +150,13 @@ def _ensure_keys(context: Context) -> bytes:
 @app.train("emdcfl_local")
 def train_local_handler(msg: Message, context: Context) -> Message:
     cfg = run_config(context)
-    device = _device(cfg)
+    device = _device(cfg, context)
     conf = msg.content.config_records["config"]
     (weights, loss), n = _train(cfg, context, weights_of(msg.content.array_records["model"]),
                                 int(conf["round"]), device)
     arrays = {"model": {str(i): w for i, w in enumerate(weights)}}
     if bool(conf.get("keygen", False)):
-        arrays["pub"] = {"key": np.frombuffer(_ensure_keys(context), dtype=np.uint8)}
+        arrays["pub"] = {"key": np.frombuffer(_ensure_keys(context, cfg), dtype=np.uint8)}
     return reply(msg, arrays=arrays, metrics={"num-examples": n, "train-loss": loss})
 
 
@@ -143,7 +166,7 @@ def embed_handler(msg: Message, context: Context) -> Message:
     from fedclust.emdcfl.privacy import PairContext
 
     cfg = run_config(context)
-    device = _device(cfg)
+    device = _device(cfg, context)
     spec, data = model_spec(cfg), client_data(context, cfg)
     peers = msg.content.array_records["peers"]
     ids = peers["ids"].numpy().astype(np.uint64)
@@ -152,6 +175,13 @@ def embed_handler(msg: Message, context: Context) -> Message:
     if KEY_STATE not in context.state.config_records:
         raise RuntimeError("no X25519 key pair: train.emdcfl_local with keygen must come first")
     private = bytes(context.state.config_records[KEY_STATE]["private"])
+    simulated = _is_simulated(context)
+    if simulated:    # pair seeds name keys, not node ids (random in every simulation run)
+        from fedclust.emdcfl.privacy import key_id
+
+        me_in_pair = key_id(bytes(context.state.config_records[KEY_STATE]["public"]))
+    else:
+        me_in_pair = me
     own = weights_of(msg.content.array_records[f"m:{me}"])
     e_train = embed(spec, own, data.x_train, device=device)
     others = [int(i) for i in ids.tolist() if int(i) != me]
@@ -165,7 +195,9 @@ def embed_handler(msg: Message, context: Context) -> Message:
     cap, ratio = cfg["emdcfl.max-samples"], cfg["emdcfl.proj-ratio"]
     src, ref, tgt = {}, {}, {}
     for peer, e_peer in zip(others, e_vals[1:]):
-        pair = PairContext(private, me, peer, pub_of[peer], spec.embed_dim, ratio)
+        peer_in_pair = key_id(pub_of[peer]) if simulated else peer
+        pair = PairContext(private, me_in_pair, peer_in_pair, pub_of[peer], spec.embed_dim,
+                           ratio)
         src[str(peer)] = pair.project(e_train, cap)        # W(train_me, ·) source cloud
         ref[str(peer)] = pair.project(e_val, cap)          # reference W(train_me, val_me)
         tgt[str(peer)] = pair.project(e_peer, cap)         # val_me under peer's model
@@ -178,7 +210,7 @@ def ifca_handler(msg: Message, context: Context) -> Message:
     from fedclust.emdcfl.model import evaluate
 
     cfg = run_config(context)
-    device = _device(cfg)
+    device = _device(cfg, context)
     spec, data = model_spec(cfg), client_data(context, cfg)
     conf = msg.content.config_records["config"]
     k = int(conf["k"])
@@ -229,7 +261,7 @@ def eval_handler(msg: Message, context: Context) -> Message:
     from fedclust.emdcfl.model import evaluate
 
     cfg = run_config(context)
-    device = _device(cfg)
+    device = _device(cfg, context)
     spec, data = model_spec(cfg), client_data(context, cfg)
     weights = weights_of(msg.content.array_records["model"])
     metrics: dict[str, Any] = {"num-test": len(data.y_test)}

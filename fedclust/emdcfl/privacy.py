@@ -11,9 +11,21 @@ of scope: the keys would then need authentication.
 The projection follows the authors' code: ``R = randn(d, k) / sqrt(d)`` with ``k = int(ratio·d)``,
 then each *row* scaled to unit norm (``F.normalize(R, dim=1)``). One matrix per pair is used for
 both the pair distance and the source client's reference distance (unlike the authors' code).
+
+Reproducible simulation: a *simulated* node (node config with ``partition-id`` and no
+``data-path``) derives its key pair from the run seed and its partition id
+(:func:`simulated_keypair`), and the pair seeds of simulated nodes name the two members by
+:func:`key_id` of their public keys instead of Flower node ids (random in every simulation run).
+The same seed then gives the same projections and subsamples. Such keys are known to anyone who
+knows the seed (the server included): fine for experiments, never used by a deployed node
+(:func:`node_keypair` gives those fresh keys from the OS).
 """
 
 from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from cryptography.hazmat.primitives import hashes, serialization
@@ -26,12 +38,48 @@ PURPOSE = "projection"
 
 def generate_keypair() -> tuple[bytes, bytes]:
     """A fresh X25519 key pair as raw bytes ``(private 32 B, public 32 B)``."""
-    key = X25519PrivateKey.generate()
+    return _raw_pair(X25519PrivateKey.generate())
+
+
+def _raw_pair(key: X25519PrivateKey) -> tuple[bytes, bytes]:
     private = key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
                                 serialization.NoEncryption())
     public = key.public_key().public_bytes(serialization.Encoding.Raw,
                                            serialization.PublicFormat.Raw)
     return private, public
+
+
+def simulated_keypair(seed: int, partition: int) -> tuple[bytes, bytes]:
+    """The X25519 key pair of simulated partition ``partition`` in a run with ``seed``.
+
+    HKDF-SHA256 of the seed and the partition id: the same (seed, partition) always gives the
+    same pair, so simulation runs are reproducible. **Not secret** from anyone who knows the
+    run seed; only for simulated nodes (see :func:`node_keypair`).
+    """
+    ikm = f"fedclust-emdcfl|seed={int(seed)}|partition={int(partition)}".encode()
+    raw = HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
+               info=b"fedclust-emdcfl|simulated-x25519-key").derive(ikm)
+    return _raw_pair(X25519PrivateKey.from_private_bytes(raw))
+
+
+def is_simulated(node_config: Mapping[str, Any]) -> bool:
+    """A simulated node: its node config has ``partition-id`` and no ``data-path``."""
+    return "partition-id" in node_config and "data-path" not in node_config
+
+
+def node_keypair(node_config: Mapping[str, Any], seed: int) -> tuple[bytes, bytes]:
+    """This node's key pair: derived from ``seed`` and its ``partition-id`` when simulated
+    (:func:`is_simulated`), else fresh from the OS (:func:`generate_keypair`)."""
+    if is_simulated(node_config):
+        return simulated_keypair(seed, int(node_config["partition-id"]))
+    return generate_keypair()
+
+
+def key_id(public: bytes) -> int:
+    """A 63-bit id of a public key (SHA-256): names a simulated node in its pair seeds, since
+    Flower's simulated node ids change from run to run while its key does not."""
+    digest = hashlib.sha256(b"fedclust-emdcfl|key-id|" + bytes(public)).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
 
 
 def shared_secret(private: bytes, peer_public: bytes) -> bytes:
