@@ -139,6 +139,8 @@ def _cast(key: Key, raw: Any) -> Scalar:
             if isinstance(raw, bool):
                 raise ValueError
             return float(raw)
+        if raw is None or not isinstance(raw, (str, int, float)):   # lists, tables, null
+            raise ValueError
         return str(raw)
     except (TypeError, ValueError):
         raise ConfigError(_message(key, raw, f"not a {key.type.__name__}")) from None
@@ -158,6 +160,25 @@ def _csv_floats(value: str) -> str | None:
     return None
 
 
+SEED_MAX = 2**32 - 1   # scikit-learn's random_state and numpy's RandomState stop here
+
+
+def _folder_path(value: str) -> str | None:
+    """``output-dir`` must be a folder or a path that can become one: not an existing file, and
+    not below one (checked here, before any node is asked anything)."""
+    if value == "":
+        return None
+    path = Path(value).expanduser()
+    for part in (path, *path.parents):
+        if part.exists() or part.is_symlink():
+            if part.is_dir():
+                return None
+            what = "it" if part == path else f"{str(part)!r}"
+            return (f"{what} is an existing file, not a folder: results need a folder "
+                    f"(new, empty, or of an earlier run with overwrite=true)")
+    return None
+
+
 COMMON_KEYS: list[Key] = [
     Key("method", str, "exact-fcm", "federated clustering method",
         choices=("exact-fcm", "fedfcm", "fedcref", "emdcfl")),
@@ -165,9 +186,10 @@ COMMON_KEYS: list[Key] = [
     Key("num-clients", int, 0, "number of clients; 0 = as many as the engine has (simulation: "
         "its SuperNodes, each partition partition-id of num-partitions; deployment: the "
         "connected nodes; dataset=files: one per file)", low=0, high=10_000),
-    Key("seed", int, 0, "master random seed", low=0),
+    Key("seed", int, 0, "master random seed (NumPy and scikit-learn take seeds below 2**32)",
+        low=0, high=SEED_MAX),
     Key("output-dir", str, "", "directory for summary.json, history.jsonl, arrays "
-        "(empty: ~/fedclust-runs/<method>/<dataset>-seed<seed>-<time>)"),
+        "(empty: ~/fedclust-runs/<method>/<dataset>-seed<seed>-<time>)", check=_folder_path),
     Key("overwrite", bool, False, "reuse a non-empty output-dir of an earlier fedclust run "
         "(it is cleared first); false: such a folder is refused"),
     Key("data-dir", str, "", "folder with dataset files for file-based datasets; "
@@ -253,11 +275,17 @@ def validate(run_config: Mapping[str, Any], keys: Iterable[Key] | None = None) -
     by_name = {k.name: k for k in keys}
     unknown = sorted(set(run_config) - set(by_name))
     if unknown:
-        close = {u: [n for n in by_name if n.split(".")[-1] == u.split(".")[-1]] for u in unknown}
+        import difflib
+
+        close = {u: [n for n in by_name if n.split(".")[-1] == str(u).split(".")[-1]]
+                 or difflib.get_close_matches(str(u), list(by_name), n=3, cutoff=0.8)
+                 for u in unknown}
         hint = "; ".join(f"'{u}' (did you mean {close[u]}?)" if close[u] else f"'{u}'"
                          for u in unknown)
         raise ConfigError(f"unknown run-config key(s): {hint}. "
-                          f"Known keys are listed in pyproject.toml [tool.flwr.app.config].")
+                          f"Known keys are listed in pyproject.toml [tool.flwr.app.config] "
+                          f"and by `python -m fedclust.config list`. Fix: correct the spelling "
+                          f"or remove the key.")
     cfg = {k.name: k.parse(run_config.get(k.name, k.default)) for k in keys}
     from server_app.registry import METHODS
 

@@ -30,6 +30,44 @@ Float = NDArray[np.float64]
 _TINY = float(np.finfo(np.float64).tiny) ** 0.5
 
 
+# Largest fuzzifier: memberships tend to 1/C as m grows, so U_c = sum_j u_cj^m ~ N C^-m. Beyond
+# m log10(C) = MAX_UNDERFLOW_DIGITS the sums sink towards the float64 underflow (1e-308): with
+# m = 1000 and C = 4 every U_c is exactly 0, the centers never move and the run "converges" on
+# its random initial centers. M_MAX keeps m in a range with meaning (paper 004: m around 2).
+# SecAgg+ sums U in fixed point with an absolute step of about 1e-15 (strategies/secure_fcm.py),
+# so there U_c ~ N C^-m must stay far above it: m log10(C) <= SECURE_UNDERFLOW_DIGITS (with
+# C = 4, m = 19 still matches the plain run to 2e-7; m = 30 is off by 1.5).
+M_MAX = 100.0
+MAX_UNDERFLOW_DIGITS = 200.0
+SECURE_UNDERFLOW_DIGITS = 10.0
+
+
+def fuzzifier_problem(m: float, n_clusters: int, secure: bool = False) -> str | None:
+    """Why fuzzifier ``m`` cannot be used with ``n_clusters`` clusters, or None.
+
+    ``m`` close to 1 is fine (memberships become crisp: hard k-means); a huge ``m`` makes every
+    ``u^m`` underflow to 0 in float64 (``secure``: below the fixed-point step of SecAgg+).
+    """
+    import math
+
+    if not (isinstance(m, (int, float, np.floating, np.integer)) and math.isfinite(m)):
+        return f"m must be a finite number, got {m!r}"
+    if not m > 1.0:
+        return f"m must be > 1 (m -> 1 is hard k-means), got {m!r}"
+    if m > M_MAX:
+        return (f"m = {m:g} is above {M_MAX:g}: memberships u^m underflow towards 0 in float64 "
+                f"(u ~ 1/C for large m), so the centers would not move")
+    digits = m * math.log10(max(int(n_clusters), 2))
+    limit = SECURE_UNDERFLOW_DIGITS if secure else MAX_UNDERFLOW_DIGITS
+    if digits > limit:
+        m_max = limit / math.log10(max(int(n_clusters), 2))
+        where = ("the fixed-point sums of secure aggregation" if secure else "float64")
+        return (f"m = {m:g} with {n_clusters} clusters: u^m ~ (1/{n_clusters})^{m:g} = "
+                f"1e-{digits:.0f} underflows {where} (at most 1e-{limit:.0f}); "
+                f"use m <= {m_max:.3g} with {n_clusters} clusters")
+    return None
+
+
 def _as_2d(x: ArrayLike, name: str = "X") -> Float:
     arr = np.asarray(x, dtype=np.float64)
     if arr.ndim != 2:
@@ -296,8 +334,9 @@ class FuzzyCMeans:
     def _validate(self, x: Float) -> None:
         if not isinstance(self.n_clusters, (int, np.integer)) or self.n_clusters < 1:
             raise ValueError(f"n_clusters must be a positive int, got {self.n_clusters!r}")
-        if not self.m > 1:
-            raise ValueError(f"m must be > 1 (m = 1 is hard k-means), got {self.m!r}")
+        problem = fuzzifier_problem(self.m, self.n_clusters)
+        if problem is not None:
+            raise ValueError(f"FuzzyCMeans: {problem}")
         if self.tol < 0 or self.max_iter < 1:
             raise ValueError("tol must be >= 0 and max_iter >= 1")
         if x.shape[0] < self.n_clusters:

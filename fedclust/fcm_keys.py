@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fedclust.config import Key, require
+from fedclust.fcm import (M_MAX, MAX_UNDERFLOW_DIGITS, SECURE_UNDERFLOW_DIGITS,
+                          fuzzifier_problem)
 
 FCM_KEYS: list[Key] = [
     Key("fcm.n-clusters", int, 4, "number of clusters C", low=2),
-    Key("fcm.m", float, 2.0, "fuzzifier m (lambda in paper 004); m -> 1 is hard k-means",
-        low=1.0, low_open=True),
+    Key("fcm.m", float, 2.0, "fuzzifier m (lambda in paper 004); m -> 1 is hard k-means; "
+        f"at most {M_MAX:g} and m*log10(C) <= {MAX_UNDERFLOW_DIGITS:g} (secure aggregation: "
+        f"{SECURE_UNDERFLOW_DIGITS:g}; larger m: u^m underflows)", low=1.0, high=M_MAX,
+        low_open=True),
     Key("fcm.epsilon", float, 0.005, "stop when ||V(t+1) - V(t)||_F < epsilon", low=0.0),
     Key("fcm.max-rounds", int, 30, "maximum federated rounds", low=1),
     Key("fcm.fraction", float, 1.0, "participation fraction gamma, resampled every round",
@@ -25,7 +30,9 @@ FCM_KEYS: list[Key] = [
 FEDFCM_KEYS: list[Key] = [
     Key("fedfcm.k-min", int, 2, "smallest number of clusters K tried", low=2),
     Key("fedfcm.k-max", int, 6, "largest number of clusters K tried", low=2),
-    Key("fedfcm.m", float, 2.0, "fuzzifier m", low=1.0, low_open=True),
+    Key("fedfcm.m", float, 2.0, f"fuzzifier m; at most {M_MAX:g} and m*log10(K) <= "
+        f"{MAX_UNDERFLOW_DIGITS:g} (larger m: u^m underflows)", low=1.0, high=M_MAX,
+        low_open=True),
     Key("fedfcm.averaging", str, "kmeans", "global update: k-means averaging (paper 003) or "
         "support-weighted federated averaging", choices=("kmeans", "fedavg")),
     Key("fedfcm.tol", float, 0.01, "stop when sum_k ||c_k(t) - c_k(t+1)|| <= tol", low=0.0),
@@ -48,6 +55,22 @@ FEDFCM_KEYS: list[Key] = [
 def check_fcm(cfg: dict[str, Any]) -> None:
     require(cfg["fcm.n-clusters"] >= 2, "fcm.n-clusters", cfg["fcm.n-clusters"],
             "an int >= 2", "set fcm.n-clusters to the number of clusters you expect")
+    _check_m(cfg, "fcm.m", cfg["fcm.n-clusters"], "fcm.n-clusters",
+             secure=cfg["fcm.secure-aggregation"])
+
+
+def _check_m(cfg: dict[str, Any], key: str, clusters: int, clusters_key: str,
+             secure: bool = False) -> None:
+    """The fuzzifier against underflow of u^m for the largest cluster count (float64, or the
+    fixed-point sums of secure aggregation)."""
+    problem = fuzzifier_problem(cfg[key], clusters, secure)
+    if problem is not None:
+        limit = SECURE_UNDERFLOW_DIGITS if secure else MAX_UNDERFLOW_DIGITS
+        m_max = min(M_MAX, limit / math.log10(max(clusters, 2)))
+        with_secure = " and fcm.secure-aggregation=true" if secure else ""
+        require(False, key, cfg[key], f"a float in (1, {m_max:.3g}] with {clusters_key} = "
+                f"{clusters}{with_secure} ({problem})", f"pass {key}=2.0 (the usual "
+                f"fuzzifier), or fewer clusters")
 
 
 def check_fedfcm(cfg: dict[str, Any]) -> None:
@@ -56,6 +79,8 @@ def check_fedfcm(cfg: dict[str, Any]) -> None:
             "swap the two values or raise fedfcm.k-max")
     require(cfg["fedfcm.k-max"] - cfg["fedfcm.k-min"] <= 50, "fedfcm.k-max", cfg["fedfcm.k-max"],
             "at most 51 values of K in one run", "narrow [fedfcm.k-min, fedfcm.k-max]")
+    largest = max(cfg["fedfcm.k-max"], cfg["fedfcm.local-k-max"])
+    _check_m(cfg, "fedfcm.m", largest, "the largest K (fedfcm.k-max, fedfcm.local-k-max)")
 
 
 def preflight(cfg: dict[str, Any]) -> None:

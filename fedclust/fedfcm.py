@@ -31,6 +31,8 @@ def kmeans_average(local_centers: Sequence[Float], n_clusters: int, previous: Fl
 
     ``previous=None`` (round 1) uses k-means++; otherwise the previous global centers are the
     initialisation, which keeps the index of each global center stable across rounds.
+    ``random_state`` may be any non-negative int (the server derives it from the run seed);
+    scikit-learn takes it modulo 2**32.
     """
     from sklearn.cluster import KMeans  # imported here: clients never need it
     from sklearn.exceptions import ConvergenceWarning
@@ -43,7 +45,7 @@ def kmeans_average(local_centers: Sequence[Float], n_clusters: int, previous: Fl
         # Coinciding local centers (clients agreeing exactly) make fewer distinct points than K.
         warnings.simplefilter("ignore", ConvergenceWarning)
         km = KMeans(n_clusters=n_clusters, init=init, n_init=1, max_iter=max_iter,
-                    random_state=random_state).fit(points)
+                    random_state=int(random_state) % 2**32).fit(points)
     return km.cluster_centers_
 
 

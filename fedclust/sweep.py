@@ -59,6 +59,20 @@ def total_jobs(argv: list[str], sweeper_params: dict[str, Any] | None) -> int | 
         return None
 
 
+def bad_input_errors() -> tuple[type[Exception], ...]:
+    """Exceptions whose message already names the bad input, what is allowed and the fix: the
+    launchers print the message alone (no traceback) and exit with status 2."""
+    from fedclust.config import ConfigError
+    from fedclust.data.local import LocalDataError
+    from fedclust.data.partition import PartitionError
+    from fedclust.data.sites import SiteFilesError
+    from fedclust.data.tabular import DatasetError
+    from fedclust.results import OutputDirError
+
+    return (ConfigError, SiteFilesError, OutputDirError, DatasetError, PartitionError,
+            LocalDataError)
+
+
 def _flower_link():
     global _LINK
     if _LINK is None:
@@ -72,10 +86,21 @@ def _flower_link():
 def run_job(cfg: DictConfig) -> dict[str, Any]:
     """Run one composed job; return its summary."""
     run_config = flatten(OmegaConf.to_container(cfg.app, resolve=True))
+    from fedclust.config import ConfigError
     from fedclust.data.sites import simulated_nodes
     from server_app.app import check_run_config
 
-    n = int(cfg.num_supernodes or simulated_nodes(run_config, 5))
+    if cfg.engine not in ENGINES:
+        raise ConfigError(f"fedclust-sweep 'engine' = {cfg.engine!r} is invalid. Allowed: "
+                          f"{', '.join(ENGINES)}. Fix: pass engine=flwr (Flower's Simulation "
+                          f"Engine) or engine=inprocess")
+    raw = cfg.num_supernodes
+    if raw is not None and (isinstance(raw, bool) or not isinstance(raw, int) or raw < 0):
+        raise ConfigError(f"fedclust-sweep 'num_supernodes' = {raw!r} is invalid. Allowed: an "
+                          f"int >= 1, or null (= app.num-clients, else one per file of "
+                          f"data-dir for dataset=files, else 5). Fix: pass num_supernodes=3, "
+                          f"or leave it out")
+    n = int(raw or simulated_nodes(run_config, 5))
 
     check_run_config({**run_config, "num-clients": n})      # fail fast (keys, data files), before starting any engine
     if cfg.engine == "inprocess":
@@ -94,6 +119,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     raise ValueError(f"engine must be 'flwr' or 'inprocess', got {cfg.engine!r}")
 
 
+ENGINES = ("flwr", "inprocess")
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 
@@ -110,7 +136,12 @@ def _main(cfg: DictConfig) -> None:
     overrides = " ".join(hc.overrides.task)
     print(f"[fedclust-sweep] job {num + 1}/{total or '?'} ({cfg.engine}): {overrides}",
           flush=True)
-    summary = run_job(cfg)
+    try:
+        summary = run_job(cfg)
+    except bad_input_errors() as exc:   # a clear message: no traceback (Hydra prints one)
+        print(f"[fedclust-sweep] job {num + 1}/{total or '?'} refused: {exc}", file=sys.stderr,
+              flush=True)
+        raise SystemExit(2) from None
     scalars = {k: v for k, v in summary["metrics"].items() if not isinstance(v, (dict, list))}
     print(f"[fedclust-sweep] job {num + 1}/{total or '?'} done in {summary['wall_time_s']:.1f}s "
           f"-> {summary['config']['output-dir']} {scalars}", flush=True)

@@ -15,7 +15,14 @@ for item in extra:
     k, _, v = item.partition("=")
     cfg[k] = v
 from fedclust.data.sites import simulated_nodes
-n = simulated_nodes(cfg, 5)
+from fedclust.sweep import bad_input_errors
+from server_app.app import check_run_config
+try:   # bad input stops here, with the run config's message, before any SuperLink starts
+    n = simulated_nodes(cfg, 5)
+    check_run_config({**cfg, "num-clients": n})
+except bad_input_errors() as exc:
+    print(f"run_default.sh: {exc}", file=sys.stderr)
+    sys.exit(2)
 with SimulationSuperLink() as link:
     res = link.run(cfg, num_supernodes=n)
 print(res.log)

@@ -80,7 +80,8 @@ def check_sites(cfg: Mapping[str, Any], num_nodes: int | None = None) -> list[in
         raise SiteFilesError("unreadable site files in data-dir: " + "; ".join(bad))
     if len(set(widths)) > 1:
         listing = ", ".join(f"{p.name}: {w}" for p, w in zip(files, widths))
-        raise SiteFilesError(f"the site files have different feature counts ({listing}). "
+        raise SiteFilesError(f"the site files in data-dir have different feature counts "
+                             f"({listing}). "
                              f"Allowed: the same columns in every file. Fix: give every site "
                              f"the same features (a label column is named by "
                              f"files.label-column and not counted)")
@@ -89,8 +90,15 @@ def check_sites(cfg: Mapping[str, Any], num_nodes: int | None = None) -> list[in
 
 def simulated_nodes(run_config: Mapping[str, Any], default: int = 2) -> int:
     """How many nodes to simulate for ``run_config``: ``num-clients`` when set, else one per
-    site file for ``dataset="files"``, else ``default`` (Flower's default federation has 2)."""
-    n = int(run_config.get("num-clients", 0) or 0)
+    site file for ``dataset="files"``, else ``default`` (Flower's default federation has 2).
+
+    Raises :class:`~fedclust.config.ConfigError` for a ``num-clients`` that is not an int in
+    range, and :class:`SiteFilesError` for a ``data-dir`` without site files."""
+    from fedclust.config import COMMON_KEYS
+
+    # the schema's own cast: num-clients="three" gets the run config's message, not int()'s
+    key = next(k for k in COMMON_KEYS if k.name == "num-clients")
+    n = int(key.parse(run_config.get("num-clients", 0)))
     if n:
         return n
     if run_config.get("dataset") == "files":
