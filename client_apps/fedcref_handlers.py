@@ -1,5 +1,12 @@
 """ClientApp handlers of FedCRef (paper 000). Replies carry only models, accept bits, counts and
-(when ``evaluate`` is true) per-cluster true-class histograms named ``eval``.
+(when run config ``evaluate`` is true **and** the node allows it, :mod:`client_apps.evaluation`:
+always in simulation, node config ``allow-evaluation=true`` on a deployed node) per-cluster
+true-class histograms named ``eval``.
+
+The start (``fedcref.init``, default ``auto``) is the paper's ``dirty`` split of the true
+classes on a simulated node and label-free k-means on a deployed node (``data-path``); an
+explicit ``dirty`` on a deployed node uses the file's ``y`` only where the node allows
+evaluation, since its models then carry that ground truth.
 
 Per-node state (labels, own models, the error cache of received models) lives in
 ``context.state`` so it survives between messages in simulation and in deployment.
@@ -24,6 +31,8 @@ from flwr.app import Array, ArrayRecord, Context, Message
 
 from client_apps.app import app
 from client_apps.common import LazyModule, reply, run_config
+from client_apps.evaluation import ALLOW_KEY, allows_evaluation, is_simulated
+from fedclust.config import ConfigError
 
 # torch and the FedCRef core load on the first FedCRef message, not when the ClientApp starts.
 torch = LazyModule("torch")
@@ -55,14 +64,56 @@ def _deployment_data(path: str) -> tuple[np.ndarray, np.ndarray | None]:
 
 
 def _data(context: Context, cfg: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None, int]:
-    """(x, y or None, K_i given or 0 = estimate)."""
+    """(x, y or None, K_i given or 0 = estimate).
+
+    ``y`` (the true classes) only where this node may use them for evaluation
+    (:func:`client_apps.evaluation.allows_evaluation`): run config ``evaluate`` and, on a
+    deployed node, node config ``allow-evaluation``.
+    """
+    x, y, k = _node_data(context, cfg)
+    return x, (y if allows_evaluation(context, cfg) else None), k
+
+
+def _node_data(context: Context, cfg: dict[str, Any]
+               ) -> tuple[np.ndarray, np.ndarray | None, int]:
+    """(x, y or None = the file has none, K_i given or 0): everything the node holds, before
+    any permission check. Use :func:`_data` unless the labels are the simulated start's."""
     node = context.node_config
     if "data-path" in node:
         x, y = _deployment_data(str(node["data-path"]))
-        return x, (y if cfg["evaluate"] else None), int(node.get("num-clusters", 0))
+        return x, y, int(node.get("num-clusters", 0))
     x, y = core.client_data(cfg, int(node["partition-id"]))
     # K_i is given in the paper's experiments (the number of classes the client was dealt)
     return x, y, int(np.unique(y).size)
+
+
+def start_kind(context: Context, cfg: dict[str, Any]) -> str:
+    """The initial clustering this node runs: ``fedcref.init``, with ``auto`` resolved to
+    ``dirty`` on a simulated node and ``kmeans`` on a deployed node."""
+    from fedclust.fedcref.initial import resolve_init
+
+    return resolve_init(cfg["fedcref.init"], is_simulated(context.node_config, cfg))
+
+
+def _dirty_labels(context: Context, cfg: dict[str, Any]) -> np.ndarray | None:
+    """The true classes the ``dirty`` start is built from.
+
+    A simulated node always has them (the paper's protocol). A deployed node's labels are for
+    evaluation only, and the dirty start puts them into every model it sends: it may use them
+    only where it allows evaluation (run config ``evaluate=true`` and node config
+    ``allow-evaluation=true``); else the start is refused with the fix.
+    """
+    if not is_simulated(context.node_config, cfg) and not allows_evaluation(context, cfg):
+        why = ("run config evaluate=false" if not cfg["evaluate"]
+               else f"this node does not allow evaluation (node config {ALLOW_KEY} is not true)")
+        raise ConfigError(
+            "run config 'fedcref.init' = 'dirty' is a simulation protocol: it builds the start "
+            "from the node's true classes, which then shape every model the node sends. This "
+            f"deployed node (node config data-path) may not use its labels: {why}. Fix: use "
+            "fedcref.init='auto' (the default: label-free k-means on deployed nodes) or "
+            "'kmeans'/'dec'; or, for a test deployment of simulated data, run with "
+            f"evaluate=true and give each node --node-config '... {ALLOW_KEY}=true'.")
+    return _node_data(context, cfg)[1]
 
 
 def _load_state(context: Context) -> core.ClientState | None:
@@ -94,12 +145,13 @@ def _save_state(context: Context, st: core.ClientState) -> None:
 
 def _init_state(context: Context, cfg: dict[str, Any], x: np.ndarray, y: np.ndarray | None,
                 k: int, seed: int) -> core.ClientState:
-    kind = cfg["fedcref.init"]
+    kind = start_kind(context, cfg)
     estimate = cfg["fedcref.estimate-k"] or k == 0
     if kind == "dirty":
-        if y is None:
-            y = _data(context, {**cfg, "evaluate": True})[1]
+        y = _dirty_labels(context, cfg)
         k = dirty_k(y, k, context.node_config.get("data-path"))
+    else:
+        y = None    # a label-free start: kmeans/dec never see the true classes
     labels = initial_clustering(
         kind, x, max(k, 2), y_true=y, dirtiness=cfg["fedcref.dirtiness"],
         estimate_k=estimate and kind != "dirty", k_max=cfg["fedcref.k-estimate-max"],
@@ -119,9 +171,9 @@ def dirty_k(y: np.ndarray | None, k: int, where: Any = None) -> int:
     if y is None or len(y) == 0:
         raise ValueError(
             f"fedcref.init='dirty' builds the start from the true classes, but {src} has none "
-            "(no 'y' array). Fix: give the node's .npz a 'y' array, or use "
-            "fedcref.init='kmeans' or 'dec' (K_i from the node-config key num-clusters, or "
-            "estimated by silhouette when it is absent).")
+            "(no 'y' array). Fix: use fedcref.init='auto' (the default; k-means on a deployed "
+            "node), 'kmeans' or 'dec' (K_i from the node-config key num-clusters, or "
+            "estimated by silhouette when it is absent), or give the node's .npz a 'y' array.")
     n_true = int(np.unique(y).size)
     if k and k != n_true:
         raise ValueError(
@@ -141,7 +193,7 @@ def _setup(msg: Message, context: Context) -> tuple[dict, np.ndarray, np.ndarray
     st = _load_state(context)
     if st is None:
         st = _init_state(context, cfg, x, y, k, core.derive_seed(cfg["seed"], client_key(x), 0))
-    return cfg, x, (y if cfg["evaluate"] else None), st, conf
+    return cfg, x, y, st, conf   # y: None unless allows_evaluation (see _data)
 
 
 def client_key(x: np.ndarray) -> int:

@@ -26,8 +26,10 @@ Stop when no client is active, when communities and isolated counts changed by a
 ``stop-change`` for ``stop-window`` consecutive iterations, or after ``max-iterations``.
 Clients that do not answer are left out of that step and recorded (``dropped_nodes``).
 Evaluation metrics (``eval_*``) come from per-cluster true-class histograms sent by the
-clients only when ``evaluate`` is true; the algorithm never uses them (except the explicit
-``association=perfect`` baseline).
+clients only when ``evaluate`` is true and the node allows it (a simulated node always; a
+deployed node with node config ``allow-evaluation=true``, :mod:`client_apps.evaluation`); they
+cover only the nodes that sent them (``eval_nodes``). The algorithm never uses them (except
+the explicit ``association=perfect`` baseline, which refuses to run without every node's).
 """
 
 from __future__ import annotations
@@ -220,6 +222,28 @@ def order_by_client_key(nodes: list[int], keys: dict[int, int]) -> list[int]:
     return sorted(nodes, key=lambda nid: (nid not in keys, keys.get(nid, 0), nid))
 
 
+def _check_evaluation(replies: dict[int, RecordDict], hists: dict[int, np.ndarray],
+                      mode: str) -> None:
+    """With ``evaluate=true``, say which answering nodes sent no evaluation statistics (a
+    deployed node sends them only with node config ``allow-evaluation=true`` and labels in its
+    file); ``association=perfect`` needs every node's, so it stops the run."""
+    silent = sorted(n for n in replies if n not in hists)
+    if not silent:
+        return
+    why = ("a deployed node sends label statistics only with node config "
+           "allow-evaluation=true (and a 'y' array in its data file)")
+    if mode == "perfect":
+        raise RuntimeError(
+            f"fedcref.association='perfect' builds the graph from every node's true classes, "
+            f"but {len(silent)} of {len(replies)} nodes sent none ({why}). Fix: use "
+            "fedcref.association=mutual, or allow evaluation on every node.")
+    covered = len(replies) - len(silent)
+    LOG.warning("evaluate=true, but %d of %d nodes sent no evaluation statistics (%s): %s",
+                len(silent), len(replies), why,
+                f"the eval_* metrics cover the other {covered} only (eval_nodes)" if covered
+                else "no eval_* metrics (eval_nodes = 0)")
+
+
 def preflight(cfg: dict[str, Any]) -> None:
     """Fail before any work if the dataset is missing or cannot supply the system."""
     if cfg["dataset"] != "local":
@@ -303,6 +327,8 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
             h = _hist(content)
             if h is not None:
                 hists[nid] = h
+        if t == 1 and evaluate:
+            _check_evaluation(ex.replies, hists, mode)
         if t == 1 and evaluate and hists:
             acc_start = mean_accuracy(_pad([hists[n] for n in sorted(hists)]))
         responding = [n for n in nodes if n in ex.replies]
@@ -537,5 +563,6 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         out.update({"eval_acc_start": acc_start, "eval_acc_end": last.get("eval_acc"),
                     "eval_wrong_associations_pct": last.get("eval_wrong_associations_pct"),
                     "eval_global_k": last.get("eval_global_k"),
-                    "eval_ideal_communities": last.get("eval_ideal_communities")})
+                    "eval_ideal_communities": last.get("eval_ideal_communities"),
+                    "eval_nodes": len(hists)})
     return out

@@ -6,6 +6,10 @@
 - ``dec``: Deep Embedded Clustering on the client's own data only (:mod:`fedclust.fedcref.dec`).
 
 For ``kmeans``/``dec``, K_i is given, or estimated by the silhouette score over a range.
+
+The run-config default ``fedcref.init=auto`` picks one per node (:func:`resolve_init`):
+``dirty`` on a simulated node (paper reproduction), ``kmeans`` on a deployed node, which has
+no true classes to build a dirty split from (or must not use them).
 """
 
 from __future__ import annotations
@@ -31,6 +35,19 @@ def silhouette_k(z: NDArray, k_range: range, random_state: int = 0,
         if s > best_s:
             best_k, best_s = k, s
     return best_k
+
+
+INIT_KINDS = ("auto", "dirty", "kmeans", "dec")
+
+
+def resolve_init(kind: str, simulated: bool) -> str:
+    """The initial clustering a node runs for run config ``fedcref.init=kind``: ``auto`` is
+    ``dirty`` on a simulated node and ``kmeans`` on a deployed one; other kinds are kept."""
+    if kind not in INIT_KINDS:
+        raise ValueError(f"unknown initial clustering {kind!r}; allowed: {', '.join(INIT_KINDS)}")
+    if kind == "auto":
+        return "dirty" if simulated else "kmeans"
+    return kind
 
 
 def initial_clustering(kind: str, x: NDArray[np.float32], k: int, *, y_true: NDArray | None = None,

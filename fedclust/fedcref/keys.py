@@ -31,8 +31,12 @@ KEYS: list[Key] = [
     Key("fedcref.k49-min-count", int, 6000, "k49: keep classes with at least this many "
         "training samples (paper: 31 classes)", low=0),
     # initial clustering
-    Key("fedcref.init", str, "dirty", "initial local clustering",
-        choices=("dirty", "kmeans", "dec")),
+    Key("fedcref.init", str, "auto", "initial local clustering: 'auto' = 'dirty' on simulated "
+        "nodes (the paper's protocol, built from the true classes) and 'kmeans' on deployed "
+        "nodes (node config data-path; label-free, K_i from num-clusters or the silhouette "
+        "estimate); 'dirty' on a deployed node needs evaluate=true and node config "
+        "allow-evaluation=true",
+        choices=("auto", "dirty", "kmeans", "dec")),
     Key("fedcref.dirtiness", float, 0.3, "dirty init: probability a sample starts in a wrong "
         "cluster (0 = oracle split)", low=0.0, high=1.0),
     Key("fedcref.estimate-k", bool, False, "kmeans/dec init: estimate K_i by silhouette over "
