@@ -27,7 +27,7 @@ FEDCREF = {"method": "fedcref", "dataset": "digits", "num-clients": 3, "seed": 0
            "fedcref.split": "all", "fedcref.fl-rounds": 2, "fedcref.fl-local-epochs": 1,
            "fedcref.batch-size": 16, "fedcref.ae-epochs": 5, "fedcref.ae-patience": 0,
            "fedcref.max-iterations": 1, "fedcref.k-max": 3, "fedcref.samples-per-cluster": 30,
-           "plots": False, "timeout": 300.0}
+           "fedcref.init": "dirty", "plots": False, "timeout": 300.0}
 EMDCFL = {"method": "emdcfl", "dataset": "rotdigits", "emdcfl.rotation": "two",
           "num-clients": 4, "emdcfl.samples": 120, "emdcfl.test-samples": 30,
           "emdcfl.rounds": 2, "emdcfl.local-epochs": 1, "emdcfl.conv1": 4, "emdcfl.conv2": 8,
@@ -49,7 +49,8 @@ def fedcref_files(cfg: dict, directory: Path) -> list[dict[str, Any]]:
     for i in range(full["num-clients"]):
         x, y, k = _data(_ctx(i, full["num-clients"], cfg), {**full, "evaluate": True})
         np.savez(directory / f"c{i}.npz", x=x, y=y)
-        nodes.append({"data-path": str(directory / f"c{i}.npz"), "num-clusters": int(k)})
+        nodes.append({"data-path": str(directory / f"c{i}.npz"), "num-clusters": int(k),
+                      "allow-evaluation": True})
     return nodes
 
 
