@@ -4,6 +4,11 @@
   (regenerated deterministically from the run config, cached per process).
 - Deployment: the node reads its own file from node config ``data-path`` (format inferred or
   ``data-format``; optional ``label-column`` for evaluation only).
+
+Labels reach the handlers only when the node may evaluate
+(:func:`client_apps.evaluation.allows_evaluation`), as node-independent codes
+(:func:`fedclust.data.local.label_codes`: a text label has the same code on every node, so the
+server can add the nodes' label × cluster tables row by row).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import numpy as np
 from flwr.app import Context
 from numpy.typing import NDArray
 
+from client_apps.evaluation import allows_evaluation
 from fedclust.data.local import load_local_table
 from fedclust.data.partition import make_partition
 from fedclust.data.tabular import Dataset, load_dataset
@@ -58,8 +64,8 @@ def load_client_data(context: Context, cfg: dict[str, Any]) -> ClientData:
     node = context.node_config
     if "data-path" in node:
         x, y = load_local_table(str(node["data-path"]), str(node.get("data-format", "")),
-                                str(node.get("label-column", "")))
-        return ClientData(x, y if cfg["evaluate"] else None)
+                                str(node.get("label-column", "")), stable_labels=True)
+        return ClientData(x, y if allows_evaluation(context, cfg) else None)
     parts = int(node["num-partitions"])
     if parts != int(cfg["num-clients"]):
         raise ValueError(
@@ -67,4 +73,4 @@ def load_client_data(context: Context, cfg: dict[str, Any]) -> ClientData:
             f"config says 'num-clients' = {cfg['num-clients']}. Allowed: equal counts. Fix: pass "
             f"--federation-config 'num-supernodes={cfg['num-clients']}' or num-clients={parts}.")
     data = simulated_partition(cfg, int(node["partition-id"]), parts)
-    return ClientData(data.x, data.y_eval if cfg["evaluate"] else None)
+    return ClientData(data.x, data.y_eval if allows_evaluation(context, cfg) else None)

@@ -2,7 +2,9 @@
 
 Every reply carries statistics only: per-feature min/max (and, for standard scaling, count,
 mean, centred sum of squares), FCM local sums, local centers, DB sums. Evaluation statistics
-(label × cluster contingency tables) are sent only when run config ``evaluate`` is true.
+(label × cluster contingency tables, with the node's label codes naming their rows) are sent
+only when run config ``evaluate`` is true and the node allows it
+(:func:`client_apps.evaluation.allows_evaluation`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from client_apps.common import reply, run_config
 from client_apps.data import ClientData, load_client_data
 from fedclust import fcm
 from fedclust.data import scaling
+from fedclust.data.local import compact_codes
 from fedclust.fedfcm import labels_from_centers, local_step
 from fedclust.metrics import contingency
 from fedclust.validity import db_statistics, fuzzy_db
@@ -31,13 +34,16 @@ def _scaled_data(msg: Message, context: Context) -> tuple[ClientData, dict, np.n
     return data, cfg, x
 
 
-def _eval_table(data: ClientData, x: np.ndarray, centers: np.ndarray,
-                n_rows: int | None = None) -> np.ndarray:
-    """Label × cluster counts (evaluation path); ``n_rows`` fixes the label rows (SecAgg+)."""
-    y = data.y_eval
-    if n_rows is None:
-        n_rows = int(y.max()) + 1 if y.size else 0
-    return contingency(y, labels_from_centers(x, centers), n_rows, centers.shape[0])
+def _eval_codes(data: ClientData) -> tuple[np.ndarray, np.ndarray]:
+    """``(codes, rows)``: this node's distinct label codes (sorted) and each row's index in them."""
+    codes, rows = np.unique(data.y_eval, return_inverse=True)
+    return codes.astype(np.int64), rows.reshape(-1).astype(np.int64)
+
+
+def _eval_table(data: ClientData, x: np.ndarray, centers: np.ndarray) -> np.ndarray:
+    """Label × cluster counts (evaluation path), one row per code of :func:`_eval_codes`."""
+    codes, rows = _eval_codes(data)
+    return contingency(rows, labels_from_centers(x, centers), len(codes), centers.shape[0])
 
 
 WITHHELD = {"withheld": 1}
@@ -65,13 +71,14 @@ def fcm_stats(msg: Message, context: Context) -> Message:
     if guard_withholds(cfg, data.x):
         return reply(msg, metrics=WITHHELD)
     st = scaling.column_stats(data.x)
-    metrics = None
+    # needs counts for standard; minmax and none reveal only the bounds
+    arrays = {"stats": {"stats": st.as_array()} if cfg["scaling"] == "standard"
+              else {"min": st.min, "max": st.max}}
     if cfg.get("fcm.secure-aggregation") and cfg["evaluate"] and data.y_eval is not None:
-        # the row count of the securely summed contingency table (evaluation path only)
-        metrics = {"eval-labels": int(data.y_eval.max()) + 1 if data.y_eval.size else 0}
-    if cfg["scaling"] == "standard":   # needs counts; minmax and none reveal only the bounds
-        return reply(msg, arrays={"stats": {"stats": st.as_array()}}, metrics=metrics)
-    return reply(msg, arrays={"stats": {"min": st.min, "max": st.max}}, metrics=metrics)
+        # the label codes this node holds: the server's union sets the rows of the securely
+        # summed contingency table (evaluation path only)
+        arrays["eval"] = {"codes": _eval_codes(data)[0]}
+    return reply(msg, arrays=arrays)
 
 
 @app.query("fcm_sums")
@@ -138,7 +145,8 @@ def fcm_final(msg: Message, context: Context) -> Message:
     arrays = {"objective": {"J": np.array([fcm.objective(x, centers, fuzzifier(cfg))])}}
     # FedFCM's evaluation tables of every K already came with the FedFuzzDB statistics.
     if cfg["evaluate"] and data.y_eval is not None and cfg["method"] == "exact-fcm":
-        arrays["eval"] = {"contingency": _eval_table(data, x, centers)}
+        arrays["eval"] = {"contingency": _eval_table(data, x, centers),
+                          "codes": _eval_codes(data)[0]}
     return reply(msg, arrays=arrays)
 
 
@@ -146,18 +154,18 @@ def secure_final_vector(data: ClientData, x: np.ndarray, centers: np.ndarray, m:
                         fit_cfg: dict) -> np.ndarray:
     """What :func:`fcm_final` reports, limb-packed for one SecAgg+ sum (never sent in plain).
 
-    ``[J]`` then this client's label × cluster table padded to the server's
-    ``fedclust.eval-rows`` rows (0 rows: no evaluation; a client without labels sends zeros).
+    ``[J]`` then this client's label × cluster table with one row per code of the server's
+    ``fedclust.eval-codes`` (the union of the codes the nodes reported in the scaling phase;
+    none: no evaluation; a client without labels sends zeros).
     """
     from strategies.secure_fcm import LIMBS, pack_final
 
-    rows, c = int(fit_cfg.get("fedclust.eval-rows", 0)), centers.shape[0]
-    table = np.zeros((rows, c))
-    if rows and data.y_eval is not None and data.y_eval.size:
-        if int(data.y_eval.max()) >= rows:
-            raise ValueError(f"this node's labels go up to {int(data.y_eval.max())} but the server "
-                             f"asked for a {rows}-row contingency table (labels 0..{rows - 1})")
-        table = _eval_table(data, x, centers, rows)
+    vocab = np.frombuffer(fit_cfg.get("fedclust.eval-codes", b""), dtype="<i8").astype(np.int64)
+    c = centers.shape[0]
+    table = np.zeros((len(vocab), c))
+    if len(vocab) and data.y_eval is not None and data.y_eval.size:
+        table = contingency(compact_codes(data.y_eval, vocab), labels_from_centers(x, centers),
+                            len(vocab), c)
     return pack_final(fcm.objective(x, centers, m), table, float(fit_cfg["fedclust.secure-scale"]),
                       float(fit_cfg["fedclust.secure-scale-table"]),
                       int(fit_cfg.get("fedclust.limbs", LIMBS)))
@@ -203,6 +211,7 @@ def fedfcm_db(msg: Message, context: Context) -> Message:
                                     else float("nan")])
         if cfg["evaluate"] and data.y_eval is not None:
             evals[name] = _eval_table(data, x, centers)
+            evals["codes"] = _eval_codes(data)[0]
     arrays = {"db": stats}
     if local:
         arrays["local_index"] = local

@@ -20,7 +20,7 @@ from fedclust import fcm
 from fedclust.results import Progress, RunRecorder
 from strategies.common import (all_of, arrays, connected_clients, expect_arrays, result_record,
                                send_and_collect)
-from strategies.fcm_common import eval_ari, federated_scaling, withheld_ok
+from strategies.fcm_common import eval_ari, eval_tables, federated_scaling, withheld_ok
 
 LOG = logging.getLogger("fedclust")
 
@@ -101,12 +101,12 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         # SecAgg+ again: the server learns ΣJ (and the summed evaluation table), not each J.
         from strategies.secure_fcm import secure_final
 
-        objective, table, ex, _ = secure_final(grid, nodes, final, c, f, cfg, rnd + 1,
-                                               sc.eval_rows if cfg["evaluate"] else 0,
+        codes = sc.eval_codes if cfg["evaluate"] else sc.eval_codes[:0]
+        objective, table, ex, _ = secure_final(grid, nodes, final, c, f, cfg, rnd + 1, codes,
                                                str(recorder.dir), bound)
         metrics["objective"] = objective
         if cfg["evaluate"]:
-            metrics["eval_ari"] = eval_ari([table] if table is not None else [])
+            metrics["eval_ari"] = eval_ari([(codes, table)] if table is not None else [])
     else:
         ex = send_and_collect(grid, nodes, final, "query.fcm_final", "final", cfg["timeout"],
                               validate=withheld_ok(expect_arrays("objective", ["J"])))
@@ -115,9 +115,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         metrics["objective"] = float(sum(shares))
         metrics["objective_withheld_clients"] = len(ex.replies) - len(shares)
         if cfg["evaluate"]:
-            tables = [r.array_records["eval"]["contingency"].numpy()
-                      for r in ex.replies.values() if "eval" in r.array_records]
-            metrics["eval_ari"] = eval_ari(tables)
+            metrics["eval_ari"] = eval_ari(eval_tables(list(ex.replies.values())))
     metrics["dropped_nodes"] = sorted(dropped_all | set(ex.failed))
     if cfg["plots"]:
         from fedclust.plots import plot_series

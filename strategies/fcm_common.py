@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,9 @@ class Scaling:
     low: np.ndarray     # federated bounds in the scaled space (initial-center box)
     high: np.ndarray
     exchange: Exchange
-    eval_rows: int = 0  # label rows of a securely summed contingency table (evaluation path)
+    # label codes of a securely summed contingency table's rows (evaluation path): the union of
+    # the codes the nodes reported in this phase
+    eval_codes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     withheld: int = 0   # clients the privacy guard kept silent
 
     def record(self) -> Any:
@@ -68,9 +70,11 @@ def federated_scaling(grid: Grid, nodes: list[int], cfg: dict[str, Any]) -> Scal
                     "feature are squeezed into a sliver. Check that node's data for an outlier "
                     "or another unit%s", feature, nid, ratio, kind,
                     ", or use scaling=standard" if kind == "minmax" else "")
-    eval_rows = max((int(c.metric_records["metrics"].get("eval-labels", 0))
-                     for c in ex.replies.values() if "metrics" in c.metric_records), default=0)
-    return Scaling(*combine_scaling(stats, kind), ex, eval_rows, withheld)
+    codes = [c.array_records["eval"]["codes"].numpy() for c in speaking.values()
+             if "eval" in c.array_records]
+    eval_codes = (np.unique(np.concatenate(codes)).astype(np.int64) if codes
+                  else np.zeros(0, dtype=np.int64))
+    return Scaling(*combine_scaling(stats, kind), ex, eval_codes, withheld)
 
 
 def guard_message(cfg: dict[str, Any], phase: str) -> str:
@@ -152,15 +156,30 @@ def _n_features(content: RecordDict) -> int:
     return int((rec["stats"] if "stats" in rec else rec["min"]).numpy().shape[-1])
 
 
-def summed_contingency(tables: list[np.ndarray]) -> np.ndarray:
-    """Add per-client label × cluster tables of different label ranges."""
-    rows = max((t.shape[0] for t in tables), default=0)
-    cols = max((t.shape[1] for t in tables), default=0)
-    total = np.zeros((rows, cols), dtype=np.int64)
-    for t in tables:
-        total[: t.shape[0], : t.shape[1]] += t.astype(np.int64)
+def summed_contingency(tables: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """Add per-client label × cluster tables row by label code.
+
+    Each entry is ``(codes, table)``: row ``i`` of ``table`` counts the client's rows with label
+    code ``codes[i]`` (codes are node-independent, :func:`fedclust.data.local.label_codes`), so
+    nodes holding different label sets still add up correctly.
+    """
+    if not tables:
+        return np.zeros((0, 0), dtype=np.int64)
+    vocab = np.unique(np.concatenate([np.asarray(c, dtype=np.int64) for c, _ in tables]))
+    cols = max(t.shape[1] for _, t in tables)
+    total = np.zeros((len(vocab), cols), dtype=np.int64)
+    for codes, t in tables:
+        rows = np.searchsorted(vocab, np.asarray(codes, dtype=np.int64))
+        total[rows, : t.shape[1]] += t.astype(np.int64)
     return total
 
 
-def eval_ari(tables: list[np.ndarray]) -> float:
+def eval_tables(replies: list[RecordDict], key: str = "contingency"
+                ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(codes, table)`` of every reply that carries an evaluation record."""
+    return [(r.array_records["eval"]["codes"].numpy(), r.array_records["eval"][key].numpy())
+            for r in replies if "eval" in r.array_records]
+
+
+def eval_ari(tables: list[tuple[np.ndarray, np.ndarray]]) -> float:
     return ari_from_contingency(summed_contingency(tables)) if tables else float("nan")

@@ -20,7 +20,8 @@ from fedclust.results import Progress, RunRecorder
 from fedclust.validity import DBStatistics, choose_k, federated_fuzzy_db
 from strategies.common import (arrays, connected_clients, expect_arrays, result_record,
                                send_and_collect)
-from strategies.fcm_common import eval_ari, federated_scaling, guard_message, withheld_ok
+from strategies.fcm_common import (eval_ari, eval_tables, federated_scaling, guard_message,
+                                   withheld_ok)
 
 
 def _key(k: int) -> str:
@@ -97,8 +98,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
             stats.append(DBStatistics(int(arr[0]), arr[1:1 + k], arr[1 + k:]))
         fed_db.append(federated_fuzzy_db(stats, centers[k], cfg["fedfcm.p"], cfg["fedfcm.q"]))
         if cfg["evaluate"]:
-            aris[k] = eval_ari([r.array_records["eval"][_key(k)].numpy()
-                                for r in ex.replies.values() if "eval" in r.array_records])
+            aris[k] = eval_ari(eval_tables(list(ex.replies.values()), _key(k)))
     if cfg["fedfcm.local-index"]:
         for nid, r in sorted(ex.replies.items()):
             if "local_index" in r.array_records:

@@ -156,20 +156,23 @@ def unpack_final(vec: np.ndarray, rows: int, cols: int, scale_j: float, scale_t:
 
 
 def secure_final(grid: Grid, node_ids: list[int], content: RecordDict, c: int, f: int,
-                 cfg: dict[str, Any], rnd: int, eval_rows: int, run_dir: str = "",
+                 cfg: dict[str, Any], rnd: int, eval_codes: np.ndarray, run_dir: str = "",
                  bound: float | None = None
                  ) -> tuple[float, np.ndarray | None, Exchange, int]:
     """The final phase under SecAgg+: ``(ΣJ, Σ contingency or None, exchange, n)``.
 
-    Each client feeds ``[J, contingency (eval_rows × c)]`` to one SecAgg+ round, so the server
-    learns the objective and (on the evaluation path, ``eval_rows > 0``) the label × cluster
+    Each client feeds ``[J, contingency (len(eval_codes) × c)]`` to one SecAgg+ round, so the
+    server learns the objective and (on the evaluation path, ``eval_codes`` not empty: the
+    label codes the nodes reported in the scaling phase, one table row each) the label × cluster
     table of the federation only, never a client's own. ``ΣJ`` is NaN if the protocol halted.
     """
+    eval_rows = len(eval_codes)
     scale_j, scale_t = final_scales(f, cfg, bound)
     total, ex, n = _secure_round(grid, node_ids, content, cfg, rnd, {
         "fedclust.phase": PHASE_FINAL, "fedclust.secure-scale": scale_j,
         "fedclust.secure-scale-table": scale_t, "fedclust.limbs": LIMBS,
-        "fedclust.eval-rows": int(eval_rows), "fedclust.run-dir": str(run_dir)})
+        "fedclust.eval-codes": np.asarray(eval_codes, dtype="<i8").tobytes(),
+        "fedclust.run-dir": str(run_dir)})
     if total is None:
         return float("nan"), None, ex, 0
     j, table = unpack_final(total, int(eval_rows), c, scale_j, scale_t)

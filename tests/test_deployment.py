@@ -102,8 +102,9 @@ def assert_owner_results(folder: Path, data_path: Path, run_out: Path, m: float)
 def run_methods_on_deployment(tmp_path: Path, tls: bool, reference: str) -> None:
     data = write_partitions({**BASE, "method": "exact-fcm"}, tmp_path / "data")
     # node 0 names its results folder; the others get fedclust-results/ next to their data
-    nodes = [{"data-path": str(p), **({"output-dir": str(tmp_path / "owner0")} if i == 0
-                                      else {})} for i, p in enumerate(data)]
+    nodes = [{"data-path": str(p), "allow-evaluation": True,
+              **({"output-dir": str(tmp_path / "owner0")} if i == 0 else {})}
+             for i, p in enumerate(data)]
     refs = reference_runs(tmp_path, reference)
     with LoopbackDeployment(nodes, tls=tls, auth=tls, workdir=tmp_path / "flwr") as dep:
         assert len({n.node_id for n in dep.nodes}) == 3

@@ -53,7 +53,7 @@ def kill_mid_run(tmp_path: Path, sig: int) -> list[dict]:
            "fcm.epsilon": 0.0, "timeout": TIMEOUT, "plots": False}
     data = write_partitions(cfg, tmp_path / "data")
     out = tmp_path / "out"
-    with LoopbackDeployment([{"data-path": str(p)} for p in data],
+    with LoopbackDeployment([{"data-path": str(p), "allow-evaluation": True} for p in data],
                             workdir=tmp_path / "flwr") as dep:
         t0 = time.perf_counter()
         run_id = dep.submit({**cfg, "dataset": "local", "min-clients": 3,

@@ -101,7 +101,8 @@ SECURE_REPLY_LAYOUTS = {
         {"metrics": ("MetricRecord", {"num-partitions"})}],
     "query.fcm_stats": [   # federated scaling (plain by design; see docs/deployment.md)
         {"stats": ("ArrayRecord", {"min", "max"}),
-         "metrics": ("MetricRecord", {"eval-labels"})}],     # evaluation path only
+         "eval": ("ArrayRecord", {"codes"}),     # the node's label codes: evaluation path only
+         "metrics": ("MetricRecord", set())}],
     "train": [             # SecAgg+ stages, for the FCM rounds and the final phase alike
         {"secaggplus_configs": ("ConfigRecord", {"pk1", "pk2"})},            # setup
         {"secaggplus_configs": ("ConfigRecord", {"ctxts", "dsts"})},         # share keys

@@ -22,7 +22,7 @@ def test_secure_aggregation_on_the_deployment_engine(tmp_path):
            "timeout": 300.0, "plots": False}
     data = write_partitions(cfg, tmp_path / "data")
     out = tmp_path / "secure"
-    with LoopbackDeployment([{"data-path": str(p)} for p in data],
+    with LoopbackDeployment([{"data-path": str(p), "allow-evaluation": True} for p in data],
                             workdir=tmp_path / "flwr") as dep:
         res = dep.run({**cfg, "dataset": "local", "fcm.secure-aggregation": True,
                        "output-dir": str(out)}, timeout=900)
