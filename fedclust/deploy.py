@@ -9,11 +9,18 @@ until every node reports its SuperNode ID, submits runs with ``flwr run`` and re
 status with ``flwr ls`` (the exit code of ``flwr run`` says nothing about the run). Every
 process runs in its own process group and is torn down on exit, even on failure.
 
-Command line (used by ``scripts/deploy_local.sh``)::
+Flower 1.41 serves the Fleet, Control (no login) and Runtime APIs on the SuperLink's one port,
+so the production shape keeps that port on the operator's side and lets the SuperNodes reach
+only a :class:`FleetGateway`, which forwards nothing but the Fleet API (``fleet_gateway=True``;
+``up --tls``; ``scripts/deploy_local.sh``; ``docker/compose.yml``).
 
-    python -m fedclust.deploy certs DIR [--nodes 3]          # TLS certs + node keys
+Command line::
+
+    python -m fedclust.deploy certs DIR [--nodes 3] [--force]   # TLS certs + node keys
+    python -m fedclust.deploy fleet-gateway --listen 0.0.0.0:9092 --superlink 127.0.0.1:9093 \
+        --certfile server.pem --keyfile server.key --ca-file ca.crt
     python -m fedclust.deploy up --data c0.npz c1.npz c2.npz [--tls] [--workdir DIR] \
-        -- method=exact-fcm fcm.max-rounds=5                 # start, run once, tear down
+        method=exact-fcm fcm.max-rounds=5                       # start, run once, tear down
 """
 
 from __future__ import annotations
@@ -67,9 +74,19 @@ class Credentials:
     node_pubkeys: list[Path] = field(default_factory=list)   # OpenSSH EC public keys
 
 
+DEFAULT_HOSTS = ("127.0.0.1", "localhost", "superlink", "fleet-gateway")
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Create ``path`` with mode 0600 from its first byte (``O_EXCL``: never an old file)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+
+
 def make_credentials(directory: Path, num_nodes: int = 0,
-                     hosts: Sequence[str] = ("127.0.0.1", "localhost", "superlink"),
-                     days: int = 30) -> Credentials:
+                     hosts: Sequence[str] = DEFAULT_HOSTS,
+                     days: int = 30, force: bool = False) -> Credentials:
     """Self-signed CA, a SuperLink certificate for ``hosts`` (SANs), and node key pairs.
 
     Same layout as ``docker/make_certs.sh DIR N`` (openssl) + ``docker/make_node_key.sh``
@@ -77,12 +94,29 @@ def make_credentials(directory: Path, num_nodes: int = 0,
     missing: CA and SuperLink files in ``directory``, node ``i``'s key pair in
     ``directory/../nodes/client-<i>/client_credentials[.pub]`` (on real devices each node makes
     its own; here, for loopback tests and one-host demos, they are made side by side).
+
+    Private keys are created with mode 0600 (never readable by others, not even briefly).
+    Existing files are not replaced unless ``force`` (a new CA must be handed to every node; a
+    new node key must be registered again): :class:`FileExistsError` names them.
     """
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec, rsa
     from cryptography.x509.oid import NameOID
 
+    node_dirs = [directory.parent / "nodes" / f"client-{i}" for i in range(num_nodes)]
+    targets = [directory / n for n in ("ca.key", "ca.crt", "server.key", "server.pem")]
+    targets += [d / n for d in node_dirs for n in ("client_credentials",
+                                                   "client_credentials.pub")]
+    existing = [t for t in targets if t.exists() or t.is_symlink()]
+    if existing and not force:
+        raise FileExistsError(
+            "refusing to replace existing key material: " + ", ".join(map(str, existing))
+            + ". Every node trusts the CA and the SuperLink knows each registered node key; "
+            "keep them, or pass force=True (command line: --force) to make new ones (then hand "
+            "out the new ca.crt and register the new node keys).")
+    for t in existing:
+        t.unlink()
     directory.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.timezone.utc)
 
@@ -90,10 +124,9 @@ def make_credentials(directory: Path, num_nodes: int = 0,
         return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
     def _write_key(path: Path, key: Any) -> None:
-        path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.TraditionalOpenSSL,
-                                           serialization.NoEncryption()))
-        path.chmod(0o600)
+        _write_private(path, key.private_bytes(serialization.Encoding.PEM,
+                                               serialization.PrivateFormat.TraditionalOpenSSL,
+                                               serialization.NoEncryption()))
 
     ca_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     ca_cert = (x509.CertificateBuilder().subject_name(_name("fedclust test CA"))
@@ -122,20 +155,167 @@ def make_credentials(directory: Path, num_nodes: int = 0,
     creds.server_cert.write_bytes(srv_cert.public_bytes(serialization.Encoding.PEM))
     _write_key(directory / "ca.key", ca_key)
     _write_key(creds.server_key, srv_key)
-    for i in range(num_nodes):
+    for node_dir in node_dirs:
         key = ec.generate_private_key(ec.SECP384R1())
-        node_dir = directory.parent / "nodes" / f"client-{i}"
         node_dir.mkdir(parents=True, exist_ok=True)
         priv, pub = node_dir / "client_credentials", node_dir / "client_credentials.pub"
-        priv.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.OpenSSH,
-                                           serialization.NoEncryption()))
-        priv.chmod(0o600)
+        _write_private(priv, key.private_bytes(serialization.Encoding.PEM,
+                                               serialization.PrivateFormat.OpenSSH,
+                                               serialization.NoEncryption()))
         pub.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
                                                       serialization.PublicFormat.OpenSSH))
         creds.node_keys.append(priv)
         creds.node_pubkeys.append(pub)
     return creds
+
+
+# ----------------------------------------------------------------------------------------------
+# Fleet gateway: the only part of the SuperLink that the nodes' network may reach
+
+# Flower 1.41 serves the Fleet API (SuperNodes), the Control API (``flwr run``/``ls``/``log``,
+# no login) and the Runtime API (ServerApp SuperExecs) on ONE host:port; ``--control-api-address``
+# and ``--fleet-api-address`` are deprecated and ignored. So the SuperLink binds to the
+# operator's side only (loopback or a private network) and this gateway, on the network address
+# the nodes use, forwards nothing but ``POST /v1/fleet/<call>``.
+FLEET_REQUEST = re.compile(rb"POST /v1/fleet/[a-z][a-z-]{0,63} HTTP/1\.1")
+HEADER_NAME = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"upgrade"}
+MAX_HEAD = 16 * 1024
+MAX_BODY = 512 * 1024 * 1024
+
+
+class Refused(Exception):
+    """A request the gateway does not forward (HTTP status and a data-free reason)."""
+
+    def __init__(self, status: str, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+def fleet_request_head(head: bytes) -> tuple[bytes, int]:
+    """Check one request head; return it rewritten for one upstream request + its body size.
+
+    Only ``POST /v1/fleet/<call> HTTP/1.1`` with one ``Content-Length`` passes. Hop-by-hop
+    headers are dropped and ``Connection: close`` is added, so the SuperLink serves exactly
+    this request on the connection (nothing can be smuggled behind its body).
+    """
+    lines = head.split(b"\r\n")
+    if not FLEET_REQUEST.fullmatch(lines[0]):
+        raise Refused("403 Forbidden", "only the Fleet API (POST /v1/fleet/...) is served here")
+    kept, length = [lines[0]], None
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep or not HEADER_NAME.fullmatch(name):
+            raise Refused("400 Bad Request", "malformed header line")
+        key, value = name.lower(), value.strip()
+        if key == b"transfer-encoding":
+            raise Refused("411 Length Required", "chunked bodies are not forwarded")
+        if key == b"content-length":
+            if length is not None or not value.isdigit():
+                raise Refused("400 Bad Request", "one numeric Content-Length is required")
+            length = int(value)
+        if key not in HOP_BY_HOP:
+            kept.append(line)
+    if length is None:
+        raise Refused("411 Length Required", "a Content-Length is required")
+    if length > MAX_BODY:
+        raise Refused("413 Content Too Large", f"bodies over {MAX_BODY} bytes are refused")
+    return b"\r\n".join([*kept, b"Connection: close", b"", b""]), length
+
+
+@dataclass
+class FleetGateway:
+    """Forward only Flower's Fleet API from ``listen`` to the SuperLink at ``upstream``.
+
+    With ``certfile``/``keyfile`` it serves TLS (the SuperLink's certificate, whose SANs must
+    name the address the nodes dial) and reaches the SuperLink over TLS checked against
+    ``ca_file``; without them both sides are plain HTTP (loopback demos only).
+    """
+
+    listen: tuple[str, int]
+    upstream: tuple[str, int]
+    certfile: Path | None = None
+    keyfile: Path | None = None
+    ca_file: Path | None = None
+    timeout: float = 300.0
+
+    def _contexts(self) -> tuple[Any, Any]:
+        import ssl
+
+        if not self.certfile:
+            return None, None
+        server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server.load_cert_chain(str(self.certfile), str(self.keyfile))
+        client = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
+        return server, client
+
+    async def serve(self, ready: Any = None) -> None:
+        import asyncio
+
+        server_ctx, self._client_ctx = self._contexts()
+        server = await asyncio.start_server(self._handle, *self.listen, ssl=server_ctx,
+                                            limit=MAX_HEAD)
+        print(f"fleet gateway: {self.listen[0]}:{self.listen[1]} -> "
+              f"{self.upstream[0]}:{self.upstream[1]} ({'TLS' if server_ctx else 'plain'}); "
+              f"only POST /v1/fleet/* is forwarded", file=sys.stderr, flush=True)
+        if ready is not None:
+            ready.set()
+        async with server:
+            await server.serve_forever()
+
+    async def _handle(self, reader: Any, writer: Any) -> None:
+        import asyncio
+
+        peer, head = writer.get_extra_info("peername"), b""
+        try:
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+                upstream_head, length = fleet_request_head(head[:-4])
+            except (asyncio.LimitOverrunError, ValueError):
+                raise Refused("431 Request Header Fields Too Large", "request head too large")
+            except asyncio.IncompleteReadError:
+                return
+            up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(
+                *self.upstream, ssl=self._client_ctx), 30)
+            try:
+                up_writer.write(upstream_head)
+                while length:
+                    chunk = await asyncio.wait_for(reader.read(min(length, 1 << 20)),
+                                                   self.timeout)
+                    if not chunk:
+                        return
+                    up_writer.write(chunk)
+                    length -= len(chunk)
+                    await up_writer.drain()
+                while chunk := await asyncio.wait_for(up_reader.read(1 << 20), self.timeout):
+                    writer.write(chunk)
+                    await writer.drain()
+            finally:
+                up_writer.close()
+        except Refused as exc:
+            line = head.split(b"\r\n", 1)[0][:80]
+            print(f"fleet gateway: refused {line!r} from {peer}: {exc}", file=sys.stderr,
+                  flush=True)
+            body = f"fedclust fleet gateway: {exc}\n".encode()
+            writer.write(f"HTTP/1.1 {exc.status}\r\nContent-Type: text/plain\r\n"
+                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+                         .encode() + body)
+        except (OSError, asyncio.TimeoutError) as exc:
+            print(f"fleet gateway: {peer}: {type(exc).__name__}: {exc}", file=sys.stderr,
+                  flush=True)
+        finally:
+            try:
+                await writer.drain()
+            except OSError:
+                pass
+            writer.close()
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -176,6 +356,10 @@ class LoopbackDeployment(TornDown):
         (requires ``tls``).
     workdir : path, optional
         Keeps ``FLWR_HOME``, logs, certificates there (default: a temp dir, removed on exit).
+    fleet_gateway : bool
+        The production shape: the SuperNodes dial a :class:`FleetGateway` (its own port) that
+        forwards only the Fleet API, never the SuperLink's port, which also serves the Control
+        and Runtime APIs (:attr:`fleet_address` is what the nodes dial).
     isolation : str
         ``subprocess`` (each SuperNode spawns its ClientApp processes) — the process-isolation
         topology with separate SuperExecs is what ``docker/compose.yml`` uses.
@@ -183,7 +367,8 @@ class LoopbackDeployment(TornDown):
 
     def __init__(self, node_configs: Sequence[Mapping[str, Any]], tls: bool = False,
                  auth: bool = False, workdir: Path | None = None,
-                 extra_env: Mapping[str, str] | None = None) -> None:
+                 extra_env: Mapping[str, str] | None = None,
+                 fleet_gateway: bool = False) -> None:
         if auth and not tls:
             raise ValueError("SuperNode authentication requires TLS (set tls=True)")
         self.node_configs = [dict(c) for c in node_configs]
@@ -195,6 +380,9 @@ class LoopbackDeployment(TornDown):
         self.env = flwr_env(self.home)
         self.env.update(extra_env or {})
         self.superlink: subprocess.Popen[bytes] | None = None
+        self.fleet_gateway = fleet_gateway
+        self.gateway: subprocess.Popen[bytes] | None = None
+        self.gateway_port: int | None = None
         self.nodes: list[Node] = []
         self.creds: Credentials | None = None
         self._logs: list[Any] = []
@@ -202,7 +390,13 @@ class LoopbackDeployment(TornDown):
     # -- lifecycle (``with``: start, then close on exit, failure or SIGTERM; see TornDown) ----
     @property
     def address(self) -> str:
+        """The SuperLink's own port: Fleet, Control and Runtime API (the operator's side)."""
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def fleet_address(self) -> str:
+        """What the SuperNodes dial: the Fleet gateway if there is one, else the SuperLink."""
+        return f"127.0.0.1:{self.gateway_port}" if self.gateway_port else self.address
 
     def _popen(self, cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
         fh = open(log, "wb")
@@ -212,8 +406,11 @@ class LoopbackDeployment(TornDown):
 
     def start(self, node_timeout: float = 90.0) -> None:
         if self.tls:
-            self.creds = make_credentials(self.home / "certs", len(self.node_configs))
+            self.creds = make_credentials(self.home / "certs", len(self.node_configs),
+                                          force=True)     # throw-away material of this home
         self._start_superlink()
+        if self.fleet_gateway:
+            self._start_gateway()
         if self.auth:
             assert self.creds is not None
             for pub in self.creds.node_pubkeys:
@@ -262,9 +459,27 @@ class LoopbackDeployment(TornDown):
                                    f"its port opened; log:\n{_tail(log)}")
             return
 
+    def _start_gateway(self) -> None:
+        log = self.home / "fleet-gateway.log"
+        for attempt in range(3):
+            self.gateway_port = free_port()
+            cmd = [sys.executable, "-m", "fedclust.deploy", "fleet-gateway", "--listen",
+                   self.fleet_address, "--superlink", self.address]
+            if self.creds:
+                cmd += ["--certfile", str(self.creds.server_cert), "--keyfile",
+                        str(self.creds.server_key), "--ca-file", str(self.creds.ca_cert)]
+            self.gateway = self._popen(cmd, log)
+            try:
+                wait_for_listener(self.gateway_port, self.gateway, log, 60)
+                return
+            except PortClash:
+                stop_group(self.gateway)
+                if attempt == 2:
+                    raise
+
     def _start_node(self, i: int) -> Node:
         port = free_port()
-        cmd = ["flower-supernode", "--superlink", self.address, "--host", "127.0.0.1",
+        cmd = ["flower-supernode", "--superlink", self.fleet_address, "--host", "127.0.0.1",
                "--port", str(port), "--node-config", node_config_arg(self.node_configs[i])]
         if self.creds:
             cmd += ["--root-certificates", str(self.creds.ca_cert)]
@@ -313,6 +528,7 @@ class LoopbackDeployment(TornDown):
         """Stop every process group (idempotent)."""
         for node in self.nodes:
             stop_group(node.proc)
+        stop_group(self.gateway)
         stop_group(self.superlink)
         for fh in self._logs:
             fh.close()
@@ -367,6 +583,8 @@ class LoopbackDeployment(TornDown):
 
     def logs(self) -> str:
         parts = [f"--- superlink\n{_tail(self.home / 'superlink.log')}"]
+        if self.gateway is not None:
+            parts.append(f"--- fleet gateway\n{_tail(self.home / 'fleet-gateway.log', 2000)}")
         parts += [f"--- supernode {n.index} ({n.node_id})\n{_tail(n.log_path, 2000)}"
                   for n in self.nodes]
         return "\n".join(parts)
@@ -414,9 +632,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("--nodes", type=int, default=3)
     c.add_argument("--host", action="append", default=None,
                    help="SAN of the SuperLink certificate (repeatable)")
+    c.add_argument("--force", action="store_true",
+                   help="replace an existing CA / node keys (hand out the new ca.crt and "
+                        "register the new keys afterwards)")
+    g = sub.add_parser("fleet-gateway", help="serve only the Fleet API of a SuperLink on a "
+                                             "network address (run next to the SuperLink)")
+    g.add_argument("--listen", type=_host_port, required=True,
+                   help="HOST:PORT the SuperNodes dial, e.g. 0.0.0.0:9092")
+    g.add_argument("--superlink", type=_host_port, required=True,
+                   help="HOST:PORT of the SuperLink, bound where only the operator reaches it")
+    g.add_argument("--certfile", type=Path, help="TLS certificate (the SuperLink's server.pem)")
+    g.add_argument("--keyfile", type=Path, help="its private key (server.key)")
+    g.add_argument("--ca-file", type=Path, help="CA that signed the SuperLink's certificate")
     u = sub.add_parser("up", help="start a loopback deployment, run once, tear down")
     u.add_argument("--data", nargs="+", required=True, help="one data file per SuperNode")
-    u.add_argument("--tls", action="store_true", help="TLS + SuperNode authentication")
+    u.add_argument("--tls", action="store_true",
+                   help="TLS + SuperNode authentication; the nodes dial a Fleet gateway, not "
+                        "the SuperLink's own port")
     u.add_argument("--workdir", type=Path, default=None)
     u.add_argument("--keep", action="store_true", help="keep running until Ctrl-C after the run")
     u.add_argument("--label-column", default="",
@@ -424,9 +656,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "not a feature; evaluation only)")
     u.add_argument("overrides", nargs="*", help="run-config key=value (TOML values)")
     args = parser.parse_args(argv)
+    if args.cmd == "fleet-gateway":
+        return _run_gateway(parser, args)
     if args.cmd == "certs":
-        creds = make_credentials(args.directory, args.nodes,
-                                 tuple(args.host or ("127.0.0.1", "localhost", "superlink")))
+        try:
+            creds = make_credentials(args.directory, args.nodes,
+                                     (*DEFAULT_HOSTS, *(args.host or ())), force=args.force)
+        except FileExistsError as exc:
+            print(f"python -m fedclust.deploy certs: {exc}", file=sys.stderr)
+            return 2
         print(f"CA {creds.ca_cert}\nSuperLink cert {creds.server_cert} key {creds.server_key}")
         for k in creds.node_keys:
             print(f"SuperNode key {k} (+ .pub)")
@@ -435,8 +673,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     label = {"label-column": args.label_column} if args.label_column else {}
     configs = [{"data-path": str(Path(p).resolve()), **label} for p in args.data]
     run_cfg = {"dataset": "local", "num-clients": len(configs), **overrides}
-    with LoopbackDeployment(configs, tls=args.tls, auth=args.tls, workdir=args.workdir) as dep:
+    with LoopbackDeployment(configs, tls=args.tls, auth=args.tls, workdir=args.workdir,
+                            fleet_gateway=args.tls) as dep:
         print(f"SuperLink {dep.address} ({'TLS + node auth' if args.tls else 'insecure'}), "
+              f"Fleet API for the nodes at {dep.fleet_address}, "
               f"FLWR_HOME={dep.home}; nodes: {[n.node_id for n in dep.nodes]}", flush=True)
         outcome = dep.run(run_cfg)
         print(outcome.log[-4000:])
@@ -449,6 +689,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             except KeyboardInterrupt:
                 pass
         return 0 if outcome.ok else 1
+
+
+def _run_gateway(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    import asyncio
+
+    if bool(args.certfile) != bool(args.keyfile):
+        parser.error("fleet-gateway: give both --certfile and --keyfile (TLS) or neither")
+    gateway = FleetGateway(args.listen, args.superlink, args.certfile, args.keyfile,
+                           args.ca_file)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        asyncio.run(gateway.serve())
+    except KeyboardInterrupt:
+        pass
+    return 0
 
 
 if __name__ == "__main__":

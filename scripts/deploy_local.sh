@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # The docker/compose.yml topology as plain processes on one machine (no Docker engine needed):
-# 1 SuperLink + 1 SuperExec (ServerApps) + N x (SuperNode + SuperExec (ClientApps)), all with
-# --isolation process, each SuperNode pointed at its own data file; then one `flwr run`, the
-# run's status check (not just the exit code), and teardown of every process, even on failure.
+# 1 SuperLink + 1 SuperExec (ServerApps) + 1 Fleet gateway + N x (SuperNode + SuperExec
+# (ClientApps)), all with --isolation process, each SuperNode pointed at its own data file; then
+# one `flwr run`, the run's status check (not just the exit code), and teardown of every
+# process, even on failure, Ctrl-C or SIGTERM.
+# The SuperLink's port (Fleet + Control + Runtime API; the Control API has no login) is bound to
+# 127.0.0.1 and used only by the operator's flwr CLI and the ServerApp SuperExec; the SuperNodes
+# dial the Fleet gateway (`python -m fedclust.deploy fleet-gateway`), which forwards nothing but
+# the Fleet API. On real machines the gateway listens on the network, the SuperLink stays local.
 #
 #   scripts/deploy_local.sh [--tls] [--keep] DATA_0 DATA_1 ... [-- run-config overrides]
 #   scripts/deploy_local.sh --tls /data/c0.npz /data/c1.npz /data/c2.npz -- \
@@ -36,13 +41,20 @@ WORK=$(mktemp -d -t fedclust-deploy-XXXX)
 export FLWR_HOME=$WORK/flwr-home
 mkdir -p "$FLWR_HOME"
 PIDS=()
+SLEEPER=
 cleanup() {
+  trap - EXIT INT TERM
+  [[ -n $SLEEPER ]] && kill "$SLEEPER" 2>/dev/null
   for pid in "${PIDS[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
   sleep 2
   for pid in "${PIDS[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
   echo "stopped ${#PIDS[@]} process groups; logs in $WORK"
 }
-trap cleanup EXIT INT TERM
+# The EXIT trap tears down; INT/TERM only turn into an exit (bash runs a trap after the current
+# foreground command, so every wait below is short or an interruptible `wait`).
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 start() {   # start LOGNAME CMD...: own process group, log to $WORK/LOGNAME.log
   local log=$WORK/$1.log; shift
   setsid "$@" >"$log" 2>&1 < /dev/null &
@@ -73,7 +85,7 @@ N=${#DATA[@]}
 ((N >= 1)) || { echo "usage: $0 [--tls] DATA_0 [DATA_1 ...] [-- key=value ...]" >&2; exit 2; }
 
 PORT=$(free_port)
-LINK_TLS=(--insecure) NODE_TLS=(--insecure) EXEC_TLS=(--insecure)
+LINK_TLS=(--insecure) NODE_TLS=(--insecure) EXEC_TLS=(--insecure) GATE_TLS=()
 if ((TLS)); then
   bash docker/make_certs.sh "$WORK/certs" >/dev/null
   # as on real devices: every node makes its own key pair; only the .pub is registered
@@ -83,6 +95,7 @@ if ((TLS)); then
             --ssl-keyfile "$C/server.key" --enable-supernode-auth)
   NODE_TLS=(--root-certificates "$C/ca.crt")
   EXEC_TLS=(--root-certificates "$C/ca.crt")
+  GATE_TLS=(--certfile "$C/server.pem" --keyfile "$C/server.key" --ca-file "$C/ca.crt")
   printf '[superlink]\ndefault = "local-deploy"\n[superlink.local-deploy]\naddress = "127.0.0.1:%s"\nroot-certificates = "%s"\n' \
     "$PORT" "$C/ca.crt" > "$FLWR_HOME/config.toml"
 else
@@ -107,6 +120,16 @@ kill -0 "$LINK_PID" 2>/dev/null \
 grep -qi "address already in use" "$WORK/superlink.log" \
   && die "port $PORT is held by another program; rerun to pick a new port" superlink
 start superexec-serverapp flower-superexec --runtime-api-address "127.0.0.1:$PORT" "${EXEC_TLS[@]}"
+FLEET_PORT=$(free_port)
+start fleet-gateway python -m fedclust.deploy fleet-gateway --listen "127.0.0.1:$FLEET_PORT" \
+  --superlink "127.0.0.1:$PORT" "${GATE_TLS[@]+"${GATE_TLS[@]}"}"
+GATE_PID=${PIDS[-1]}
+deadline=$((SECONDS + PORT_TIMEOUT))
+until (echo > "/dev/tcp/127.0.0.1/$FLEET_PORT") 2>/dev/null; do
+  kill -0 "$GATE_PID" 2>/dev/null || die "the Fleet gateway exited before opening port $FLEET_PORT" fleet-gateway
+  ((SECONDS < deadline)) || die "Fleet gateway port $FLEET_PORT not open after ${PORT_TIMEOUT}s" fleet-gateway
+  sleep 0.5
+done
 for ((i = 0; i < N; i++)); do
   AUTH=()
   if ((TLS)); then
@@ -114,12 +137,12 @@ for ((i = 0; i < N; i++)); do
     AUTH=(--auth-supernode-private-key "$WORK/nodes/client-$i/client_credentials")
   fi
   NPORT=$(free_port)
-  start "supernode-$i" flower-supernode --superlink "127.0.0.1:$PORT" "${NODE_TLS[@]}" "${AUTH[@]}" \
+  start "supernode-$i" flower-supernode --superlink "127.0.0.1:$FLEET_PORT" "${NODE_TLS[@]}" "${AUTH[@]}" \
     --isolation process --host 127.0.0.1 --port "$NPORT" --node-config "data-path=\"${DATA[$i]}\""
   # the ClientApp runs in this SuperExec's process: that is where the node's data must be readable
   start "superexec-clientapp-$i" flower-superexec --insecure --runtime-api-address "127.0.0.1:$NPORT"
 done
-echo "SuperLink 127.0.0.1:$PORT ($( ((TLS)) && echo 'TLS + SuperNode auth' || echo insecure)), $N SuperNodes; FLWR_HOME=$FLWR_HOME"
+echo "SuperLink 127.0.0.1:$PORT ($( ((TLS)) && echo 'TLS + SuperNode auth' || echo insecure)), Fleet gateway 127.0.0.1:$FLEET_PORT, $N SuperNodes; FLWR_HOME=$FLWR_HOME"
 deadline=$((SECONDS + NODES_TIMEOUT)) online=0
 while true; do
   online=$(flwr supernode ls local-deploy --format json 2>/dev/null | grep -c '"online"' || true)
@@ -159,5 +182,8 @@ while true; do
 done
 flwr log "$RUN_ID" local-deploy --show | tail -n 15 || true
 echo "run $RUN_ID: $STATUS in $(( $(date +%s) - T0 )) s; results: $OUT"
-if ((KEEP)); then echo "kept running; Ctrl-C to stop"; while true; do sleep 3600; done; fi
+if ((KEEP)); then
+  echo "kept running; Ctrl-C or SIGTERM to stop"
+  while true; do sleep 3600 & SLEEPER=$!; wait "$SLEEPER"; done
+fi
 [[ $STATUS == finished:completed ]]

@@ -1,7 +1,8 @@
 """``scripts/deploy_local.sh``: the docker/compose.yml topology as plain processes, end to end.
 
-The script starts a SuperLink (``--isolation process``), a ServerApp SuperExec and, per node, a
-SuperNode + a ClientApp SuperExec, submits one run, checks its *status* and tears everything
+The script starts a SuperLink (``--isolation process``), a ServerApp SuperExec, a Fleet gateway
+(the only address the SuperNodes dial) and, per node, a SuperNode + a ClientApp SuperExec,
+submits one run, checks its *status* and tears everything
 down. ``--demo`` writes the 3 blob partitions of ``fedclust.deploy.write_partitions`` (seed 0);
 ``--tls`` adds TLS and SuperNode authentication with keys from ``docker/make_certs.sh`` and
 ``docker/make_node_key.sh``. The tiny job (1 FCM round = 3 round trips) must finish with
@@ -49,7 +50,7 @@ def test_deploy_local_script_matches_inprocess(tmp_path, tls):
     assert re.search(r"run \d+: finished:completed in \d+ s", log), log[-3000:]
     assert ("TLS + SuperNode auth" if tls else "(insecure)") in log, log[:2000]
     m = re.search(r"stopped (\d+) process groups", log)
-    assert m and int(m.group(1)) == 2 + 2 * 3, log[-1500:]   # link, exec, 3 x (node, exec)
+    assert m and int(m.group(1)) == 3 + 2 * 3, log[-1500:]   # link, exec, gateway, 3 x 2
     summary = json.loads((out / "summary.json").read_text())
     assert summary["metrics"]["rounds"] == 1 and summary["metrics"]["dropped_nodes"] == []
 
