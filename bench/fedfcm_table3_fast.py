@@ -160,8 +160,9 @@ def fedfcm_job(ds: Dataset, cfg: dict[str, Any], cache: LocalStepCache | None = 
         if cfg["evaluate"]:
             tables = []
             for x, y in zip(xs, ys):
+                codes, rows = np.unique(y, return_inverse=True)
                 labels = labels_from_centers(x, centers[k])
-                tables.append(contingency(y, labels, int(y.max()) + 1 if y.size else 0, k))
+                tables.append((codes, contingency(rows.reshape(-1), labels, len(codes), k)))
             aris[k] = eval_ari(tables)
     choice = choose_k(ks, fed_db)
     metrics: dict[str, Any] = {

@@ -1,88 +1,28 @@
-"""The one ClientApp of fedclust.
-
-Handlers of each method live in ``client_apps/<method>_handlers.py`` and register named actions
-on :data:`app` (``@app.query("fcm_sums")`` handles message type ``"query.fcm_sums"``). Importing
-this module imports every handler module listed in :mod:`server_app.registry`.
-
-:func:`engine_mod` runs before every handler and makes a simulated node look like a deployed
-one where the run asks for it, so that every method has one data path:
-
-- ``num-clients = 0`` (as many as the engine has): a simulated node sees ``num-clients`` =
-  its ``num-partitions``;
-- ``dataset = "files"``: simulated client ``i`` gets node config ``data-path`` = the ``i``-th
-  site file of ``data-dir`` (and ``data-format``/``label-column`` from ``files.*``), read by
-  the loader a deployed node uses.
-"""
+"""The one ClientApp of fedclust (``clientapp = "client_apps.app:app"``): the app object of
+:mod:`client_apps.base` with every method's handlers registered on it."""
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import logging
 
-from flwr.app import Context, Error, Message, MetricRecord, RecordDict
-from flwr.clientapp import ClientApp
-from flwr.common.constant import ErrorCode
+from client_apps.base import CONFIG_RECORD, PUBLIC_ERRORS, app, engine_mod, error_mod, node_info
 
+__all__ = ["CONFIG_RECORD", "HANDLERS", "PUBLIC_ERRORS", "app", "engine_mod", "error_mod",
+           "node_info"]
 
-def engine_mod(msg: Message, context: Context, call_next) -> Message:
-    """Resolve ``num-clients = 0`` and ``dataset = "files"`` from this node's engine config."""
-    node, run = context.node_config, context.run_config
-    # Flower refuses a changed run config after the message: change it for the handler only.
-    if "num-partitions" in node and int(run.get("num-clients", 0) or 0) == 0:
-        context.run_config = {**run, "num-clients": int(node["num-partitions"])}
-    if run.get("dataset") == "files" and "partition-id" in node:
-        from fedclust.data.sites import site_file
-
-        path = site_file(run, int(node["partition-id"]))
-        context.node_config = {**node, "data-path": str(path),
-                               "data-format": str(run.get("files.format", "")),
-                               "label-column": str(run.get("files.label-column", ""))}
-    try:
-        return call_next(msg, context)
-    finally:
-        context.node_config, context.run_config = node, run
-
-
-# Errors whose messages are data-free by construction (they name keys, files, row and column
-# numbers, never a value read from the data): their text may reach the server.
-PUBLIC_ERRORS = ("ConfigError", "LocalDataError", "SiteFilesError", "PartitionError",
-                 "DatasetError")
-LOG = logging.getLogger("fedclust.node")
-
-
-def error_mod(msg: Message, context: Context, call_next) -> Message:
-    """Every error reply carries an error class and a data-free message; the details (which
-    may quote a cell of the node's data) stay in the node's own log."""
-    try:
-        return call_next(msg, context)
-    except Exception as exc:
-        name = type(exc).__name__
-        LOG.error("action %s failed on this node", msg.metadata.message_type, exc_info=True)
-        reason = (f"{name}: {exc}" if name in PUBLIC_ERRORS else
-                  f"{name} in {msg.metadata.message_type} (details in this node's log)")
-        return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason),
-                       reply_to=msg)
-
-
-app = ClientApp(mods=[error_mod, engine_mod])
-
-
-@app.query("fedclust_node")
-def node_info(msg: Message, context: Context) -> Message:
-    """What the engine told this node: ``num-partitions`` in simulation, 0 on a deployed node
-    (which reads its own ``data-path``). Nothing about its data."""
-    node = context.node_config
-    parts = int(node["num-partitions"]) if "num-partitions" in node else 0
-    return Message(RecordDict({"metrics": MetricRecord({"num-partitions": parts})}),
-                   reply_to=msg)
+# The ClientApp handler module of each method (:data:`fedclust.registry.METHODS`), and
+# secagg_handlers: the default "train" action wrapped by SecAgg+ (exact FCM secure sums).
+HANDLERS: dict[str, str] = {
+    "exact-fcm": "client_apps.fcm_handlers",
+    "fedfcm": "client_apps.fcm_handlers",
+    "fedcref": "client_apps.fedcref_handlers",
+    "emdcfl": "client_apps.emdcfl_handlers",
+}
 
 
 def _register_handlers() -> None:
-    from server_app.registry import METHODS
-
-    # secagg_handlers: the default "train" action wrapped by SecAgg+ (exact FCM secure sums).
-    modules = {spec.handlers for spec in METHODS.values()} | {"client_apps.secagg_handlers"}
+    modules = set(HANDLERS.values()) | {"client_apps.secagg_handlers"}
     for module in sorted(modules):
         if importlib.util.find_spec(module) is not None:
             importlib.import_module(module)

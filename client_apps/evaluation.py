@@ -14,7 +14,7 @@ metrics — leaves a node only when **both**
 
 A node is *simulated* when it reads data the run config determines: node config
 ``partition-id`` and no ``data-path`` of its own, or ``dataset="files"`` (the engine then sets
-``data-path`` to the run's ``partition-id``-th site file, :func:`client_apps.app.engine_mod`).
+``data-path`` to the run's ``partition-id``-th site file, :func:`client_apps.base.engine_mod`).
 A node with a ``data-path`` of its own is *deployed*, whatever else its node config says.
 
 This module is imported by every ClientApp process: it imports nothing heavy.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import Context, Message
 
-from client_apps.app import app
+from client_apps.base import app
 from client_apps.common import reply, run_config
 from client_apps.data import ClientData, load_client_data
 from fedclust import fcm
@@ -158,7 +158,7 @@ def secure_final_vector(data: ClientData, x: np.ndarray, centers: np.ndarray, m:
     ``fedclust.eval-codes`` (the union of the codes the nodes reported in the scaling phase;
     none: no evaluation; a client without labels sends zeros).
     """
-    from strategies.secure_fcm import LIMBS, pack_final
+    from fedclust.secagg import LIMBS, pack_final
 
     vocab = np.frombuffer(fit_cfg.get("fedclust.eval-codes", b""), dtype="<i8").astype(np.int64)
     c = centers.shape[0]

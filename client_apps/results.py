@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from flwr.app import Context, Message
+
+from fedclust.results import write_table
 
 RESULT_RECORD = "result"
 
@@ -68,16 +70,6 @@ def write_assignments(folder: Path, labels: np.ndarray,
         header += [f"u{i}" for i in range(u.shape[1])]
         fmt += ["%.17g"] * u.shape[1]
     return write_table(folder / "assignments.csv", header, np.column_stack(cols), fmt)
-
-
-def write_table(path: Path, header: Sequence[str], table: np.ndarray,
-                fmt: str | Sequence[str] = "%.17g") -> Path:
-    """A CSV with a header line, written atomically."""
-    tmp = path.with_name(path.name + ".part")
-    np.savetxt(tmp, np.asarray(table).reshape(len(table), -1), delimiter=",",
-               header=",".join(header), comments="", fmt=fmt)
-    os.replace(tmp, path)
-    return path
 
 
 def write_result(folder: Path, meta: Mapping[str, Any]) -> Path:

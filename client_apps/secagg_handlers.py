@@ -18,13 +18,13 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.client.mod import secaggplus_mod
 
-from client_apps.app import app
+from client_apps.base import app
 from client_apps.common import run_config
 from client_apps.data import load_client_data
 from client_apps.fcm_handlers import guard_withholds, keep_owner_results, secure_final_vector
 from fedclust import fcm
 from fedclust.data import scaling
-from strategies.secure_fcm import LIMBS, PHASE_FINAL, PHASE_SUMS, pack
+from fedclust.secagg import LIMBS, PHASE_FINAL, PHASE_SUMS, pack
 
 
 @app.train(mods=[secaggplus_mod])

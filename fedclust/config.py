@@ -11,144 +11,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import math
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-Scalar = bool | int | float | str
+from fedclust.schema import (  # noqa: F401 - re-exported: the keys' public home
+    ConfigError, Key, Scalar, _cast, _hydra_override, _message, _toml, require)
 
 
-class ConfigError(ValueError):
-    """A run-config value is invalid; the message says which, why, and how to fix it."""
-
-
-@dataclass(frozen=True)
-class Key:
-    """One run-config key.
-
-    Parameters
-    ----------
-    name : str
-        Dotted key as used in ``--run-config`` (``"fcm.m"``).
-    type : type
-        One of ``bool, int, float, str``; values are cast to it.
-    default : scalar
-        Default written to ``pyproject.toml``.
-    help : str
-        One-line description (README and error messages).
-    low, high : float, optional
-        Inclusive bounds unless ``low_open``/``high_open``.
-    choices : sequence of str, optional
-        Allowed values for string keys.
-    check : callable, optional
-        Extra check ``value -> str | None`` returning an error text.
-    """
-
-    name: str
-    type: type
-    default: Scalar
-    help: str
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-    choices: Sequence[str] | None = None
-    check: Callable[[Any], str | None] | None = field(default=None, compare=False)
-
-    def allowed(self) -> str:
-        """Human-readable description of the allowed values."""
-        if self.choices is not None:
-            return "one of " + ", ".join(repr(c) for c in self.choices)
-        if self.low is None and self.high is None:
-            return f"a {self.type.__name__}"
-        lo = "-inf" if self.low is None else repr(self.low)
-        hi = "inf" if self.high is None else repr(self.high)
-        left = "(" if self.low_open or self.low is None else "["
-        right = ")" if self.high_open or self.high is None else "]"
-        return f"a {self.type.__name__} in {left}{lo}, {hi}{right}"
-
-    def parse(self, raw: Any) -> Scalar:
-        """Cast and range-check ``raw``; raise :class:`ConfigError` on failure."""
-        value = _cast(self, raw)
-        problem = None
-        if self.choices is not None and value not in self.choices:
-            problem = "not an allowed value"
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if isinstance(value, float) and not math.isfinite(value):
-                problem = "not a finite number"
-            elif self.low is not None and (
-                    value < self.low or (self.low_open and value == self.low)):
-                problem = "below the allowed range"
-            elif self.high is not None and (
-                value > self.high or (self.high_open and value == self.high)
-            ):
-                problem = "above the allowed range"
-        if problem is None and self.check is not None:
-            problem = self.check(value)
-        if problem is not None:
-            raise ConfigError(_message(self, raw, problem))
-        return value
-
-
-def _message(key: Key, raw: Any, problem: str) -> str:
-    return (
-        f"run config '{key.name}' = {raw!r} is invalid ({problem}). "
-        f"Allowed: {key.allowed()} — {key.help}. "
-        f"Fix: pass e.g. --run-config '{key.name}={_toml(key.default)}' "
-        f"or the Hydra override {_hydra_override(key)}."
-    )
-
-
-def _hydra_override(key: Key) -> str:
-    """The ``fedclust-sweep`` form of ``key``: run-config keys live under ``app.``; the method
-    is chosen with its config group."""
-    if key.name == "method":
-        return f"method={key.default}"
-    value = key.default if isinstance(key.default, str) else _toml(key.default)
-    return f"app.{key.name}={value}" if value != "" else f"app.{key.name}=''"
-
-
-def _toml(value: Scalar) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return f'"{value}"'
-    return repr(value)
-
-
-def _cast(key: Key, raw: Any) -> Scalar:
-    try:
-        if key.type is bool:
-            if isinstance(raw, bool):
-                return raw
-            if isinstance(raw, str) and raw.lower() in ("true", "false", "1", "0"):
-                return raw.lower() in ("true", "1")
-            if isinstance(raw, int) and raw in (0, 1):
-                return bool(raw)
-            raise ValueError
-        if key.type is int:
-            if isinstance(raw, bool):
-                raise ValueError
-            if isinstance(raw, float) and not raw.is_integer():
-                raise ValueError
-            return int(raw)
-        if key.type is float:
-            if isinstance(raw, bool):
-                raise ValueError
-            return float(raw)
-        if raw is None or not isinstance(raw, (str, int, float)):   # lists, tables, null
-            raise ValueError
-        return str(raw)
-    except (TypeError, ValueError):
-        raise ConfigError(_message(key, raw, f"not a {key.type.__name__}")) from None
-
-
-# ----------------------------------------------------------------------------------------------
 # Common keys (all methods). Method keys live next to each method and are listed in
-# server_app/registry.py.
+# fedclust/registry.py.
 
 def _csv_floats(value: str) -> str | None:
     if value == "":
@@ -243,7 +116,7 @@ def _load_keys(path: str) -> list[Key]:
 
 def all_keys() -> list[Key]:
     """Common keys followed by every registered method's keys."""
-    from server_app.registry import METHODS  # local import: registry imports nothing heavy
+    from fedclust.registry import METHODS  # local import: registry imports nothing heavy
 
     keys = list(COMMON_KEYS)
     for spec in METHODS.values():
@@ -287,12 +160,12 @@ def validate(run_config: Mapping[str, Any], keys: Iterable[Key] | None = None) -
                           f"and by `python -m fedclust.config list`. Fix: correct the spelling "
                           f"or remove the key.")
     cfg = {k.name: k.parse(run_config.get(k.name, k.default)) for k in keys}
-    from server_app.registry import METHODS
+    from fedclust.registry import METHODS
 
     spec = METHODS[cfg["method"]]
-    if not all(_available(p) for p in (spec.runner, *spec.keys)):
+    if not all(_available(p) for p in spec.keys):
         installed = [m for m, s in METHODS.items()
-                     if all(_available(p) for p in (s.runner, *s.keys))]
+                     if all(_available(p) for p in s.keys)]
         raise ConfigError(f"run config 'method' = {cfg['method']!r} is not installed in this "
                           f"build. Allowed: {', '.join(installed)}.")
     require(cfg["num-clients"] == 0 or cfg["min-clients"] <= cfg["num-clients"], "min-clients",
@@ -309,13 +182,6 @@ def own_data(cfg: Mapping[str, Any]) -> bool:
     ``data-path``; ``files``: one file of ``data-dir`` per simulated client) instead of a
     partition of one shared dataset."""
     return cfg["dataset"] in ("local", "files")
-
-
-def require(cond: bool, key: str, value: Any, allowed: str, fix: str) -> None:
-    """Raise a :class:`ConfigError` for a cross-key rule when ``cond`` is false."""
-    if not cond:
-        raise ConfigError(f"run config '{key}' = {value!r} is invalid. Allowed: {allowed}. "
-                          f"Fix: {fix}.")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -370,7 +236,7 @@ _README_END = "<!-- end of generated run-config keys -->"
 
 def render_readme_keys() -> str:
     """Markdown tables of every key (common, then per method)."""
-    from server_app.registry import METHODS
+    from fedclust.registry import METHODS
 
     def table(keys: Iterable[Key]) -> list[str]:
         rows = ["| key | default | allowed | meaning |", "|---|---|---|---|"]
@@ -380,7 +246,7 @@ def render_readme_keys() -> str:
 
     lines = [_README_BEGIN, "", "**Common keys**", "", *table(COMMON_KEYS)]
     for method, spec in METHODS.items():
-        if all(_available(p) for p in (spec.runner, *spec.keys)):
+        if all(_available(p) for p in spec.keys):
             keys = [k for path in spec.keys for k in _load_keys(path)]
             lines += ["", f"**`method={method}`**", "", *table(keys)]
     return "\n".join([*lines, "", _README_END])
@@ -401,7 +267,7 @@ def sync_readme(path: Path, check: bool = False) -> bool:
 
 def render_method_yaml(method: str) -> str:
     """``conf/method/<method>.yaml``: the method's keys (nested) with their defaults."""
-    from server_app.registry import METHODS
+    from fedclust.registry import METHODS
 
     keys = [k for path in METHODS[method].keys for k in _load_keys(path)]
     return _nested_yaml(keys, {"method": method})
@@ -409,7 +275,7 @@ def render_method_yaml(method: str) -> str:
 
 def sync_method_yamls(conf_dir: Path, check: bool = False) -> bool:
     """Write ``conf/method/<m>.yaml`` for every installed method; return True if any changed."""
-    from server_app.registry import METHODS
+    from fedclust.registry import METHODS
 
     changed = False
     base = conf_dir / "base.yaml"
@@ -419,7 +285,7 @@ def sync_method_yamls(conf_dir: Path, check: bool = False) -> bool:
         if not check:
             base.write_text(text)
     for method, spec in METHODS.items():
-        if not all(_available(p) for p in (spec.runner, *spec.keys)):
+        if not all(_available(p) for p in spec.keys):
             continue
         path = conf_dir / "method" / f"{method}.yaml"
         text = render_method_yaml(method)

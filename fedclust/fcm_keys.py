@@ -6,7 +6,7 @@ import logging
 import math
 from typing import Any
 
-from fedclust.config import Key, require
+from fedclust.schema import Key, require
 from fedclust.fcm import (M_MAX, MAX_UNDERFLOW_DIGITS, SECURE_UNDERFLOW_DIGITS,
                           fuzzifier_problem)
 

@@ -18,31 +18,12 @@ import importlib
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-
-class PredictError(ValueError):
-    """The run folder or the rows cannot be used for prediction."""
-
-
-@dataclass
-class Prediction:
-    """Rows out of :func:`predict`: ``table`` has one line per input row, ``header`` names its
-    columns (the same as the run's ``assignments.csv``)."""
-
-    header: list[str]
-    table: np.ndarray
-    fmt: list[str] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def labels(self) -> np.ndarray:
-        return self.table[:, 1].astype(np.int64)
-
+from fedclust.prediction import PredictError, Prediction, check_width
 
 # method -> "module:function(run_dir, summary, x, options) -> Prediction"
 PREDICTORS: dict[str, str] = {
@@ -99,21 +80,12 @@ def predict(run_dir: str | Path, data: str | Path | np.ndarray, out: str | Path 
     result: Prediction = getattr(importlib.import_module(module), fn)(run_dir, summary, x,
                                                                       options)
     if out is not None:
-        from client_apps.results import write_table
+        from fedclust.results import write_table
 
         out = Path(out).expanduser()
         out.parent.mkdir(parents=True, exist_ok=True)
         write_table(out, result.header, result.table, result.fmt or "%.17g")
     return result
-
-
-def check_width(x: np.ndarray, expected: int, what: str) -> None:
-    """Refuse rows of the wrong width with a message naming both widths."""
-    if x.shape[1] != expected:
-        raise PredictError(f"the rows have {x.shape[1]} features but the run's {what} "
-                           f"{expected}. Allowed: rows with the {expected} features the run "
-                           f"was fitted on, in the same order and units (with a label "
-                           f"column, name it: --label-column)")
 
 
 def predict_fcm(run_dir: Path, summary: dict[str, Any], x: np.ndarray,

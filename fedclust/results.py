@@ -14,7 +14,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -182,3 +182,13 @@ def claim_folder(folder: Path, overwrite: bool = False) -> None:
             shutil.rmtree(p)
         else:
             p.unlink()
+
+
+def write_table(path: Path, header: Sequence[str], table: np.ndarray,
+                fmt: str | Sequence[str] = "%.17g") -> Path:
+    """A CSV with a header line, written atomically."""
+    tmp = path.with_name(path.name + ".part")
+    np.savetxt(tmp, np.asarray(table).reshape(len(table), -1), delimiter=",",
+               header=",".join(header), comments="", fmt=fmt)
+    os.replace(tmp, path)
+    return path

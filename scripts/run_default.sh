@@ -15,7 +15,7 @@ for item in extra:
     k, _, v = item.partition("=")
     cfg[k] = v
 from fedclust.data.sites import simulated_nodes
-from fedclust.sweep import bad_input_errors
+from server_app.sweep import bad_input_errors
 from server_app.app import check_run_config
 try:   # bad input stops here, with the run config's message, before any SuperLink starts
     n = simulated_nodes(cfg, 5)

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -21,6 +24,35 @@ LOG = logging.getLogger("fedclust")
 
 Content = RecordDict | Callable[[int], RecordDict]
 Validator = Callable[[RecordDict], str | None]
+
+# Every message of a run carries the run's config: the nodes then run the method the server
+# runs even when the ServerApp's own run config says otherwise (a Strategy object with its own
+# parameters, or two methods chained in one ServerApp). :func:`client_apps.base.engine_mod`
+# reads it.
+CONFIG_RECORD = "fedclust.run-config"
+_RUN_CONFIG: ContextVar[dict[str, Any] | None] = ContextVar("fedclust_run_config", default=None)
+
+
+@contextmanager
+def messages_carry(run_config: Mapping[str, Any]) -> Iterator[None]:
+    """Within this block every message sent carries ``run_config`` (:data:`CONFIG_RECORD`)."""
+    token = _RUN_CONFIG.set({k: v for k, v in run_config.items()
+                             if isinstance(v, (bool, int, float, str))})
+    try:
+        yield
+    finally:
+        _RUN_CONFIG.reset(token)
+
+
+def with_run_config(content: RecordDict) -> RecordDict:
+    """``content`` plus the run config of :func:`messages_carry` (a shallow copy; unchanged
+    outside such a block)."""
+    cfg = _RUN_CONFIG.get()
+    if cfg is None or CONFIG_RECORD in content:
+        return content
+    out = RecordDict(dict(content.items()))
+    out[CONFIG_RECORD] = ConfigRecord(dict(cfg))
+    return out
 
 
 @dataclass
@@ -214,9 +246,9 @@ def send_and_collect(
     messages = []
     for nid in nodes:
         payload = content(nid) if callable(content) else content
-        out.bytes_sent += record_nbytes(payload)
-        messages.append(Message(payload, dst_node_id=nid, message_type=message_type,
-                                group_id=group_id))
+        out.bytes_sent += record_nbytes(payload)    # the method's traffic, without the config
+        messages.append(Message(with_run_config(payload), dst_node_id=nid,
+                                message_type=message_type, group_id=group_id))
     replies = list(grid.send_and_receive(messages, timeout=timeout)) if messages else []
     unmatched: list[str] = []
     by_msg = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}

@@ -23,7 +23,7 @@ import pytest
 from fedclust.config import ConfigError, validate
 from fedclust.data.sites import SiteFilesError, simulated_nodes
 from fedclust.results import OutputDirError
-from fedclust.sweep import bad_input_errors
+from server_app.sweep import bad_input_errors
 from server_app.app import check_run_config
 from server_app.inprocess import run_server
 
@@ -459,7 +459,7 @@ def test_simulated_nodes_with_num_clients_three_gives_the_config_message():
 
 
 def _sweep(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fedclust.sweep", "engine=inprocess", *args,
+    return subprocess.run([sys.executable, "-m", "server_app.sweep", "engine=inprocess", *args,
                            f"hydra.run.dir={tmp_path / 'job'}"], capture_output=True, text=True,
                           timeout=120, env=ENV, cwd=tmp_path)
 

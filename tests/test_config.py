@@ -109,7 +109,7 @@ def test_the_suggested_hydra_override_composes(override):
 
     from hydra import compose, initialize_config_dir
 
-    from fedclust.sweep import CONF_DIR, flatten
+    from server_app.sweep import CONF_DIR, flatten
 
     with pytest.raises(ConfigError) as err:
         validate(override)

@@ -80,9 +80,9 @@ CFG = {"exact-fcm": {"method": "exact-fcm", "fcm.max-rounds": 3, "fcm.epsilon": 
                   "fedfcm.max-rounds": 2, "fedfcm.tol": 0.0}}
 
 
-def _run(tmp_path, method, grid):
+def _run(tmp_path, method, grid, **extra):
     cfg = {**CFG[method], "num-clients": 4, "seed": 1, "plots": False,
-           "output-dir": str(tmp_path)}
+           "output-dir": str(tmp_path), **extra}
     summary = run_method(grid, cfg)
     history = [json.loads(x) for x in (tmp_path / "history.jsonl").read_text().splitlines()]
     return summary, history
@@ -176,7 +176,8 @@ def test_scaling_reply_with_another_feature_count_is_rejected(tmp_path, fedclust
         return rep
 
     cfg = {**CFG["exact-fcm"], "num-clients": 4, "seed": 1, "blobs.n-features": 3}
-    summary, history = _run(tmp_path, "exact-fcm", InProcessGrid(call, 4, cfg))
+    summary, history = _run(tmp_path, "exact-fcm", InProcessGrid(call, 4, cfg),
+                            **{"blobs.n-features": 3})
     assert BAD in summary["metrics"]["dropped_nodes"]
     assert any(f"node {BAD} dropped: rejected reply: 2 features where the other clients have 3"
                in m for m in fedclust_log), fedclust_log[-3:]

@@ -75,7 +75,7 @@ def test_experiment_files_compose_to_valid_run_configs(name: str, tmp_path: Path
 
     from fedclust.config import validate
     from fedclust.fedcref.client import build_system
-    from fedclust.sweep import CONF_DIR, flatten
+    from server_app.sweep import CONF_DIR, flatten
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = compose(config_name="config",

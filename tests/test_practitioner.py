@@ -151,7 +151,7 @@ def test_sweep_runs_site_files_with_one_node_per_file(tmp_path):
     write_sites(tmp_path / "sites")
     out = tmp_path / "sweep"
     done = subprocess.run(
-        [sys.executable, "-m", "fedclust.sweep", "engine=inprocess", "app.dataset=files",
+        [sys.executable, "-m", "server_app.sweep", "engine=inprocess", "app.dataset=files",
          f"app.data-dir={tmp_path / 'sites'}", "app.files.label-column=diagnosis",
          "app.fcm.n-clusters=2", "app.plots=false", f"hydra.run.dir={out}"],
         capture_output=True, text=True, timeout=300)

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from fedclust.sweep import flatten, total_jobs
+from server_app.sweep import flatten, total_jobs
 
 
 def test_flatten_turns_nested_hydra_config_into_dotted_run_config():
@@ -21,7 +21,7 @@ def test_total_jobs_counts_the_sweep():
 
 def test_multirun_inprocess_sweep(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "fedclust.sweep", "-m", "engine=inprocess", "method=fedfcm",
+        [sys.executable, "-m", "server_app.sweep", "-m", "engine=inprocess", "method=fedfcm",
          "app.seed=0,1", "app.fedfcm.k-max=3", "app.plots=false",
          f"hydra.sweep.dir={tmp_path}"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -32,7 +32,7 @@ def test_multirun_inprocess_sweep(tmp_path):
 
 def test_bad_override_fails_before_running(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "fedclust.sweep", "engine=inprocess", "app.fcm.m=0.5",
+        [sys.executable, "-m", "server_app.sweep", "engine=inprocess", "app.fcm.m=0.5",
          f"hydra.run.dir={tmp_path}"], capture_output=True, text=True, timeout=300)
     assert out.returncode != 0
     assert "fcm.m" in out.stderr and "Allowed" in out.stderr
@@ -48,7 +48,7 @@ def test_command_line_replaces_the_experiments_sweep_params_in_the_count():
 def test_single_job_on_the_simulation_engine(tmp_path):
     """engine=flwr (the default): the job runs through `flwr run` on a private SuperLink."""
     out = subprocess.run(
-        [sys.executable, "-m", "fedclust.sweep", "-m", "engine=flwr", "method=exact-fcm",
+        [sys.executable, "-m", "server_app.sweep", "-m", "engine=flwr", "method=exact-fcm",
          "app.num-clients=3", "app.fcm.max-rounds=2", "app.plots=false",
          f"hydra.sweep.dir={tmp_path}"], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -88,7 +88,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     run_config = flatten(OmegaConf.to_container(cfg.app, resolve=True))
     from fedclust.config import ConfigError
     from fedclust.data.sites import simulated_nodes
-    from server_app.app import check_run_config
+    from strategies.run import check_run_config
 
     if cfg.engine not in ENGINES:
         raise ConfigError(f"fedclust-sweep 'engine' = {cfg.engine!r} is invalid. Allowed: "

@@ -1,0 +1,111 @@
+"""One run of a method: validate the run config, check the engine's clients, run the method's
+server loop and write its results. The ServerApp, the Strategy objects
+(:mod:`strategies.methods`) and every launcher go through :func:`run_method`."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import secrets
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from flwr.serverapp import Grid
+
+from fedclust.config import validate
+from fedclust.results import RunRecorder
+
+LOG = logging.getLogger("fedclust")
+
+# The server loop and the server-side preflight (before any message) of each method of
+# :data:`fedclust.registry.METHODS`, as import paths: nothing heavy until a method is chosen.
+SERVER: dict[str, tuple[str, str]] = {
+    "exact-fcm": ("strategies.exact_fcm:run", "fedclust.fcm_keys:preflight"),
+    "fedfcm": ("strategies.fedfcm:run", "fedclust.fcm_keys:preflight"),
+    "fedcref": ("strategies.fedcref:run", "strategies.fedcref:preflight"),
+    "emdcfl": ("strategies.emdcfl:run", "strategies.emdcfl:preflight"),
+}
+
+
+def setup_logging() -> None:
+    """fedclust's progress lines on stderr (once per process)."""
+    if not LOG.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s fedclust %(levelname)s %(message)s",
+                                               "%H:%M:%S"))
+        LOG.addHandler(handler)
+        LOG.setLevel(logging.INFO)
+        LOG.propagate = False
+
+
+def load(path: str) -> Any:
+    """The object an import path ``"module:attribute"`` names."""
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def output_dir(cfg: dict[str, Any]) -> Path:
+    """``output-dir`` if set, else
+    ``~/fedclust-runs/<method>/<dataset>-seed<seed>-<time>-<random>`` (unique per run: runs
+    started in the same second get different folders)."""
+    if cfg["output-dir"]:
+        return Path(cfg["output-dir"]).expanduser()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    name = f"{cfg['dataset']}-seed{cfg['seed']}-{stamp}-{secrets.token_hex(3)}"
+    return Path.home() / "fedclust-runs" / cfg["method"] / name
+
+
+def check_run_config(run_config: dict[str, Any]) -> dict[str, Any]:
+    """Validate ``run_config`` and run the method's preflight (e.g. data files exist).
+
+    Bad input stops here, before any engine starts or any message is sent; returns the typed
+    config.
+    """
+    cfg = validate(run_config)
+    if cfg["dataset"] == "files":   # the nodes read the site files with the node loader
+        from fedclust.data.sites import check_sites
+
+        check_sites(cfg, cfg["num-clients"] or None)
+        return cfg
+    preflight = SERVER[cfg["method"]][1]
+    if preflight:
+        load(preflight)(cfg)
+    return cfg
+
+
+def run_method(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
+    """Validate, preflight, run the method's server loop and write ``summary.json``; return
+    the summary (:func:`execute` also returns the run's folder)."""
+    return execute(grid, run_config)[0]
+
+
+def execute(grid: Grid, run_config: dict[str, Any]) -> tuple[dict[str, Any], Path]:
+    """:func:`run_method`, returning ``(summary, run folder)``."""
+    setup_logging()
+    from strategies.common import engine_clients
+
+    # Bad values and missing files stop the run here, before it waits for any node.
+    cfg = check_run_config(run_config)
+    n = engine_clients(grid, cfg)
+    if n != cfg["num-clients"]:   # num-clients = 0: now the engine's count is known
+        cfg = check_run_config({**run_config, "num-clients": n})
+    runner = load(SERVER[cfg["method"]][0])
+    recorder = RunRecorder(output_dir(cfg), cfg["method"], cfg["dataset"], cfg["seed"],
+                           cfg["num-clients"], cfg, overwrite=cfg["overwrite"])
+    LOG.info("method=%s dataset=%s clients=%s -> %s", cfg["method"], cfg["dataset"],
+             cfg["num-clients"] or "every connected node", recorder.dir)
+    from strategies.common import messages_carry
+
+    try:
+        with messages_carry(cfg):
+            metrics = runner(grid, cfg, recorder)
+    except BaseException as exc:   # Ctrl-C included: the folder says the run did not finish
+        recorder.interrupted(exc)
+        raise
+    recorder.num_clients = recorder.config["num-clients"] = cfg["num-clients"]
+    summary = recorder.finish(metrics)
+    LOG.info("done in %.1fs: %s", summary["wall_time_s"],
+             {k: v for k, v in summary["metrics"].items() if not isinstance(v, (dict, list))})
+    return summary, recorder.dir

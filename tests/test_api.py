@@ -1,0 +1,161 @@
+"""The Python API: the methods as Flower Strategy objects (``strategies.methods``) and
+``fedclust.simulate`` on arrays, through the real ServerApp loop and ClientApp handlers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from flwr.serverapp.strategy import Result, Strategy
+from sklearn.datasets import make_blobs
+from sklearn.metrics import adjusted_rand_score
+
+import fedclust
+from client_apps.app import app as client_app
+from fedclust import fcm
+from fedclust.config import ConfigError
+from server_app.inprocess import InProcessGrid
+from strategies.methods import EMDCFL, STRATEGIES, ExactFCM, FedCRef, FedFCM
+from tests.fake_grid import run_server
+
+
+def blobs(seed: int = 0, n: int = 600, k: int = 3, clients: int = 3):
+    x, y = make_blobs(n, centers=k, cluster_std=1.0, center_box=(-15, 15), random_state=seed)
+    parts = np.array_split(np.random.default_rng(seed).permutation(n), clients)
+    return [x[p] for p in parts], [y[p] for p in parts]
+
+
+def owner_labels(result, n_clients: int) -> np.ndarray:
+    return np.concatenate([
+        np.loadtxt(result.run_dir / "clients" / str(i) / "assignments.csv", delimiter=",",
+                   skiprows=1, ndmin=2)[:, 1] for i in range(n_clients)])
+
+
+def test_simulate_exact_fcm_equals_centralized_fcm_on_the_pooled_rows(tmp_path):
+    xs, ys = blobs()
+    res = fedclust.simulate("exact-fcm", xs, labels=ys, n_clusters=3, epsilon=1e-6,
+                            max_rounds=200, output_dir=tmp_path / "run",
+                            run_config={"plots": False})
+    assert isinstance(res, Result)
+    pooled = np.vstack(xs)
+    shift, scale = res.arrays["scaling_shift"].numpy(), res.arrays["scaling_scale"].numpy()
+    central = fcm.fcm_from_centers((pooled - shift) / scale, res.arrays["initial_centers"].numpy(),
+                                   2.0, 1e-6, 200)
+    np.testing.assert_allclose(res.arrays["centers"].numpy(), central.centers, atol=1e-9)
+    np.testing.assert_allclose(res.centers, central.centers * scale + shift, atol=1e-8)
+    # the evaluation path: the federated ARI is the ARI of the rows each owner received
+    ari = adjusted_rand_score(np.concatenate(ys), owner_labels(res, 3))
+    assert res.summary["metrics"]["eval_ari"] == pytest.approx(ari, abs=1e-12) and ari > 0.9
+    assert len(res.history) == res.summary["metrics"]["rounds"]
+    assert json.loads((res.run_dir / "summary.json").read_text()) == res.summary
+
+
+def test_simulate_without_labels_sends_no_label_statistic(tmp_path):
+    xs, _ = blobs(1)
+    res = fedclust.simulate(ExactFCM(n_clusters=3), xs, output_dir=tmp_path / "run",
+                            run_config={"plots": False})
+    assert res.summary["config"]["evaluate"] is False
+    assert "eval_ari" not in res.summary["metrics"]
+    assert res.centers.shape == (3, 2)
+
+
+def test_fedfcm_chooses_k_then_exact_fcm_runs_with_it_on_one_grid(tmp_path):
+    """Chaining two methods in one ServerApp: FedFCM's chosen K feeds exact FCM."""
+    xs, ys = blobs(2, k=4, clients=4)
+    nodes = []
+    for i, (x, y) in enumerate(zip(xs, ys)):
+        np.savez(tmp_path / f"c{i}.npz", x=x, y=y)
+        nodes.append({"data-path": str(tmp_path / f"c{i}.npz"), "allow-evaluation": True})
+    grid = InProcessGrid(client_app, 4, {"method": "fedfcm", "dataset": "local"},
+                         node_configs=nodes)
+    first = FedFCM(k_min=2, k_max=6).start(grid=grid, dataset="local",
+                                           output_dir=tmp_path / "k", run_config={"plots": False})
+    k = first.summary["metrics"]["best_k"]
+    assert 2 <= k <= 6 and first.centers.shape == (k, 2)
+    second = ExactFCM(n_clusters=k).start(grid=grid, dataset="local", output_dir=tmp_path / "c",
+                                          run_config={"plots": False})
+    assert second.centers.shape == (k, 2)
+    assert second.summary["metrics"]["eval_ari"] > 0.8
+
+
+def test_a_strategy_object_runs_exactly_what_the_run_config_runs(tmp_path):
+    keys = {"fedfcm.k-max": 4, "fedfcm.max-rounds": 5, "scaling": "standard"}
+    common = {"dataset": "blobs", "num-clients": 3, "seed": 4, "plots": False}
+    ref, _ = run_server({"method": "fedfcm", **keys, **common,
+                         "output-dir": str(tmp_path / "ref")})
+    grid = InProcessGrid(client_app, 3, {"method": "fedfcm", **keys, **common})
+    res = FedFCM(k_max=4, max_rounds=5, scaling="standard").start(
+        grid=grid, seed=4, dataset="blobs", output_dir=tmp_path / "obj",
+        run_config={"num-clients": 3, "plots": False})
+    same = [k for k in ref["metrics"] if not k.endswith("_s") and "time" not in k]
+    assert {k: res.summary["metrics"][k] for k in same} == {k: ref["metrics"][k] for k in same}
+
+
+def test_simulate_fedcref_and_emdcfl(tmp_path):
+    from fedclust.data.images import load_image_dataset
+
+    x, y = load_image_dataset("digits", "", split="all")
+    rng = np.random.default_rng(0)
+    idx = rng.permutation(len(y))[:540]
+    # FedCRef: three clients of 8x8 digits, label-free start (k-means), labels for evaluation
+    fc_clients = [x[p].reshape(len(p), -1) for p in np.array_split(idx, 3)]
+    fc_labels = [y[p] for p in np.array_split(idx, 3)]
+    res = fedclust.simulate(
+        "fedcref", fc_clients, labels=fc_labels, output_dir=tmp_path / "fedcref",
+        max_iterations=1, fl_rounds=1, ae_epochs=2, ae_patience=0, batch_size=16,
+        fl_local_epochs=1, k_estimate_max=3, run_config={"plots": False})
+    m = res.summary["metrics"]
+    assert m["iterations"] == 1 and m["active_clients"] == 3 and m["eval_nodes"] == 3
+    assert 0.0 <= m["eval_acc_end"] <= 1.0
+    assert all((res.run_dir / "clients" / str(i) / "assignments.csv").exists() for i in range(3))
+    # EMD-CFL: four clients, two of them colour-inverted; labels are the training targets
+    em_idx = np.array_split(rng.permutation(len(y))[:800], 4)
+    em_clients = [(255 - x[p] if i >= 2 else x[p]) for i, p in enumerate(em_idx)]
+    res = fedclust.simulate(
+        EMDCFL(rounds=2, local_epochs=2, conv1=4, conv2=8, embed_dim=16, workers=1),
+        em_clients, labels=[y[p] for p in em_idx], dataset="rotdigits",
+        output_dir=tmp_path / "emdcfl", run_config={"plots": False})
+    m = res.summary["metrics"]
+    assert 1 <= m["num_clusters"] <= 4
+    assert all((res.run_dir / "clients" / str(i) / "model.pt").exists() for i in range(4))
+
+
+def test_every_method_is_a_flower_strategy_with_its_keys_as_parameters():
+    from fedclust.config import all_keys
+
+    assert set(STRATEGIES) == {"exact-fcm", "fedfcm", "fedcref", "emdcfl"}
+    defaults = {k.name: k.default for k in all_keys()}
+    for cls in STRATEGIES.values():
+        assert issubclass(cls, Strategy)
+        strategy = cls()
+        assert strategy.run_config()["method"] == cls.method
+        # every named parameter is a key of the method, with the key's default
+        import inspect
+
+        for name, p in inspect.signature(cls.__init__).parameters.items():
+            if name in ("self", "options"):
+                continue
+            key = cls.param_keys()[name]
+            assert p.default == defaults[key], (cls.__name__, name)
+    assert FedCRef(ae_epochs=3).run_config()["fedcref.ae-epochs"] == 3
+
+
+def test_bad_parameters_are_refused_before_any_run():
+    with pytest.raises(TypeError, match="n_cluster"):
+        ExactFCM(n_cluster=3)
+    with pytest.raises(ConfigError, match=r"FedFCM: run config 'fedfcm.k-max' = 1 .*Allowed"):
+        FedFCM(k_max=1)
+    with pytest.raises(ConfigError, match=r"unknown parameter\(s\) 'ae_epoch' \(did you mean "
+                                          r"'ae_epochs'\?\)"):
+        FedCRef(ae_epoch=3)
+    with pytest.raises(ConfigError, match="unknown method 'kmeans'"):
+        fedclust.simulate("kmeans", [np.zeros((3, 2))])
+    with pytest.raises(ConfigError, match="2 label arrays for 1 clients"):
+        fedclust.simulate("exact-fcm", [np.zeros((3, 2))], labels=[[0], [1]])
+    with pytest.raises(ConfigError, match="dtype complex"):
+        fedclust.simulate("exact-fcm", [np.zeros((3, 2), dtype=complex)])
+    with pytest.raises(ConfigError, match="EMD-CFL trains a classifier"):
+        fedclust.simulate("emdcfl", [np.zeros((5, 8, 8))])
+    with pytest.raises(NotImplementedError, match="inside start"):
+        ExactFCM().configure_train(1, None, None, None)

@@ -1,0 +1,153 @@
+"""Imports point one way: ``fedclust`` ← ``client_apps``, ``strategies`` ← ``server_app``.
+
+Every module's imports are read from its source (top-level and inside functions), together
+with import paths written as strings (``"strategies.exact_fcm:run"`` in a table that is
+imported later with ``importlib``). A wrong-way arrow or an import cycle fails the test; the
+one allowed exception is the user-facing facade :mod:`fedclust.api`.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = ("fedclust", "client_apps", "strategies", "server_app")
+ALLOWED = {   # layer -> layers it may import
+    "fedclust": {"fedclust"},
+    "client_apps": {"fedclust", "client_apps"},
+    "strategies": {"fedclust", "strategies"},
+    "server_app": set(LAYERS),
+}
+FACADES = {"fedclust.api"}
+TARGET = re.compile(r"^((?:fedclust|client_apps|strategies|server_app)(?:\.\w+)*)(?::\w+)?$")
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for layer in LAYERS:
+        for path in sorted((ROOT / layer).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            out[name] = path
+    return out
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """Project modules ``name`` imports (statements anywhere, and string import paths)."""
+    found: set[str] = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            targets = [f"{base}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            m = TARGET.match(node.value)
+            if m:
+                targets = [m.group(1)]
+        for t in targets:
+            # the longest known module the target names (``pkg.mod.attr`` -> ``pkg.mod``)
+            parts = t.split(".")
+            for i in range(len(parts), 0, -1):
+                if ".".join(parts[:i]) in known:
+                    found.add(".".join(parts[:i]))
+                    break
+    found.discard(name)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {name: imports_of(name, path, set(mods)) for name, path in mods.items()}
+
+
+def wrong_way(edges: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for src, dsts in sorted(edges.items()):
+        if src in FACADES:
+            continue
+        for dst in sorted(dsts):
+            if dst.split(".")[0] not in ALLOWED[src.split(".")[0]]:
+                bad.append(f"{src} -> {dst}")
+    return bad
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def package_imports(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Drop the arrows from a package ``__init__`` to its own modules (re-exports) and from a
+    module to its parent packages: they are how Python loads a package, not a dependency."""
+    return {src: {d for d in dsts if not d.startswith(src + ".") and not src.startswith(d + ".")}
+            for src, dsts in edges.items()}
+
+
+def test_no_wrong_way_import() -> None:
+    assert wrong_way(graph()) == []
+
+
+def test_no_import_cycle() -> None:
+    assert cycles(package_imports(graph())) == []
+
+
+@pytest.mark.parametrize(("edges", "bad"), [
+    ({"fedclust.a": {"strategies.b"}, "strategies.b": set()}, ["fedclust.a -> strategies.b"]),
+    ({"client_apps.a": {"strategies.b"}, "strategies.b": set()},
+     ["client_apps.a -> strategies.b"]),
+    ({"strategies.a": {"client_apps.b"}, "client_apps.b": set()},
+     ["strategies.a -> client_apps.b"]),
+    ({"server_app.a": {"strategies.b", "client_apps.c", "fedclust.d"}}, []),
+    ({"fedclust.api": {"server_app.x"}}, []),
+])
+def test_the_checker_sees_wrong_arrows(edges, bad) -> None:
+    assert wrong_way(edges) == bad
+
+
+def test_the_checker_sees_cycles_and_string_targets(tmp_path) -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    src = tmp_path / "m.py"
+    src.write_text('TABLE = {"x": "strategies.exact_fcm:run"}\n'
+                   'def f():\n    from server_app import app\n')
+    known = {"strategies.exact_fcm", "server_app", "server_app.app"}
+    assert imports_of("fedclust.m", src, known) == {"strategies.exact_fcm", "server_app.app"}
