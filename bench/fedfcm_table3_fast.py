@@ -29,9 +29,9 @@ reads it unchanged) and one line to ``OUT/jobs.jsonl``. Existing summaries are s
 Usage::
 
     # the grid (defaults: every D in 2..256 that exists, sigma 10..100, P 1/2/5/10, seeds 0..19)
-    python bench/fedfcm_table3_fast.py --out /work/runs/fedfcm_table3_fast
+    python bench/fedfcm_table3_fast.py --out runs/fedfcm_table3_fast
     # reproduce stored Flower jobs (compares best_k and every FedFuzzDB value)
-    python bench/fedfcm_table3_fast.py --check /work/runs/fedfcm_table3_kmeans/0 ...
+    python bench/fedfcm_table3_fast.py --check runs/fedfcm_table3_kmeans/0 ...
 """
 
 from __future__ import annotations
@@ -315,7 +315,7 @@ def ints(text: str) -> list[int]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="/work/runs/fedfcm_table3_fast")
+    ap.add_argument("--out", default="runs/fedfcm_table3_fast")
     ap.add_argument("--data-dir", default=os.environ.get("FEDCLUST_DATA_DIR", ""))
     ap.add_argument("--dims", type=ints, default=list(DIMS))
     ap.add_argument("--sigmas", type=ints, default=list(SIGMAS))

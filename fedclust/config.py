@@ -73,7 +73,8 @@ COMMON_KEYS: list[Key] = [
     Key("files.label-column", str, "", "dataset=files: a label column of the csv/tsv files "
         "(header name or 0-based index), as node config 'label-column'; evaluation only"),
     Key("evaluate", bool, True,
-        "compute ground-truth metrics (eval_*) on the evaluation path; false in real deployments"),
+        "compute ground-truth metrics (eval_*) on the evaluation path; a deployed node takes "
+        "part only with its node config allow-evaluation=true"),
     Key("timeout", float, 600.0, "seconds to wait for client replies per step", low=0.0,
         low_open=True),
     Key("min-clients", int, 0,
