@@ -1,5 +1,6 @@
-# SuperExec for fedclust: runs the ServerApp (pointed at the SuperLink) or the ClientApp
-# (pointed at a SuperNode). The official image has flwr; we add fedclust's dependencies.
+# SuperExec for fedclust: runs the ServerApp (pointed at the SuperLink), the ClientApp
+# (pointed at a SuperNode) or the Fleet gateway (python -m fedclust.deploy fleet-gateway).
+# The official image has flwr; we add fedclust and its dependencies.
 # Build context: the repository root (see docker/compose.yml).
 ARG FLWR_VERSION=1.41.0
 FROM flwr/superexec:${FLWR_VERSION}
