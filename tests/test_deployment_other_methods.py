@@ -80,9 +80,11 @@ def _comparable(metrics: dict[str, Any], method: str = "") -> dict[str, Any]:
             and isinstance(v, (bool, int, float, str))}
 
 
-@pytest.mark.parametrize("tls", [False, True], ids=["insecure", "tls-auth"])
-@pytest.mark.parametrize(("cfg", "files"), [(FEDCREF, fedcref_files), (EMDCFL, emdcfl_files)],
-                         ids=["fedcref", "emdcfl"])
+# One transport each (the FCM deployment tests run both): FedCRef insecure, EMD-CFL with TLS and
+# SuperNode authentication.
+@pytest.mark.parametrize(("cfg", "files", "tls"), [(FEDCREF, fedcref_files, False),
+                                                   (EMDCFL, emdcfl_files, True)],
+                         ids=["fedcref-insecure", "emdcfl-tls-auth"])
 def test_method_on_the_deployment_engine(tmp_path, cfg, files, tls):
     nodes = files(cfg, tmp_path / "data")
     out = tmp_path / "deploy"
