@@ -669,6 +669,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for k in creds.node_keys:
             print(f"SuperNode key {k} (+ .pub)")
         return 0
+    misplaced = [d for d in args.data if "=" in d and not Path(d).exists()]
+    if misplaced:
+        parser.error(f"up: {misplaced} look like run-config overrides, not data files: --data "
+                     f"takes every word after it. Put overrides before --data, e.g. "
+                     f"'up fcm.max-rounds=1 --data c0.npz c1.npz'")
     overrides = _parse_overrides(args.overrides)
     label = {"label-column": args.label_column} if args.label_column else {}
     configs = [{"data-path": str(Path(p).resolve()), **label} for p in args.data]

@@ -400,3 +400,11 @@ def test_deploy_local_keep_stops_everything_on_sigterm(tmp_path):
     assert took < 30, took
     time.sleep(1)
     assert _processes_with_env("FLWR_HOME", home) == []
+
+
+def test_up_refuses_overrides_swallowed_by_data():
+    out = subprocess.run([sys.executable, "-m", "fedclust.deploy", "up", "--tls", "--data",
+                          "c0.npz", "fcm.max-rounds=1"], capture_output=True, text=True, cwd=ROOT,
+                         timeout=60)
+    assert out.returncode == 2 and "before --data" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
