@@ -200,6 +200,8 @@ def fleet_request_head(head: bytes) -> tuple[bytes, int]:
     this request on the connection (nothing can be smuggled behind its body).
     """
     lines = head.split(b"\r\n")
+    if any(c in line for line in lines for c in (b"\r", b"\n", b"\0")):
+        raise Refused("400 Bad Request", "bare CR, LF or NUL in the request head")
     if not FLEET_REQUEST.fullmatch(lines[0]):
         raise Refused("403 Forbidden", "only the Fleet API (POST /v1/fleet/...) is served here")
     kept, length = [lines[0]], None
@@ -238,6 +240,7 @@ class FleetGateway:
     keyfile: Path | None = None
     ca_file: Path | None = None
     timeout: float = 300.0
+    _client_ctx: Any = field(default=None, init=False, repr=False)
 
     def _contexts(self) -> tuple[Any, Any]:
         import ssl
@@ -272,7 +275,8 @@ class FleetGateway:
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
                 upstream_head, length = fleet_request_head(head[:-4])
             except (asyncio.LimitOverrunError, ValueError):
-                raise Refused("431 Request Header Fields Too Large", "request head too large")
+                raise Refused("431 Request Header Fields Too Large",
+                              "request head too large") from None
             except asyncio.IncompleteReadError:
                 return
             up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(

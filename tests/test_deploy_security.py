@@ -82,7 +82,10 @@ def test_anything_but_the_fleet_api_is_refused(first_line):
     (b"\r\nContent-Length: 7", "400"),                   # two lengths
     (b"\r\n folded: header", "400"),                     # obs-fold
     (b"\r\nno colon here", "400"),
-], ids=["chunked", "two-lengths", "obs-fold", "no-colon"])
+    (b"\r\nX-A: a\nTransfer-Encoding: chunked", "400"),     # bare LF hides a header
+    (b"\r\nX-A: a\rb", "400"),
+    (b"\r\nX-A: a\0b", "400"),
+], ids=["chunked", "two-lengths", "obs-fold", "no-colon", "bare-lf", "bare-cr", "nul"])
 def test_ambiguous_bodies_and_headers_are_refused(extra, status):
     with pytest.raises(Refused) as exc:
         fleet_request_head(FLEET_HEAD + extra)
@@ -133,11 +136,13 @@ def test_gateway_forwards_exactly_one_fleet_request_and_refuses_control():
         fleet = await ask(gw_port, FLEET_HEAD + b"\r\n\r\nhello" + smuggled)
         control = await ask(gw_port, b"POST /v1/control/start-run HTTP/1.1\r\n"
                                      b"Content-Length: 0\r\n\r\n")
+        huge = await ask(gw_port, FLEET_HEAD + b"\r\nX-Pad: " + b"a" * 20000 + b"\r\n\r\nhello")
         task.cancel()
         up.close()
-        return fleet, control
+        return fleet, control, huge
 
-    fleet, control = asyncio.run(scenario())
+    fleet, control, huge = asyncio.run(scenario())
+    assert huge.startswith(b"HTTP/1.1 431")
     assert fleet.endswith(b"\r\n\r\nok") and fleet.startswith(b"HTTP/1.1 200")
     assert control.startswith(b"HTTP/1.1 403 Forbidden") and b"Fleet API" in control
     assert len(received) == 1                     # the control request never reached upstream
