@@ -100,13 +100,14 @@ class InProcessGrid(Grid):
 
 def run_server(run_config: Mapping[str, Any], num_nodes: int | None = None, **grid_kwargs: Any
                ) -> tuple[dict[str, Any], InProcessGrid]:
-    """Run the real ServerApp main against an :class:`InProcessGrid`; return (summary, grid)."""
+    """Run the method as the ServerApp does (the run config's Strategy object) against an
+    :class:`InProcessGrid`; return (summary, grid)."""
     from client_apps.app import app as client_app
-    from server_app.app import run_method
+    from strategies.methods import from_run_config
 
     from fedclust.data.sites import simulated_nodes
 
     n = int(num_nodes if num_nodes is not None else simulated_nodes(run_config, 5))
     grid = InProcessGrid(client_app, n, run_config, **grid_kwargs)
-    summary = run_method(grid, dict(run_config))
-    return summary, grid
+    strategy, rest = from_run_config(dict(run_config))
+    return strategy.start(grid, run_config=rest).summary, grid

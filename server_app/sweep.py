@@ -102,7 +102,8 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
                           f"or leave it out")
     n = int(raw or simulated_nodes(run_config, 5))
 
-    check_run_config({**run_config, "num-clients": n})      # fail fast (keys, data files), before starting any engine
+    # fail fast (keys, data files), before starting any engine
+    check_run_config({**run_config, "num-clients": n})
     if cfg.engine == "inprocess":
         from server_app.inprocess import run_server
 

@@ -129,7 +129,9 @@ class FedclustStrategy(Strategy):
         return out
 
     def run_config(self) -> dict[str, Any]:
-        """The parameters as run-config keys, ``method`` included; validated.
+        """The parameters as run-config keys, ``method`` included; each value checked against
+        its key's schema (the cross-key rules, which need the whole run config, run in
+        :meth:`start` before any message).
 
         Raises
         ------
@@ -147,10 +149,10 @@ class FedclustStrategy(Strategy):
             raise ConfigError(f"{type(self).__name__}: unknown parameter(s) {', '.join(hints)}. "
                               f"Allowed: {', '.join(sorted(names))}.")
         cfg = {"method": self.method, **{names[k]: v for k, v in self.params.items()}}
-        from fedclust.config import validate
-
+        schema = {k.name: k for k in all_keys()}
         try:
-            validate(cfg)
+            for key, value in cfg.items():
+                schema[key].parse(value)
         except ConfigError as exc:
             raise ConfigError(f"{type(self).__name__}: {exc}") from None
         return cfg
@@ -207,7 +209,7 @@ class FedclustStrategy(Strategy):
         return {**cfg, **self.run_config()}
 
     def summary(self) -> None:
-        """Log the method and its non-default parameters."""
+        """Log the method and its parameters."""
         LOG.info("%s(%s)", type(self).__name__,
                  ", ".join(f"{k}={v!r}" for k, v in sorted(self.params.items())))
 
@@ -414,3 +416,22 @@ class EMDCFL(FedclustStrategy):
 #: The strategy class of each method (``method`` run-config value).
 STRATEGIES: dict[str, type[FedclustStrategy]] = {
     cls.method: cls for cls in (ExactFCM, FedFCM, FedCRef, EMDCFL)}
+
+
+def from_run_config(run_config: Mapping[str, Any]
+                    ) -> tuple[FedclustStrategy, dict[str, Any]]:
+    """The strategy a flat run config names, and the run config's other keys (for
+    :meth:`FedclustStrategy.start`): how the ServerApp and the launchers build a method.
+
+    Raises
+    ------
+    ConfigError
+        Any bad key or value (:func:`fedclust.config.validate`).
+    """
+    from fedclust.config import validate
+
+    cls = STRATEGIES[validate(run_config)["method"]]   # every key, as flwr run --run-config
+    param_of = {key: name for name, key in cls.param_keys().items()}
+    params = {param_of[k]: v for k, v in run_config.items() if k in param_of}
+    rest = {k: v for k, v in run_config.items() if k not in param_of and k != "method"}
+    return cls(**params), rest

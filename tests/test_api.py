@@ -159,3 +159,20 @@ def test_bad_parameters_are_refused_before_any_run():
         fedclust.simulate("emdcfl", [np.zeros((5, 8, 8))])
     with pytest.raises(NotImplementedError, match="inside start"):
         ExactFCM().configure_train(1, None, None, None)
+
+
+def test_the_run_config_layer_builds_the_strategy_the_serverapp_starts():
+    from strategies.methods import from_run_config
+
+    strategy, rest = from_run_config({"method": "fedfcm", "fedfcm.k-max": 4, "scaling": "none",
+                                      "seed": 3, "dataset": "blobs"})
+    assert isinstance(strategy, FedFCM)
+    assert strategy.params["k_max"] == 4 and strategy.params["scaling"] == "none"
+    assert strategy.params["k_min"] == 2                        # the key's default
+    assert rest == {"seed": 3, "dataset": "blobs"}
+    strategy, rest = from_run_config({"method": "fedcref", "fedcref.ae-epochs": 3})
+    assert isinstance(strategy, FedCRef) and strategy.params["ae_epochs"] == 3 and rest == {}
+    with pytest.raises(ConfigError, match="run config 'method' = 'kmeans' is invalid"):
+        from_run_config({"method": "kmeans"})
+    with pytest.raises(ConfigError, match="fedfcm.k-min"):      # cross-key rules: whole config
+        from_run_config({"method": "fedfcm", "fedfcm.k-min": 5, "fedfcm.k-max": 3})
