@@ -603,16 +603,19 @@ def write_partitions(run_config: Mapping[str, Any], directory: Path) -> list[Pat
     """
     import numpy as np
 
-    from client_apps.data import simulated_partition
     from fedclust.config import validate
+    from fedclust.data.partition import make_partition
+    from fedclust.data.tabular import load_dataset
 
     cfg = validate(dict(run_config))
+    ds = load_dataset(cfg)
+    parts = make_partition(cfg["partition.kind"], ds, cfg["num-clients"], int(cfg["seed"]),
+                           float(cfg["partition.alpha"]), cfg["partition.column"])
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
-    for i in range(cfg["num-clients"]):
-        part = simulated_partition(cfg, i, cfg["num-clients"])
+    for i, idx in enumerate(parts):
         path = directory / f"c{i}.npz"
-        np.savez(path, x=part.x, y=part.y_eval)
+        np.savez(path, x=ds.x[idx], y=ds.y[idx])
         paths.append(path.resolve())
     return paths
 
