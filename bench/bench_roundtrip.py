@@ -10,7 +10,7 @@ cold start of one ClientApp process (``python -c "import client_apps.app"``), wh
 deployment message pays because each message runs in a fresh process.
 
     python bench/bench_roundtrip.py [--nodes 3] [--rounds 4] [--tls] [--secure]
-                                    [--method exact-fcm|fedfcm]
+                                    [--method exact-fcm|fedfcm] [--repeat 2]
 
 Prints one line per round and a summary; the load average is printed too, because on a shared
 2-core machine the ClientApp start-up (imports) dominates and scales with the load.
@@ -43,6 +43,70 @@ def cold_import_seconds(module: str = "client_apps.app", repeat: int = 2) -> flo
     return min(times)
 
 
+NOOP_PYPROJECT = """[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "noopapp"
+version = "1.0.0"
+dependencies = []
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "bench"
+
+[tool.flwr.app.components]
+serverapp = "noop_app:server"
+clientapp = "noop_app:client"
+
+[tool.flwr.app.config]
+trips = 6
+out = ""
+"""
+
+NOOP_APP = '''"""A Flower app that only makes round trips (the reference of bench_roundtrip.py)."""
+import json
+import time
+
+from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+server = ServerApp()
+client = ClientApp()
+
+
+@client.query("noop")
+def noop(msg: Message, context: Context) -> Message:
+    return Message(RecordDict({"metrics": MetricRecord({"ok": 1})}), reply_to=msg)
+
+
+@server.main()
+def main(grid: Grid, context: Context) -> None:
+    nodes = list(grid.get_node_ids())
+    seconds = []
+    for _ in range(int(context.run_config["trips"])):
+        t0 = time.perf_counter()
+        msgs = [Message(RecordDict(), dst_node_id=n, message_type="query.noop") for n in nodes]
+        replies = list(grid.send_and_receive(msgs, timeout=600))
+        assert len(replies) == len(nodes) and not any(r.has_error() for r in replies)
+        seconds.append(time.perf_counter() - t0)
+    with open(str(context.run_config["out"]), "w") as fh:
+        json.dump(seconds, fh)
+'''
+
+
+def noop_app(folder: Path) -> Path:
+    """Write the no-op Flower app into ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "pyproject.toml").write_text(NOOP_PYPROJECT)
+    (folder / "noop_app.py").write_text(NOOP_APP)
+    return folder
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -52,6 +116,8 @@ def main() -> int:
     ap.add_argument("--secure", action="store_true",
                     help="exact FCM with SecAgg+ sums (4 trips per round and for the final phase)")
     ap.add_argument("--method", choices=("exact-fcm", "fedfcm"), default="exact-fcm")
+    ap.add_argument("--repeat", type=int, default=2,
+                    help="fedclust and no-op runs, alternating, on one deployment")
     args = ap.parse_args()
     if args.secure and args.method != "exact-fcm":
         ap.error("--secure applies to --method exact-fcm only")
@@ -76,28 +142,42 @@ def main() -> int:
     inproc = (time.perf_counter() - t0) / (args.rounds + 2)
     print(f"reference: in-process grid {inproc * 1000:.1f} ms per round trip")
     data = write_partitions(cfg, work / "data")
+    trips_per_run = args.rounds + 2 + ((args.rounds + 1) * 3 if args.secure else 0)
+    app = noop_app(work / "noop")
+    runs, noops = [], []
     with LoopbackDeployment([{"data-path": str(p)} for p in data], tls=args.tls,
                             auth=args.tls, workdir=work / "flwr") as dep:
-        res = dep.run({**cfg, "dataset": "local", "output-dir": str(work / "deploy")})
-    if not res.ok:
-        print(res.log[-3000:])
-        print(f"run failed: {res.status}")
-        return 1
-    history = [json.loads(x) for x in (work / "deploy" / "history.jsonl").read_text()
+        for i in range(args.repeat):
+            out = work / f"deploy{i}"
+            res = dep.run({**cfg, "dataset": "local", "output-dir": str(out)})
+            if not res.ok:
+                print(res.log[-3000:])
+                print(f"run failed: {res.status}")
+                return 1
+            runs.append(json.loads((out / "summary.json").read_text())["wall_time_s"]
+                        / trips_per_run)
+            noop_out = work / f"noop{i}.json"
+            res = dep.run({"trips": trips_per_run, "out": str(noop_out)}, app_dir=app)
+            if not res.ok:
+                print(res.log[-3000:])
+                print(f"no-op run failed: {res.status}")
+                return 1
+            noops.append(statistics.median(json.loads(noop_out.read_text())))
+            print(f"pair {i}: fedclust {runs[-1]:.2f} s per round trip (whole run / "
+                  f"{trips_per_run}), no-op app {noops[-1]:.2f} s (median)")
+    history = [json.loads(x) for x in (work / "deploy0" / "history.jsonl").read_text()
                .splitlines()]
-    per_round = [h["seconds"] for h in history]
     for h in history:
         print(f"round {h['round']}: {h['seconds']:.2f} s "
               f"({h.get('contributed', h.get('replies'))} clients)")
-    med = statistics.median(per_round)
-    trips = 4 if args.secure else 1
-    total_trips = args.rounds + 2 + ((args.rounds + 1) * 3 if args.secure else 0)
+    fed, ref = statistics.median(runs), statistics.median(noops)
     print(f"deployment {args.method} ({'TLS+auth' if args.tls else 'insecure'}, {args.nodes} "
-          f"SuperNodes{', SecAgg+' if args.secure else ''}): median {med:.2f} s per round = "
-          f"{med / trips:.2f} s per round trip; whole run {res.seconds:.1f} s "
-          f"({total_trips} round trips)")
-    print(f"ratio deployment / in-process per round trip: {med / trips / inproc:.0f}x; "
-          f"round trip / cold ClientApp import: {med / trips / cold:.2f}")
+          f"SuperNodes{', SecAgg+' if args.secure else ''}): {fed:.2f} s per round trip "
+          f"({trips_per_run} round trips per run, median of {args.repeat} runs)")
+    print(f"no-op Flower app, same deployment: {ref:.2f} s per round trip")
+    print(f"ratio fedclust / no-op app per round trip: {fed / ref:.2f}")
+    print(f"ratio deployment / in-process per round trip: {fed / inproc:.0f}x; "
+          f"round trip / cold ClientApp import: {fed / cold:.2f}")
     print(f"load average after: {os.getloadavg()}")
     return 0
 
