@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedclust.engine import SimulationSuperLink
+from server_app.engine import SimulationSuperLink
 from server_app.inprocess import run_server
 
 

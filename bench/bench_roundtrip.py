@@ -1,6 +1,6 @@
 """Seconds per server↔client round trip on Flower's Deployment Engine (loopback).
 
-Starts a SuperLink + N SuperNodes (``fedclust.deploy.LoopbackDeployment``), runs exact FCM for
+Starts a SuperLink + N SuperNodes (``server_app.deploy.LoopbackDeployment``), runs exact FCM for
 R rounds with ``fcm.epsilon=0`` (so exactly R + 2 round trips: scaling, R sum rounds, final) —
 or, with ``--method fedfcm``, FedFCM with K = 2..4 in every message and ``fedfcm.tol=0``
 (R + 2 round trips: scaling, R local rounds, FedFuzzDB) — and reads each round's wall time
@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedclust.deploy import LoopbackDeployment, write_partitions  # noqa: E402
+from server_app.deploy import LoopbackDeployment, write_partitions  # noqa: E402
 
 
 def cold_import_seconds(module: str = "client_apps.app", repeat: int = 2) -> float:

@@ -124,7 +124,7 @@ def main() -> None:
     a = ap.parse_args()
 
     from fedclust.config import validate
-    from fedclust.engine import SimulationSuperLink
+    from server_app.engine import SimulationSuperLink
 
     raw = dict(p.split("=", 1) for p in a.set)
     cfg = validate({**raw, "output-dir": str(Path(a.out) / "simulation")})

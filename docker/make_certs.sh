@@ -13,7 +13,7 @@
 # (docker/make_node_key.sh DIR, i.e. ssh-keygen -t ecdsa -b 384). DEMO_NODES > 0 runs that script
 # for DEMO_NODES nodes into OUT_DIR/../nodes/client-<i>/ — for a one-host demo or a test only,
 # where "each device" is a folder on this machine.
-# Same layout as `python -m fedclust.deploy certs DIR --nodes N` (no openssl needed there).
+# Same layout as `fedclust deploy certs DIR --nodes N` (no openssl needed there).
 set -euo pipefail
 umask 077                 # keys are created 600; the public certificates are opened up below
 FORCE=() ARGS=()

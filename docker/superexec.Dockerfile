@@ -1,5 +1,5 @@
 # SuperExec for fedclust: runs the ServerApp (pointed at the SuperLink), the ClientApp
-# (pointed at a SuperNode) or the Fleet gateway (python -m fedclust.deploy fleet-gateway).
+# (pointed at a SuperNode) or the Fleet gateway (fedclust deploy fleet-gateway).
 # The official image has flwr; we add fedclust and its dependencies.
 # Build context: the repository root (see docker/compose.yml).
 ARG FLWR_VERSION=1.41.0

@@ -1,9 +1,9 @@
-"""``fedclust.simulate``: run a method on arrays in a notebook.
+"""``fedclust.simulate``: run a method on arrays in a notebook; ``fedclust deploy``.
 
 This module is the one place where :mod:`fedclust` reaches the layers above it (the
-Strategy objects, the ClientApp and the in-process engine): it imports them lazily, inside
-:func:`simulate`, so ``import fedclust`` stays light and the algorithm modules stay
-Flower-free.
+Strategy objects, the ClientApp, the in-process engine, the local deployment tool): it imports
+them lazily, inside :func:`simulate` and :func:`deploy`, so ``import fedclust`` stays light and
+the algorithm modules stay Flower-free.
 
 Every client's array is written to a file of its own in a temporary folder, and client ``i``
 reads it through node config ``data-path`` with the loader a deployed SuperNode uses; the
@@ -179,3 +179,11 @@ def _move_owner_results(grid: Any, result: RunResult) -> None:
                 dst = result.run_dir / "clients" / str(i)
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 shutil.move(str(run_folder), str(dst))
+
+
+def deploy(argv: Sequence[str]) -> int:
+    """``fedclust deploy …``: :func:`server_app.deploy.main` (``up``, ``certs``,
+    ``fleet-gateway``)."""
+    from server_app.deploy import main
+
+    return main(list(argv))

@@ -6,7 +6,7 @@
 # process, even on failure, Ctrl-C or SIGTERM.
 # The SuperLink's port (Fleet + Control + Runtime API; the Control API has no login) is bound to
 # 127.0.0.1 and used only by the operator's flwr CLI and the ServerApp SuperExec; the SuperNodes
-# dial the Fleet gateway (`python -m fedclust.deploy fleet-gateway`), which forwards nothing but
+# dial the Fleet gateway (`fedclust deploy fleet-gateway`), which forwards nothing but
 # the Fleet API. On real machines the gateway listens on the network, the SuperLink stays local.
 #
 #   scripts/deploy_local.sh [--tls] [--keep] DATA_0 DATA_1 ... [-- run-config overrides]
@@ -75,7 +75,7 @@ if [[ ${DEMO:-0} == 1 ]]; then
   python - "$WORK/data" <<'PY'
 import sys
 from pathlib import Path
-from fedclust.deploy import write_partitions
+from server_app.deploy import write_partitions
 for p in write_partitions({"method": "exact-fcm", "num-clients": 3, "seed": 0}, Path(sys.argv[1])):
     print(p)
 PY
@@ -121,7 +121,7 @@ grep -qi "address already in use" "$WORK/superlink.log" \
   && die "port $PORT is held by another program; rerun to pick a new port" superlink
 start superexec-serverapp flower-superexec --runtime-api-address "127.0.0.1:$PORT" "${EXEC_TLS[@]}"
 FLEET_PORT=$(free_port)
-start fleet-gateway python -m fedclust.deploy fleet-gateway --listen "127.0.0.1:$FLEET_PORT" \
+start fleet-gateway python -m server_app.deploy fleet-gateway --listen "127.0.0.1:$FLEET_PORT" \
   --superlink "127.0.0.1:$PORT" "${GATE_TLS[@]+"${GATE_TLS[@]}"}"
 GATE_PID=${PIDS[-1]}
 deadline=$((SECONDS + PORT_TIMEOUT))

@@ -8,7 +8,7 @@ export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 OUT=${OUT:-$PWD/outputs/default}
 python - "$OUT" "$@" <<'PY'
 import sys
-from fedclust.engine import SimulationSuperLink
+from server_app.engine import SimulationSuperLink
 out, extra = sys.argv[1], sys.argv[2:]
 cfg = {"output-dir": out}
 for item in extra:

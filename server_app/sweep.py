@@ -76,7 +76,7 @@ def bad_input_errors() -> tuple[type[Exception], ...]:
 def _flower_link():
     global _LINK
     if _LINK is None:
-        from fedclust.engine import SimulationSuperLink
+        from server_app.engine import SimulationSuperLink
 
         _LINK = SimulationSuperLink().__enter__()
         atexit.register(_LINK.__exit__, None, None, None)

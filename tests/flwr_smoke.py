@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fedclust.engine import RunOutcome, SimulationSuperLink
+from server_app.engine import RunOutcome, SimulationSuperLink
 
 
 def run_flwr(run_config: dict[str, Any], num_supernodes: int, timeout: float = 900

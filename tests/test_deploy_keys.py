@@ -73,7 +73,7 @@ def test_make_certs_makes_no_node_keys_unless_asked(tmp_path):
 
 
 def test_python_credentials_use_the_same_layout(tmp_path):
-    from fedclust.deploy import make_credentials
+    from server_app.deploy import make_credentials
 
     creds = make_credentials(tmp_path / "certs", 2)
     assert creds.node_keys == [tmp_path / "nodes" / f"client-{i}" / "client_credentials"

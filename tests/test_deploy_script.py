@@ -3,7 +3,7 @@
 The script starts a SuperLink (``--isolation process``), a ServerApp SuperExec, a Fleet gateway
 (the only address the SuperNodes dial) and, per node, a SuperNode + a ClientApp SuperExec,
 submits one run, checks its *status* and tears everything
-down. ``--demo`` writes the 3 blob partitions of ``fedclust.deploy.write_partitions`` (seed 0);
+down. ``--demo`` writes the 3 blob partitions of ``server_app.deploy.write_partitions`` (seed 0);
 ``--tls`` adds TLS and SuperNode authentication with keys from ``docker/make_certs.sh`` and
 ``docker/make_node_key.sh``. The tiny job (1 FCM round = 3 round trips) must finish with
 ``finished:completed`` and give the same centers and objective as the in-process run of the

@@ -1,6 +1,6 @@
 """Who can start a run, and key material that is never lost or exposed.
 
-- The Fleet gateway (``python -m fedclust.deploy fleet-gateway``) forwards only
+- The Fleet gateway (``python -m server_app.deploy fleet-gateway``) forwards only
   ``POST /v1/fleet/<call>`` and exactly one request per upstream connection; the Control and
   Runtime APIs, other methods, odd paths and smuggling attempts are refused (fast, in process).
 - On a loopback deployment with TLS, SuperNode authentication and the gateway, a party holding
@@ -8,7 +8,7 @@
   through the same address; the SuperLink's own port listens on 127.0.0.1 only (slow).
 - ``docker/compose.yml`` publishes the SuperLink's port on the host's loopback only and keeps the
   SuperNodes off the SuperLink's network.
-- ``docker/make_certs.sh``, ``docker/make_node_key.sh`` and ``python -m fedclust.deploy certs``
+- ``docker/make_certs.sh``, ``docker/make_node_key.sh`` and ``python -m server_app.deploy certs``
   never replace an existing CA or node key without ``--force`` and create private keys with
   mode 0600 from the start.
 - ``scripts/deploy_local.sh --keep`` stops, with every process it started, on SIGTERM (slow).
@@ -33,7 +33,8 @@ import numpy as np
 import pytest
 import yaml
 
-from fedclust.deploy import FleetGateway, Refused, fleet_request_head, make_credentials
+from server_app.deploy import make_credentials
+from server_app.fleet_gateway import FleetGateway, Refused, fleet_request_head
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"
@@ -265,13 +266,13 @@ def test_python_certs_create_keys_0600_and_never_replace_them(tmp_path, monkeypa
         make_credentials(tmp_path / "certs", 2)
     assert all(p.read_bytes() == data for p, data in before.items())
     monkeypatch.undo()
-    out = subprocess.run([sys.executable, "-m", "fedclust.deploy", "certs",
+    out = subprocess.run([sys.executable, "-m", "server_app.deploy", "certs",
                           str(tmp_path / "certs"), "--nodes", "2"],
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2 and "refusing to replace" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
     assert all(p.read_bytes() == data for p, data in before.items())
-    out = subprocess.run([sys.executable, "-m", "fedclust.deploy", "certs",
+    out = subprocess.run([sys.executable, "-m", "server_app.deploy", "certs",
                           str(tmp_path / "certs"), "--nodes", "2", "--force"],
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
@@ -316,7 +317,7 @@ def _post(address: str, path: str, ca: Path) -> int:
 
 @pytest.mark.slow
 def test_a_party_with_ca_and_fleet_address_cannot_start_a_run(tmp_path):
-    from fedclust.deploy import LoopbackDeployment
+    from server_app.deploy import LoopbackDeployment
 
     np.savez(tmp_path / "c0.npz", x=np.random.default_rng(0).random((40, 2)))
     t0 = time.monotonic()
@@ -408,7 +409,7 @@ def test_deploy_local_keep_stops_everything_on_sigterm(tmp_path):
 
 
 def test_up_refuses_overrides_swallowed_by_data():
-    out = subprocess.run([sys.executable, "-m", "fedclust.deploy", "up", "--tls", "--data",
+    out = subprocess.run([sys.executable, "-m", "server_app.deploy", "up", "--tls", "--data",
                           "c0.npz", "fcm.max-rounds=1"], capture_output=True, text=True, cwd=ROOT,
                          timeout=60)
     assert out.returncode == 2 and "before --data" in out.stderr, out.stderr

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedclust.deploy import LoopbackDeployment, write_partitions
+from server_app.deploy import LoopbackDeployment, write_partitions
 from tests.fake_grid import run_server
 
 pytestmark = pytest.mark.slow
@@ -70,7 +70,7 @@ def reference_runs(tmp_path: Path, engine: str) -> dict[str, Path]:
         for name, job in JOBS.items():
             run_server({**BASE, **job, "output-dir": str(outs[name])})
         return outs
-    from fedclust.engine import SimulationSuperLink
+    from server_app.engine import SimulationSuperLink
 
     with SimulationSuperLink(workdir=tmp_path / "sim") as link:
         for name, job in JOBS.items():
@@ -143,7 +143,7 @@ def test_unregistered_supernode_is_refused_with_auth(tmp_path):
     SuperLink's activation check (its log says so and it exits with an error), not fail for
     some other reason.
     """
-    from fedclust.deploy import CONNECTION, make_credentials
+    from server_app.deploy import CONNECTION, make_credentials
 
     data = write_partitions({**BASE, "method": "exact-fcm", "num-clients": 1}, tmp_path / "d")
     with LoopbackDeployment([{"data-path": str(data[0])}], tls=True, auth=True,

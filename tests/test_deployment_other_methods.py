@@ -18,7 +18,7 @@ import pytest
 from flwr.app import Context, RecordDict
 
 from fedclust.config import validate
-from fedclust.deploy import LoopbackDeployment
+from server_app.deploy import LoopbackDeployment
 from tests.fake_grid import run_server
 
 pytestmark = pytest.mark.slow

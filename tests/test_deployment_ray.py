@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedclust.engine import SimulationSuperLink, free_ports
+from server_app.engine import SimulationSuperLink, free_ports
 from tests.fake_grid import run_server
 
 RAY = str(Path(sys.executable).parent / "ray")   # the venv's CLI, also when not on PATH

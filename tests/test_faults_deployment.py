@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from fedclust.deploy import LoopbackDeployment, write_partitions
+from server_app.deploy import LoopbackDeployment, write_partitions
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from fedclust.engine import SimulationSuperLink
+from server_app.engine import SimulationSuperLink
 from tests.fake_grid import run_server
 
 pytestmark = pytest.mark.slow

@@ -163,7 +163,7 @@ def test_sweep_runs_site_files_with_one_node_per_file(tmp_path):
 
 @pytest.mark.slow
 def test_site_files_on_flowers_simulation_engine(tmp_path):
-    from fedclust.engine import SimulationSuperLink
+    from server_app.engine import SimulationSuperLink
 
     paths = write_sites(tmp_path / "sites")
     out = tmp_path / "run"

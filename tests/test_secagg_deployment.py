@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from fedclust.deploy import LoopbackDeployment, write_partitions
+from server_app.deploy import LoopbackDeployment, write_partitions
 from tests.fake_grid import run_server
 
 pytestmark = pytest.mark.slow

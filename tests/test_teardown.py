@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from fedclust.engine import descendants, stop_group
+from server_app.engine import descendants, stop_group
 
 LEAF = "import time; time.sleep(120)"
 MIDDLE = ("import subprocess, sys, time; "

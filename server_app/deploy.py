@@ -16,10 +16,10 @@ only a :class:`FleetGateway`, which forwards nothing but the Fleet API (``fleet_
 
 Command line::
 
-    python -m fedclust.deploy certs DIR [--nodes 3] [--force]   # TLS certs + node keys
-    python -m fedclust.deploy fleet-gateway --listen 0.0.0.0:9092 --superlink 127.0.0.1:9093 \
+    fedclust deploy certs DIR [--nodes 3] [--force]   # TLS certs + node keys
+    fedclust deploy fleet-gateway --listen 0.0.0.0:9092 --superlink 127.0.0.1:9093 \
         --certfile server.pem --keyfile server.key --ca-file ca.crt
-    python -m fedclust.deploy up --data c0.npz c1.npz c2.npz [--tls] [--workdir DIR] \
+    fedclust deploy up --data c0.npz c1.npz c2.npz [--tls] [--workdir DIR] \
         method=exact-fcm fcm.max-rounds=5                       # start, run once, tear down
 """
 
@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedclust.engine import (
+from server_app.engine import (
     APP_DIR,
     PortClash,
     RunOutcome,
@@ -55,7 +55,8 @@ from fedclust.engine import (
     wait_for_listener,
     wait_for_run,
 )
-from fedclust.engine import log_tail as _tail
+from server_app.engine import log_tail as _tail
+from server_app.fleet_gateway import FleetGateway, host_port
 
 CONNECTION = "deploy"
 
@@ -168,162 +169,6 @@ def make_credentials(directory: Path, num_nodes: int = 0,
         creds.node_pubkeys.append(pub)
     return creds
 
-
-# ----------------------------------------------------------------------------------------------
-# Fleet gateway: the only part of the SuperLink that the nodes' network may reach
-
-# Flower 1.41 serves the Fleet API (SuperNodes), the Control API (``flwr run``/``ls``/``log``,
-# no login) and the Runtime API (ServerApp SuperExecs) on ONE host:port; ``--control-api-address``
-# and ``--fleet-api-address`` are deprecated and ignored. So the SuperLink binds to the
-# operator's side only (loopback or a private network) and this gateway, on the network address
-# the nodes use, forwards nothing but ``POST /v1/fleet/<call>``.
-FLEET_REQUEST = re.compile(rb"POST /v1/fleet/[a-z][a-z-]{0,63} HTTP/1\.1")
-HEADER_NAME = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"upgrade"}
-MAX_HEAD = 16 * 1024
-MAX_BODY = 512 * 1024 * 1024
-
-
-class Refused(Exception):
-    """A request the gateway does not forward (HTTP status and a data-free reason)."""
-
-    def __init__(self, status: str, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-
-
-def fleet_request_head(head: bytes) -> tuple[bytes, int]:
-    """Check one request head; return it rewritten for one upstream request + its body size.
-
-    Only ``POST /v1/fleet/<call> HTTP/1.1`` with one ``Content-Length`` passes. Hop-by-hop
-    headers are dropped and ``Connection: close`` is added, so the SuperLink serves exactly
-    this request on the connection (nothing can be smuggled behind its body).
-    """
-    lines = head.split(b"\r\n")
-    if any(c in line for line in lines for c in (b"\r", b"\n", b"\0")):
-        raise Refused("400 Bad Request", "bare CR, LF or NUL in the request head")
-    if not FLEET_REQUEST.fullmatch(lines[0]):
-        raise Refused("403 Forbidden", "only the Fleet API (POST /v1/fleet/...) is served here")
-    kept, length = [lines[0]], None
-    for line in lines[1:]:
-        name, sep, value = line.partition(b":")
-        if not sep or not HEADER_NAME.fullmatch(name):
-            raise Refused("400 Bad Request", "malformed header line")
-        key, value = name.lower(), value.strip()
-        if key == b"transfer-encoding":
-            raise Refused("411 Length Required", "chunked bodies are not forwarded")
-        if key == b"content-length":
-            if length is not None or not value.isdigit():
-                raise Refused("400 Bad Request", "one numeric Content-Length is required")
-            length = int(value)
-        if key not in HOP_BY_HOP:
-            kept.append(line)
-    if length is None:
-        raise Refused("411 Length Required", "a Content-Length is required")
-    if length > MAX_BODY:
-        raise Refused("413 Content Too Large", f"bodies over {MAX_BODY} bytes are refused")
-    return b"\r\n".join([*kept, b"Connection: close", b"", b""]), length
-
-
-@dataclass
-class FleetGateway:
-    """Forward only Flower's Fleet API from ``listen`` to the SuperLink at ``upstream``.
-
-    With ``certfile``/``keyfile`` it serves TLS (the SuperLink's certificate, whose SANs must
-    name the address the nodes dial) and reaches the SuperLink over TLS checked against
-    ``ca_file``; without them both sides are plain HTTP (loopback demos only).
-    """
-
-    listen: tuple[str, int]
-    upstream: tuple[str, int]
-    certfile: Path | None = None
-    keyfile: Path | None = None
-    ca_file: Path | None = None
-    timeout: float = 300.0
-    _client_ctx: Any = field(default=None, init=False, repr=False)
-
-    def _contexts(self) -> tuple[Any, Any]:
-        import ssl
-
-        if not self.certfile:
-            return None, None
-        server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        server.load_cert_chain(str(self.certfile), str(self.keyfile))
-        client = ssl.create_default_context(cafile=str(self.ca_file) if self.ca_file else None)
-        return server, client
-
-    async def serve(self, ready: Any = None) -> None:
-        import asyncio
-
-        server_ctx, self._client_ctx = self._contexts()
-        server = await asyncio.start_server(self._handle, *self.listen, ssl=server_ctx,
-                                            limit=MAX_HEAD)
-        print(f"fleet gateway: {self.listen[0]}:{self.listen[1]} -> "
-              f"{self.upstream[0]}:{self.upstream[1]} ({'TLS' if server_ctx else 'plain'}); "
-              f"only POST /v1/fleet/* is forwarded", file=sys.stderr, flush=True)
-        if ready is not None:
-            ready.set()
-        async with server:
-            await server.serve_forever()
-
-    async def _handle(self, reader: Any, writer: Any) -> None:
-        import asyncio
-
-        peer, head = writer.get_extra_info("peername"), b""
-        try:
-            try:
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
-                upstream_head, length = fleet_request_head(head[:-4])
-            except (asyncio.LimitOverrunError, ValueError):
-                raise Refused("431 Request Header Fields Too Large",
-                              "request head too large") from None
-            except asyncio.IncompleteReadError:
-                return
-            up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(
-                *self.upstream, ssl=self._client_ctx), 30)
-            try:
-                up_writer.write(upstream_head)
-                while length:
-                    chunk = await asyncio.wait_for(reader.read(min(length, 1 << 20)),
-                                                   self.timeout)
-                    if not chunk:
-                        return
-                    up_writer.write(chunk)
-                    length -= len(chunk)
-                    await up_writer.drain()
-                while chunk := await asyncio.wait_for(up_reader.read(1 << 20), self.timeout):
-                    writer.write(chunk)
-                    await writer.drain()
-            finally:
-                up_writer.close()
-        except Refused as exc:
-            line = head.split(b"\r\n", 1)[0][:80]
-            print(f"fleet gateway: refused {line!r} from {peer}: {exc}", file=sys.stderr,
-                  flush=True)
-            body = f"fedclust fleet gateway: {exc}\n".encode()
-            writer.write(f"HTTP/1.1 {exc.status}\r\nContent-Type: text/plain\r\n"
-                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-                         .encode() + body)
-        except (OSError, asyncio.TimeoutError) as exc:
-            print(f"fleet gateway: {peer}: {type(exc).__name__}: {exc}", file=sys.stderr,
-                  flush=True)
-        finally:
-            try:
-                await writer.drain()
-            except OSError:
-                pass
-            writer.close()
-
-
-def _host_port(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
-    return host.strip("[]"), int(port)
-
-
-# ----------------------------------------------------------------------------------------------
-# Processes
 
 @dataclass
 class Node:
@@ -454,7 +299,7 @@ class LoopbackDeployment(TornDown):
                 if attempt == attempts - 1:
                     raise PortClash(f"SuperLink: {attempts} ports in a row were taken by other "
                                     f"processes; last: {exc}") from exc
-                print(f"fedclust.deploy: port {self.port} was taken by another process; "
+                print(f"fedclust deploy: port {self.port} was taken by another process; "
                       f"retrying the SuperLink on a new port", file=sys.stderr, flush=True)
                 self.port = free_port()
                 continue
@@ -467,7 +312,7 @@ class LoopbackDeployment(TornDown):
         log = self.home / "fleet-gateway.log"
         for attempt in range(3):
             self.gateway_port = free_port()
-            cmd = [sys.executable, "-m", "fedclust.deploy", "fleet-gateway", "--listen",
+            cmd = [sys.executable, "-m", "server_app.deploy", "fleet-gateway", "--listen",
                    self.fleet_address, "--superlink", self.address]
             if self.creds:
                 cmd += ["--certfile", str(self.creds.server_cert), "--keyfile",
@@ -631,7 +476,7 @@ def _parse_overrides(items: Sequence[str]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fedclust.deploy", description=__doc__,
+    parser = argparse.ArgumentParser(prog="fedclust deploy", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("certs", help="make a CA, a SuperLink certificate and node keys")
@@ -644,9 +489,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "register the new keys afterwards)")
     g = sub.add_parser("fleet-gateway", help="serve only the Fleet API of a SuperLink on a "
                                              "network address (run next to the SuperLink)")
-    g.add_argument("--listen", type=_host_port, required=True,
+    g.add_argument("--listen", type=host_port, required=True,
                    help="HOST:PORT the SuperNodes dial, e.g. 0.0.0.0:9092")
-    g.add_argument("--superlink", type=_host_port, required=True,
+    g.add_argument("--superlink", type=host_port, required=True,
                    help="HOST:PORT of the SuperLink, bound where only the operator reaches it")
     g.add_argument("--certfile", type=Path, help="TLS certificate (the SuperLink's server.pem)")
     g.add_argument("--keyfile", type=Path, help="its private key (server.key)")
@@ -670,7 +515,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             creds = make_credentials(args.directory, args.nodes,
                                      (*DEFAULT_HOSTS, *(args.host or ())), force=args.force)
         except FileExistsError as exc:
-            print(f"python -m fedclust.deploy certs: {exc}", file=sys.stderr)
+            print(f"fedclust deploy certs: {exc}", file=sys.stderr)
             return 2
         print(f"CA {creds.ca_cert}\nSuperLink cert {creds.server_cert} key {creds.server_key}")
         for k in creds.node_keys:

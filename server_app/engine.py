@@ -274,7 +274,7 @@ class SimulationSuperLink(TornDown):
     """A private ``flower-superlink --simulation`` on 127.0.0.1 (context manager).
 
     SIGTERM to the Python process is turned into a clean teardown (as in
-    :class:`fedclust.deploy.LoopbackDeployment`); a port taken by another program between
+    :class:`server_app.deploy.LoopbackDeployment`); a port taken by another program between
     choosing and binding it is detected and a new port is tried.
     """
 
