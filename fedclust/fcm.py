@@ -13,6 +13,10 @@ and the center update (paper 004 eq. 3–6) is
 where client :math:`m` computes the *local sums* :math:`U^{(m)}_c=\sum_{j}\mu^m_{c,j}` and
 :math:`WS^{(m)}_c=\sum_j \mu^m_{c,j}x_j` (Algorithm 2, ``LocalSums``). Because both sums
 decompose over disjoint clients, the federated update equals the centralized one exactly.
+
+This module is numpy only (clients import it). The scikit-learn estimator ``FuzzyCMeans`` is
+defined in :mod:`fedclust.estimators`; ``from fedclust.fcm import FuzzyCMeans`` imports it there
+on first use.
 """
 
 from __future__ import annotations
@@ -274,104 +278,11 @@ def fcm_until_stable(x: ArrayLike, centers: ArrayLike, m: float = 2.0, tol: floa
     return v, u, n_iter
 
 
-class FuzzyCMeans:
-    """Centralized fuzzy c-means (Bezdek), scikit-learn style.
+def __getattr__(name: str) -> object:
+    # The estimator imports scikit-learn (about a second per ClientApp start): it lives in
+    # fedclust.estimators and is imported on first access, so `import fedclust.fcm` stays light.
+    if name == "FuzzyCMeans":
+        from fedclust.estimators import FuzzyCMeans
 
-    Parameters
-    ----------
-    n_clusters : int
-    m : float, default 2.0
-        Fuzzifier, ``m > 1``.
-    tol : float, default 0.005
-        Stop when the Frobenius norm of the center change is below ``tol`` (paper 004).
-    max_iter : int, default 30
-    init : {"uniform", "k-means++"} or ndarray of shape (n_clusters, n_features)
-        ``"uniform"`` draws centers uniformly in the data's bounding box, as the federated
-        server does from the federated bounds.
-    random_state : int, Generator or None
-
-    Attributes
-    ----------
-    cluster_centers_ : ndarray (n_clusters, n_features)
-    n_iter_ : int
-    converged_ : bool
-    shifts_ : list of float
-    """
-
-    _PARAMS = ("n_clusters", "m", "tol", "max_iter", "init", "random_state")
-
-    def __init__(self, n_clusters: int = 3, m: float = 2.0, tol: float = 0.005,
-                 max_iter: int = 30, init: str | ArrayLike = "uniform",
-                 random_state: int | np.random.Generator | None = None) -> None:
-        self.n_clusters, self.m, self.tol, self.max_iter = n_clusters, m, tol, max_iter
-        self.init, self.random_state = init, random_state
-
-    # scikit-learn's estimator protocol (``clone``, grid search) without importing sklearn on
-    # the client path: clients construct this class in every message.
-    def get_params(self, deep: bool = True) -> dict[str, object]:
-        """Constructor parameters, as :meth:`sklearn.base.BaseEstimator.get_params`."""
-        return {name: getattr(self, name) for name in self._PARAMS}
-
-    def set_params(self, **params: object) -> FuzzyCMeans:
-        """Set constructor parameters; unknown names raise ``ValueError``."""
-        for name, value in params.items():
-            if name not in self._PARAMS:
-                raise ValueError(f"invalid parameter {name!r} for FuzzyCMeans; "
-                                 f"valid: {', '.join(self._PARAMS)}")
-            setattr(self, name, value)
-        return self
-
-    def __repr__(self) -> str:
-        return f"FuzzyCMeans({', '.join(f'{k}={v!r}' for k, v in self.get_params().items())})"
-
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "cluster_centers_"):
-            from sklearn.exceptions import NotFittedError
-
-            raise NotFittedError("This FuzzyCMeans instance is not fitted yet: call fit(X) "
-                                 "before predict or predict_proba.")
-
-    def _validate(self, x: Float) -> None:
-        if not isinstance(self.n_clusters, (int, np.integer)) or self.n_clusters < 1:
-            raise ValueError(f"n_clusters must be a positive int, got {self.n_clusters!r}")
-        problem = fuzzifier_problem(self.m, self.n_clusters)
-        if problem is not None:
-            raise ValueError(f"FuzzyCMeans: {problem}")
-        if self.tol < 0 or self.max_iter < 1:
-            raise ValueError("tol must be >= 0 and max_iter >= 1")
-        if x.shape[0] < self.n_clusters:
-            raise ValueError(f"n_samples={x.shape[0]} < n_clusters={self.n_clusters}")
-
-    def _initial_centers(self, x: Float) -> Float:
-        if isinstance(self.init, str):
-            if self.init == "uniform":
-                return random_centers(x.min(0), x.max(0), self.n_clusters, self.random_state)
-            if self.init == "k-means++":
-                return kmeans_plusplus_centers(x, self.n_clusters, self.random_state)
-            raise ValueError(f"init must be 'uniform', 'k-means++' or an array, got {self.init!r}")
-        centers = _as_2d(self.init, "init")
-        if centers.shape != (self.n_clusters, x.shape[1]):
-            raise ValueError(f"init has shape {centers.shape}, expected "
-                             f"{(self.n_clusters, x.shape[1])}")
-        return centers
-
-    def fit(self, x: ArrayLike, y: object = None) -> FuzzyCMeans:
-        x = _as_2d(x)
-        self._validate(x)
-        res = fcm_from_centers(x, self._initial_centers(x), self.m, self.tol, self.max_iter)
-        self.cluster_centers_, self.n_iter_ = res.centers, res.n_iter
-        self.converged_, self.shifts_ = res.converged, res.shifts
-        return self
-
-    def predict_proba(self, x: ArrayLike) -> Float:
-        """Memberships ``(n, n_clusters)``; rows sum to 1."""
-        self._check_fitted()
-        return memberships(x, self.cluster_centers_, self.m)
-
-    def predict(self, x: ArrayLike) -> NDArray[np.int64]:
-        """Index of the highest membership (= the nearest center)."""
-        self._check_fitted()
-        return squared_distances(_as_2d(x), self.cluster_centers_).argmin(axis=1)
-
-    def fit_predict(self, x: ArrayLike, y: object = None) -> NDArray[np.int64]:
-        return self.fit(x).predict(x)
+        return FuzzyCMeans
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
