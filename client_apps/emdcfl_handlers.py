@@ -10,9 +10,11 @@ Actions (message type → what the client does → what it sends back):
   experiments only).
 - ``query.emdcfl_embed``: receives every participant's model and public key; for each peer
   ``c`` derives the pair projection ``R`` from the X25519 shared secret (HKDF; the server never
-  sees it) and sends projected, subsampled embeddings: its own train (``src``) and val
-  (``ref``) under its own model, and its val under ``c``'s model (``tgt``). One message for all
-  pairs.
+  sees it) and sends projected, subsampled embeddings: its own train under its own model
+  (``src``) and its val under ``c``'s model (``tgt``), plus the scalar reference
+  ``W(train, val)`` under its own model and ``R`` (metric record ``reference``), computed here
+  from the same ``src`` subsample; its own-model val embeddings never leave. One message for
+  all pairs.
 - ``train.emdcfl_ifca``: IFCA — picks the cluster model with the lowest validation loss, trains
   it → weights, choice.
 - ``evaluate.emdcfl_eval``: test accuracy of the received model (ground truth returned only
@@ -33,7 +35,7 @@ from itertools import chain
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message
+from flwr.app import ConfigRecord, Context, Message, MetricRecord
 
 from client_apps.app import app
 from client_apps.common import reply, run_config
@@ -111,8 +113,11 @@ def model_spec(cfg: dict[str, Any]):
     return spec_from_config(cfg)
 
 
-def weights_of(record: ArrayRecord) -> list[np.ndarray]:
-    return [record[str(i)].numpy() for i in range(len(record))]
+def weights_from_record(record) -> list[np.ndarray]:
+    """The model layers of an ArrayRecord (torch is imported on first use, not with the app)."""
+    from fedclust.emdcfl.model import weights_from_record as read
+
+    return read(record)
 
 
 def _train_seed(cfg: dict[str, Any], context: Context, rnd: int) -> int:
@@ -152,7 +157,7 @@ def train_local_handler(msg: Message, context: Context) -> Message:
     cfg = run_config(context)
     device = _device(cfg, context)
     conf = msg.content.config_records["config"]
-    (weights, loss), n = _train(cfg, context, weights_of(msg.content.array_records["model"]),
+    (weights, loss), n = _train(cfg, context, weights_from_record(msg.content.array_records["model"]),
                                 int(conf["round"]), device)
     arrays = {"model": {str(i): w for i, w in enumerate(weights)}}
     if bool(conf.get("keygen", False)):
@@ -162,6 +167,7 @@ def train_local_handler(msg: Message, context: Context) -> Message:
 
 @app.query("emdcfl_embed")
 def embed_handler(msg: Message, context: Context) -> Message:
+    from fedclust.emdcfl.excess import Solver, reference_distance
     from fedclust.emdcfl.model import embed, embed_many
     from fedclust.emdcfl.privacy import PairContext
 
@@ -182,27 +188,32 @@ def embed_handler(msg: Message, context: Context) -> Message:
         me_in_pair = key_id(bytes(context.state.config_records[KEY_STATE]["public"]))
     else:
         me_in_pair = me
-    own = weights_of(msg.content.array_records[f"m:{me}"])
+    own = weights_from_record(msg.content.array_records[f"m:{me}"])
     e_train = embed(spec, own, data.x_train, device=device)
     others = [int(i) for i in ids.tolist() if int(i) != me]
     pub_of = {int(i): p.tobytes() for i, p in zip(ids.tolist(), pubs)}
     # own val under every model (own first): images converted once, no module per peer,
     # peer models deserialised one at a time
-    models = chain([own], (weights_of(msg.content.array_records[f"m:{peer}"])
+    models = chain([own], (weights_from_record(msg.content.array_records[f"m:{peer}"])
                            for peer in others))
     e_vals = embed_many(spec, models, data.x_val, device=device)
     e_val = e_vals[0]
     cap, ratio = cfg["emdcfl.max-samples"], cfg["emdcfl.proj-ratio"]
-    src, ref, tgt = {}, {}, {}
+    solver = Solver.from_config(cfg)
+    src, tgt, reference = {}, {}, {}
     for peer, e_peer in zip(others, e_vals[1:]):
         peer_in_pair = key_id(pub_of[peer]) if simulated else peer
         pair = PairContext(private, me_in_pair, peer_in_pair, pub_of[peer], spec.embed_dim,
                            ratio)
         src[str(peer)] = pair.project(e_train, cap)        # W(train_me, ·) source cloud
-        ref[str(peer)] = pair.project(e_val, cap)          # reference W(train_me, val_me)
+        own_val = pair.project(e_val, cap)                 # never sent
         tgt[str(peer)] = pair.project(e_peer, cap)         # val_me under peer's model
-    return reply(msg, arrays={"src": src, "ref": ref, "tgt": tgt},
-                 metrics={"num-pairs": len(src)})
+        # the paper's reference W(train_me, val_me), under R of this pair, from the same
+        # source subsample the server gets: only the scalar leaves the node
+        reference[str(peer)] = reference_distance(src[str(peer)], own_val, solver)
+    out = reply(msg, arrays={"src": src, "tgt": tgt}, metrics={"num-pairs": len(src)})
+    out.content["reference"] = MetricRecord(reference)
+    return out
 
 
 @app.train("emdcfl_ifca")
@@ -214,7 +225,7 @@ def ifca_handler(msg: Message, context: Context) -> Message:
     spec, data = model_spec(cfg), client_data(context, cfg)
     conf = msg.content.config_records["config"]
     k = int(conf["k"])
-    models = [weights_of(msg.content.array_records[f"c:{j}"]) for j in range(k)]
+    models = [weights_from_record(msg.content.array_records[f"c:{j}"]) for j in range(k)]
     losses = np.array([evaluate(spec, w, data.x_val, data.y_val, device=device)[0]
                        for w in models])
     choice = int(np.argmin(losses))
@@ -263,7 +274,7 @@ def eval_handler(msg: Message, context: Context) -> Message:
     cfg = run_config(context)
     device = _device(cfg, context)
     spec, data = model_spec(cfg), client_data(context, cfg)
-    weights = weights_of(msg.content.array_records["model"])
+    weights = weights_from_record(msg.content.array_records["model"])
     metrics: dict[str, Any] = {"num-test": len(data.y_test)}
     # the owner's own test labels: its accuracy stays on the node unless evaluate=true
     loss, acc = evaluate(spec, weights, data.x_test, data.y_test, device=device)

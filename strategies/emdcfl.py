@@ -33,229 +33,55 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import RecordDict
 from flwr.serverapp import Grid
 
-from fedclust.emdcfl.cluster import (
-    Participation,
-    cluster_fedavg,
-    neighbourhood_clusters,
-    recluster_models,
-    threshold_adjacency,
-)
-from fedclust.emdcfl.distance import pairwise_wasserstein
+from fedclust.emdcfl.cluster import Participation, cluster_fedavg, recluster_models
+from fedclust.emdcfl.excess import PairClouds, Solver, cluster_clients
 from fedclust.emdcfl.model import init_weights
 from fedclust.emdcfl.privacy import projection_dim
-from fedclust.metrics import adjusted_rand
 from fedclust.results import Progress, RunRecorder
-from strategies.common import (
-    Exchange,
-    arrays,
-    check_each,
-    connected_clients,
-    result_record,
-    send_and_collect,
+from strategies.common import arrays, check_each, connected_clients, send_and_collect
+from strategies.emdcfl_baselines import run_baseline
+from strategies.emdcfl_common import (
+    Traffic,
+    Weights,
+    dropped,
+    evaluate_models,
+    finish_metrics,
+    model_record,
+    require_replies,
+    spec_of,
+    train_round,
 )
-from strategies.emdcfl_replies import embed_reply, eval_reply, final_reply, train_reply
+from strategies.emdcfl_replies import embed_reply
 
 LOG = logging.getLogger("fedclust")
-Weights = list[np.ndarray]
 
-
-# ----------------------------------------------------------------------------------------------
-# helpers shared with strategies/emdcfl_baselines.py
-
-class Traffic:
-    """Bytes and seconds of every exchange, split into clustering and training."""
-
-    def __init__(self) -> None:
-        self.sent = self.received = 0
-        self.seconds = {"training": 0.0, "clustering": 0.0, "evaluation": 0.0}
-
-    def add(self, ex: Exchange, kind: str) -> None:
-        self.sent += ex.bytes_sent
-        self.received += ex.bytes_received
-        self.seconds[kind] += ex.seconds
-
-
-def model_record(weights: Weights) -> ArrayRecord:
-    return arrays(**{str(i): np.asarray(w) for i, w in enumerate(weights)})
-
-
-def read_model(record: ArrayRecord) -> Weights:
-    return [record[str(i)].numpy() for i in range(len(record))]
-
-
-def spec_of(cfg: dict[str, Any]):
-    from client_apps.emdcfl_handlers import model_spec
-
-    return model_spec(cfg)
-
-
-def shapes_of(weights: Weights) -> list[tuple[int, ...]]:
-    """Array shapes of a model (what every client reply must match)."""
-    return [tuple(np.shape(w)) for w in weights]
-
-
-def require_replies(ex: Exchange, phase: str) -> None:
-    """Stop the run when a phase kept no client, naming the phase and every node's reason.
-
-    Raises
-    ------
-    RuntimeError
-        ``ex`` has no usable reply.
-    """
-    if ex.replies:
-        return
-    reasons = "; ".join(f"node {n}: {why}" for n, why in sorted(ex.failed.items()))
-    raise RuntimeError(
-        f"EMD-CFL phase '{phase}': no client left — every reply was missing, an error or "
-        f"rejected ({reasons or 'no client was asked'}). Fix the cause named above (e.g. "
-        "data-dir, node data-path files, timeout) and run again.")
-
-
-def dropped(ex: Exchange, phase: str = "") -> dict[str, str]:
-    """``history.jsonl`` ``dropped_nodes`` of one exchange: node id → reason."""
-    return {str(n): f"{phase}{why}" for n, why in sorted(ex.failed.items())}
-
-
-def train_round(grid: Grid, cfg: dict[str, Any], models: dict[int, Weights], rnd: int,
-                keygen: bool, traffic: Traffic) -> tuple[dict[int, Weights], dict[int, int],
-                                                         dict[int, float], dict[int, bytes],
-                                                         Exchange]:
-    """Each node in ``models`` trains its model; returns new models, sizes, losses, pub keys."""
-    conf = ConfigRecord({"round": rnd, "keygen": keygen})
-
-    def content(nid: int) -> RecordDict:
-        return RecordDict({"model": model_record(models[nid]), "config": conf})
-
-    shapes = shapes_of(next(iter(models.values()))) if models else []
-    ex = send_and_collect(grid, sorted(models), content, "train.emdcfl_local", f"train-{rnd}",
-                          cfg["timeout"], validate=train_reply(shapes, keygen))
-    traffic.add(ex, "training")
-    require_replies(ex, f"train-{rnd}")
-    new, counts, losses, pubs = {}, {}, {}, {}
-    for nid, rd in ex.replies.items():
-        new[nid] = read_model(rd.array_records["model"])
-        counts[nid] = int(rd.metric_records["metrics"]["num-examples"])
-        losses[nid] = float(rd.metric_records["metrics"]["train-loss"])
-        if keygen:
-            pubs[nid] = rd.array_records["pub"]["key"].numpy().astype(np.uint8).tobytes()
-    return new, counts, losses, pubs, ex
-
-
-def save_final_models(recorder: RunRecorder, cfg: dict[str, Any], models: dict[int, Weights],
-                      found: dict[int, int]) -> None:
-    """``models/cluster_<c>.pt`` for every final cluster (a torch ``state_dict``) and
-    ``models/clusters.json`` (network shape, file and client ids of every cluster)."""
-    from fedclust.emdcfl.predict import save_cluster_models
-
-    members: dict[int, list[int]] = {}
-    for n in sorted(models):
-        members.setdefault(found[n], []).append(n)
-    save_cluster_models(recorder.dir, spec_of(cfg),
-                        {c: models[ns[0]] for c, ns in members.items()}, members)
-
-
-def evaluate_models(grid: Grid, cfg: dict[str, Any], models: dict[int, Weights],
-                    found: dict[int, int], traffic: Traffic, recorder: RunRecorder
-                    ) -> dict[str, Any]:
-    """The final message: every node gets its final (cluster) model, its cluster id and the
-    results folder (config record ``"result"``) and keeps them for its data owner; with
-    ``evaluate=true`` it also reports its test accuracy and ground truth, and the server computes
-    the ARI of ``found``. The server saves every cluster's model first.
-    """
-    num_clusters = len(set(found.values()))
-    out: dict[str, Any] = {"num_clusters": num_clusters,
-                           "clusters": [found[n] for n in sorted(found)]}
-    save_final_models(recorder, cfg, models, found)
-
-    def content(nid: int) -> RecordDict:
-        result = result_record(recorder.dir)
-        result["cluster"], result["num-clusters"] = int(found[nid]), num_clusters
-        return RecordDict({"model": model_record(models[nid]), "result": result})
-
-    ex = send_and_collect(grid, sorted(models), content, "evaluate.emdcfl_eval", "evaluate",
-                          cfg["timeout"],
-                          validate=eval_reply() if cfg["evaluate"] else final_reply())
-    traffic.add(ex, "evaluation")
-    if not cfg["evaluate"]:      # training is over: a node that missed its model is only named
-        out["final_dropped_nodes"] = dropped(ex)
-        return out
-    require_replies(ex, "evaluate")
-    out["eval_dropped_nodes"] = dropped(ex)
-    accs = {n: float(rd.metric_records["metrics"]["test-acc"]) for n, rd in ex.replies.items()}
-    truth = {n: int(rd.metric_records["metrics"]["cluster"]) for n, rd in ex.replies.items()}
-    bd = [float(rd.metric_records["metrics"]["backdoor-acc"]) for rd in ex.replies.values()
-          if "backdoor-acc" in rd.metric_records["metrics"]]
-    nodes = sorted(set(truth) & set(found))
-    out.update({
-        "eval_acc_mean": float(np.mean(list(accs.values()))) if accs else float("nan"),
-        "eval_acc_worst": float(np.min(list(accs.values()))) if accs else float("nan"),
-        "eval_ari": adjusted_rand([truth[n] for n in nodes], [found[n] for n in nodes]),
-        "eval_truth": [truth.get(n, -1) for n in sorted(found)],
-        "eval_acc_per_client": [accs.get(n, float("nan")) for n in sorted(found)],
-    })
-    if bd:
-        out["eval_backdoor_acc_targets"] = float(np.mean(bd))
-    return out
-
-
-def finish_metrics(out: dict[str, Any], traffic: Traffic, t_start: float) -> dict[str, Any]:
-    total = time.perf_counter() - t_start
-    out.update({"bytes_sent": traffic.sent, "bytes_received": traffic.received,
-                "training_s": traffic.seconds["training"],
-                "clustering_s": traffic.seconds["clustering"],
-                "evaluation_s": traffic.seconds["evaluation"], "total_s": total})
-    return out
-
-
-# ----------------------------------------------------------------------------------------------
-# EMD-CFL
-
-Clouds = dict[str, dict[str, np.ndarray]]      # "src"/"ref"/"tgt" → peer id → (n, k) cloud
+# "src"/"tgt" → peer id → (n, k) cloud; "reference" → peer id → W(train_c, val_c) (a float)
+Replies = dict[str, dict[str, Any]]
 WARN_MESSAGE_MIB = 256.0     # larger embedding messages: warn (memory, gRPC) and name the fix
 
 
-def emd_matrix(replies: dict[int, Clouds], order: list[int], cfg: dict[str, Any]
-               ) -> tuple[np.ndarray, np.ndarray, float]:
-    """``W[c,o] = W(train_c, val_o)``, ``excess[c,o] = W[c,o] − W(train_c, val_c)`` (NaN if not
-    measured), both with the pair's projection; and the solve time in seconds."""
-    index = {n: i for i, n in enumerate(order)}
-    jobs, where = [], []
+def pair_inputs(replies: dict[int, Replies], order: list[int]
+                ) -> dict[tuple[int, int], PairClouds]:
+    """Every ordered pair ``(c, o)`` whose three inputs arrived: ``c``'s ``src`` cloud and
+    reference for ``o``, and ``o``'s ``tgt`` cloud for ``c``."""
+    out = {}
     for c in order:
         if c not in replies:
             continue
-        src, ref = replies[c]["src"], replies[c]["ref"]
+        src, ref = replies[c]["src"], replies[c]["reference"]
         for o in order:
-            if o == c or o not in replies or str(o) not in src:
+            if o == c or o not in replies or str(o) not in src or str(o) not in ref:
                 continue
             tgt = replies[o]["tgt"]
-            if str(c) not in tgt:
-                continue
-            s = src[str(o)]
-            jobs += [(s, tgt[str(c)]), (s, ref[str(o)])]
-            where.append((index[c], index[o]))
-    t0 = time.perf_counter()
-    values = pairwise_wasserstein(jobs, cfg["emdcfl.metric"], cfg["emdcfl.solver"],
-                                  cfg["emdcfl.num-itermax"], cfg["emdcfl.sinkhorn-reg"],
-                                  cfg["emdcfl.workers"])
-    seconds = time.perf_counter() - t0
-    n = len(order)
-    w, ref_w = np.full((n, n), np.nan), np.full((n, n), np.nan)
-    for k, (i, j) in enumerate(where):
-        w[i, j], ref_w[i, j] = values[2 * k], values[2 * k + 1]
-    excess = w - ref_w
-    with warnings.catch_warnings():    # a client without any measured pair: NaN, no warning
-        warnings.simplefilter("ignore", RuntimeWarning)
-        diag = np.nanmean(ref_w, axis=1) if np.isfinite(ref_w).any() else np.full(n, np.nan)
-    np.fill_diagonal(w, diag)          # diagonal: mean reference distance W(train_c, val_c)
-    np.fill_diagonal(excess, 0.0)
-    return w, excess, seconds
+            if str(c) in tgt:
+                out[(c, o)] = PairClouds(src[str(o)], tgt[str(c)], float(ref[str(o)]))
+    return out
 
 
 def peer_batches(members: list[int], batch: int) -> list[list[int]]:
@@ -305,7 +131,7 @@ def cluster_step(grid: Grid, cfg: dict[str, Any], seen: list[int], latest: dict[
     message_mib = warn_message_size(latest[members[0]], members, cfg["emdcfl.embed-batch"]) \
         if members else 0.0
     records = {n: model_record(latest[n]) for n in members}    # shared by all messages
-    clouds: dict[int, Clouds] = {n: {"src": {}, "ref": {}, "tgt": {}} for n in members}
+    clouds: dict[int, Replies] = {n: {"src": {}, "tgt": {}, "reference": {}} for n in members}
     failed: dict[int, str] = {}
     embed_s = 0.0
     for b, batch in enumerate(batches):
@@ -327,21 +153,19 @@ def cluster_step(grid: Grid, cfg: dict[str, Any], seen: list[int], latest: dict[
         embed_s += ex.seconds
         failed.update(ex.failed)
         for nid, rd in ex.replies.items():
-            for record in ("src", "ref", "tgt"):
+            for record in ("src", "tgt"):
                 clouds[nid][record].update(
                     {k: v.numpy() for k, v in rd.array_records[record].items()})
+            clouds[nid]["reference"].update(dict(rd.metric_records["reference"]))
     answered = {n: clouds[n] for n in members if n not in failed}
-    t0 = time.perf_counter()
-    w, excess, emd_s = emd_matrix(answered, members, cfg)
-    adj = threshold_adjacency(excess, cfg["emdcfl.epsilon"])
-    for i, n in enumerate(members):          # a client that did not answer stays a singleton
-        if n not in answered:
-            adj[i, :] = adj[:, i] = False
-            adj[i, i] = True
-    labels = neighbourhood_clusters(adj)
-    traffic.seconds["clustering"] += time.perf_counter() - t0
-    info = {"emd": w, "excess": excess, "adjacency": adj, "members": members,
-            "emd_s": emd_s, "embed_s": embed_s, "embed_messages": len(batches),
+    # a client that did not answer has no pair: no edge, it stays a singleton
+    found = cluster_clients(members, pair_inputs(answered, members), cfg["emdcfl.epsilon"],
+                            Solver.from_config(cfg), lazy=not cfg["emdcfl.full-matrix"])
+    traffic.seconds["clustering"] += found.seconds
+    labels = found.labels
+    info = {"emd": found.distance, "excess": found.excess, "adjacency": found.adjacency,
+            "members": members, "emd_s": found.seconds, "emd_solves": found.solves,
+            "emd_skipped": found.skipped, "embed_s": embed_s, "embed_messages": len(batches),
             "embed_message_mib": message_mib,
             "dropped": {str(n): f"embed: {why}" for n, why in sorted(failed.items())}}
     return {n: int(labels[i]) for i, n in enumerate(members)}, info
@@ -397,6 +221,8 @@ def run_emdcfl(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[s
                                                     counts, init)
             labels = new_labels
             record.update({"reclustered": True, "kept_clusters": kept, "emd_s": info["emd_s"],
+                           "emd_solves": info["emd_solves"],
+                           "emd_skipped": info["emd_skipped"],
                            "embed_s": info["embed_s"],
                            "embed_messages": info["embed_messages"],
                            "embed_message_mib": info["embed_message_mib"],
@@ -470,8 +296,6 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     if algorithm == "emdcfl":
         out = run_emdcfl(grid, cfg, recorder)
     else:
-        from strategies.emdcfl_baselines import run_baseline
-
         out = run_baseline(algorithm, grid, cfg, recorder)
     out["algorithm"] = algorithm
     history_drops = [h.get("dropped_nodes") or {} for h in recorder.history]

@@ -26,20 +26,19 @@ import numpy as np
 from flwr.app import ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
-from fedclust.emdcfl.baselines import cfl_bipartition, cfl_should_split, flatten, update_norms
+from fedclust.emdcfl.baselines import CFLState, cfl_step, ifca_models
 from fedclust.emdcfl.cluster import cluster_fedavg
 from fedclust.emdcfl.data import GROUND_TRUTH
 from fedclust.emdcfl.keys import dataset_name
-from fedclust.emdcfl.model import init_weights
+from fedclust.emdcfl.model import init_weights, weights_from_record
 from fedclust.results import Progress, RunRecorder
 from strategies.common import connected_clients, send_and_collect
-from strategies.emdcfl import (
+from strategies.emdcfl_common import (
     Traffic,
     dropped,
     evaluate_models,
     finish_metrics,
     model_record,
-    read_model,
     require_replies,
     shapes_of,
     spec_of,
@@ -96,8 +95,9 @@ def _ifca(grid, cfg, recorder, nodes, traffic, progress):
         for n, rd in ex.replies.items():
             met = rd.metric_records["metrics"]
             choice[n] = int(met["choice"])
-            new[n], counts[n] = read_model(rd.array_records["model"]), int(met["num-examples"])
-        models.update(cluster_fedavg({n: choice[n] for n in new}, new, counts))
+            new[n] = weights_from_record(rd.array_records["model"])
+            counts[n] = int(met["num-examples"])
+        models = ifca_models(models, choice, new, counts)
         recorder.log_round({"round": rnd, "k": k, "choices": [choice[n] for n in nodes],
                             "train_s": ex.seconds, "dropped_nodes": dropped(ex, "train: ")})
         progress.step(rnd + 1, f"ifca k={k}")
@@ -105,42 +105,19 @@ def _ifca(grid, cfg, recorder, nodes, traffic, progress):
 
 
 def _cfl(grid, cfg, recorder, nodes, traffic, progress):
-    init = init_weights(spec_of(cfg), cfg["seed"])
-    clusters: list[list[int]] = [list(nodes)]
-    models = [init]
+    state = CFLState([list(nodes)], [init_weights(spec_of(cfg), cfg["seed"])])
     for rnd in range(cfg["emdcfl.rounds"]):
-        owner = {n: i for i, members in enumerate(clusters) for n in members}
+        owner = {n: i for i, members in enumerate(state.clusters) for n in members}
         new, counts, losses, _, ex = train_round(
-            grid, cfg, {n: models[owner[n]] for n in nodes}, rnd, False, traffic)
-        norms, next_clusters, next_models = [], [], []
-        for i, members in enumerate(clusters):
-            got = [n for n in members if n in new]
-            if not got:
-                next_clusters.append(members)
-                next_models.append(models[i])
-                continue
-            avg = cluster_fedavg({n: 0 for n in got}, new, counts)[0]
-            base = flatten(models[i])
-            updates = np.stack([flatten(new[n]) - base for n in got])
-            mean_norm, max_norm = update_norms(updates)
-            norms.append({"cluster": i, "mean_norm": mean_norm, "max_norm": max_norm})
-            if cfl_should_split(updates, cfg["emdcfl.cfl-eps1"], cfg["emdcfl.cfl-eps2"], rnd):
-                halves = cfl_bipartition(updates)
-                missing = [n for n in members if n not in new]
-                for h in (0, 1):
-                    part = [n for n, lab in zip(got, halves) if lab == h]
-                    next_clusters.append(part + (missing if h == 0 else []))
-                    next_models.append(cluster_fedavg({n: 0 for n in part}, new, counts)[0])
-            else:
-                next_clusters.append(members)
-                next_models.append(avg)
-        clusters, models = next_clusters, next_models
+            grid, cfg, {n: state.models[owner[n]] for n in nodes}, rnd, False, traffic)
+        state, norms = cfl_step(state, new, counts, cfg["emdcfl.cfl-eps1"],
+                                cfg["emdcfl.cfl-eps2"], rnd)
         recorder.log_round({"round": rnd, "train_loss": float(np.mean(list(losses.values()))),
-                            "norms": norms, "num_clusters": len(clusters),
+                            "norms": norms, "num_clusters": len(state.clusters),
                             "train_s": ex.seconds, "dropped_nodes": dropped(ex, "train: ")})
-        progress.step(rnd + 1, f"cfl clusters={len(clusters)}")
-    owner = {n: i for i, members in enumerate(clusters) for n in members}
-    return {n: models[owner[n]] for n in nodes}, owner
+        progress.step(rnd + 1, f"cfl clusters={len(state.clusters)}")
+    owner = {n: i for i, members in enumerate(state.clusters) for n in members}
+    return {n: state.models[owner[n]] for n in nodes}, owner
 
 
 def run_baseline(algorithm: str, grid: Grid, cfg: dict[str, Any], recorder: RunRecorder

@@ -110,36 +110,44 @@ def ifca_reply(shapes: Sequence[tuple[int, ...]], k: int) -> Check:
 
 def embed_reply(members: Sequence[int], proj_dim: int, max_samples: int,
                 all_but_sender: bool = True) -> Check:
-    """``query.emdcfl_embed``: ``src``, ``ref`` and ``tgt`` each hold one float32
-    ``(n, proj_dim)`` array per other member (``1 ≤ n ≤ max_samples``), finite, under the same
-    peer ids: all members but one (the sender; checked by the caller, who knows it), or, with
+    """``query.emdcfl_embed``: array records ``src`` and ``tgt`` each hold one float32
+    ``(n, proj_dim)`` array per other member (``1 ≤ n ≤ max_samples``), finite, and metric
+    record ``reference`` one finite ``W(train, val) ≥ 0`` per member, all under the same peer
+    ids: all members but one (the sender; checked by the caller, who knows it), or, with
     ``all_but_sender=False`` (peers sent in batches), a non-empty subset of the members (the
-    caller checks the exact set it sent)."""
+    caller checks the exact set it sent). Nothing else: no own-validation cloud."""
     ids = {str(m) for m in members}
 
     def check(rd: RecordDict) -> str | None:
-        peers: set[str] | None = None
-        for record in ("src", "ref", "tgt"):
-            if record not in rd.array_records:
-                return f"missing array record '{record}'"
-            keys = set(rd.array_records[record])
-            if peers is None:
-                peers = keys
-                if all_but_sender and (not keys <= ids or len(ids - keys) != 1):
-                    return (f"'{record}' has peers {sorted(keys)}, expected every member but "
-                            f"the sender ({len(ids) - 1} of {sorted(ids)})")
-                if not all_but_sender and (not keys <= ids or not keys):
-                    return (f"'{record}' has peers {sorted(keys)}, expected some of the "
-                            f"members {sorted(ids)}")
-            elif keys != peers:
-                return f"'{record}' has peers {sorted(keys)}, 'src' has {sorted(peers)}"
-            for key in sorted(keys):
+        if set(rd.array_records) != {"src", "tgt"}:
+            return (f"array records {sorted(rd.array_records)}, expected exactly "
+                    "['src', 'tgt']")
+        peers = set(rd.array_records["src"])
+        if all_but_sender and (not peers <= ids or len(ids - peers) != 1):
+            return (f"'src' has peers {sorted(peers)}, expected every member but the sender "
+                    f"({len(ids) - 1} of {sorted(ids)})")
+        if not all_but_sender and (not peers <= ids or not peers):
+            return f"'src' has peers {sorted(peers)}, expected some of the members {sorted(ids)}"
+        if set(rd.array_records["tgt"]) != peers:
+            return f"'tgt' has peers {sorted(rd.array_records['tgt'])}, 'src' has {sorted(peers)}"
+        if "reference" not in rd.metric_records:
+            return "missing metric record 'reference'"
+        if set(rd.metric_records["reference"]) != peers:
+            return (f"'reference' has peers {sorted(rd.metric_records['reference'])}, 'src' has "
+                    f"{sorted(peers)}")
+        for record in ("src", "tgt"):
+            for key in sorted(peers):
                 arr, problem = _array(rd, record, key, "float32", None)
                 if problem:
                     return problem
                 if arr.ndim != 2 or arr.shape[1] != proj_dim or not 1 <= len(arr) <= max_samples:
                     return (f"'{record}.{key}' has shape {tuple(arr.shape)}, expected "
                             f"(1…{max_samples}, {proj_dim})")
+        for key in sorted(peers):
+            value = rd.metric_records["reference"][key]
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value) or value < 0):
+                return f"'reference.{key}' = {value!r} is not a finite distance >= 0"
         return None
 
     return check

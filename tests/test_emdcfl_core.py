@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fedclust.emdcfl.baselines import cfl_bipartition, cfl_should_split, ifca_assign
+from fedclust.emdcfl.baselines import cfl_bipartition, cfl_should_split
 from fedclust.emdcfl.cluster import (
     Participation,
     cluster_fedavg,
@@ -45,7 +45,7 @@ def test_sinkhorn_is_close_to_exact_and_exact_non_convergence_is_an_error():
     assert approx == pytest.approx(exact, rel=0.1)
     big = rng.normal(size=(300, 4))
     with pytest.raises(EMDError, match="exact EMD did not converge.*num-itermax"):
-        wasserstein(big, big + 0.1, metric="euclidean", num_itermax=5)
+        wasserstein(big, big[:299] + 0.1, metric="euclidean", num_itermax=5)   # network simplex
 
 
 def test_sinkhorn_non_convergence_and_underflow_are_errors():
@@ -205,7 +205,7 @@ def test_pair_members_derive_the_same_projection_and_the_seed_needs_a_private_ke
             projection_matrix(np.random.default_rng(0), 10, bad)
 
 
-def test_rotations_are_exact_for_quarter_turns_and_interpolated_otherwise():
+def test_rotations_are_exact_for_quarter_turns_and_nearest_neighbour_otherwise():
     img = np.zeros((1, 28, 28), np.uint8)
     img[0, 2, 5] = 255
     np.testing.assert_array_equal(rotate(img, 90), np.rot90(img, 1, axes=(1, 2)))
@@ -214,10 +214,11 @@ def test_rotations_are_exact_for_quarter_turns_and_interpolated_otherwise():
     np.testing.assert_array_equal(rotate(img, 0), img)
     rng = np.random.default_rng(0)
     blob = np.zeros((2, 28, 28), np.uint8)
-    blob[:, 10:18, 12:16] = rng.integers(100, 255, size=(2, 8, 4))
+    blob[:, 3:11, 20:24] = rng.integers(100, 255, size=(2, 8, 4))     # off-centre: moves
     small = rotate(blob, 3)
     assert small.shape == blob.shape and small.dtype == np.uint8
     assert not np.array_equal(small, blob)
+    assert set(np.unique(small)) <= set(np.unique(blob))   # nearest: no new intensities
     assert abs(int(small.astype(int).sum()) - int(blob.astype(int).sum())) < 0.05 * blob.sum()
     # a +3 degree turn moves mass counter-clockwise: same direction as np.rot90 for 90
     line = np.zeros((1, 29, 29), np.uint8)
@@ -235,12 +236,14 @@ def test_rotated_clients_and_ground_truth(data_dir):
     assert ground_truth("rotmnist", "two", 8).tolist() == [0, 0, 1, 1, 0, 0, 1, 1]
     assert set(ground_truth("rotmnist", "min", 8)) == {0}
     bd = client_split("backdoor-mnist", "max", 0, 6, 40, 10, 0.1, 0, str(data_dir))
-    assert bd.x_train.shape[-1] == 3 and len(bd.y_train) + len(bd.y_val) == 20   # x0.5
+    # validation split first (4 = 10 % of 40 for every set), then the train set halved
+    assert bd.x_train.shape[-1] == 3 and len(bd.y_val) == 4 and len(bd.y_train) == 18
     assert bd.x_test_bd is not None and bd.x_test_bd.shape == bd.x_test.shape
     shaded = client_split("backdoor-mnist", "max", 1, 6, 40, 10, 0.1, 0, str(data_dir),
                           "authors")
     wide = client_split("backdoor-mnist", "max", 1, 6, 40, 10, 0.1, 0, str(data_dir))
     np.testing.assert_array_equal(shaded.y_train, wide.y_train)      # same images, new colours
+    assert len(wide.y_val) == 4 and len(wide.y_train) == 36
     assert shaded.x_train[..., 0].max() <= 0.24 * 255 < wide.x_train[..., 0].max()
 
 
@@ -253,7 +256,11 @@ def test_cfl_split_rule_and_ifca_choice():
     assert not cfl_should_split(updates[:2], 100, 0.0, round_idx=3)      # size <= 2
     halves = cfl_bipartition(updates)
     assert len(set(halves[:4])) == 1 and len(set(halves[4:])) == 1 and halves[0] != halves[4]
-    assert ifca_assign(np.array([[0.3, 0.1], [0.2, 0.9]])).tolist() == [1, 0]
+    # both conditions are needed (AND): each one alone must not split
+    mean_norm = np.linalg.norm(updates.mean(axis=0))
+    max_norm = np.linalg.norm(updates, axis=1).max()
+    assert not cfl_should_split(updates, eps1=0.5 * mean_norm, eps2=0.5 * max_norm, round_idx=1)
+    assert not cfl_should_split(updates, eps1=2 * mean_norm, eps2=2 * max_norm, round_idx=1)
 
 
 def test_participation_keeps_flower_node_ids_exact():

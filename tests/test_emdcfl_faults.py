@@ -140,12 +140,22 @@ def test_train_reply_check_covers_shapes_dtypes_metrics_and_the_public_key():
 def test_embed_reply_check_covers_peers_projection_width_and_sample_cap():
     from strategies.emdcfl_replies import embed_reply
 
-    def content(peers, width=5, rows=4):
+    def content(peers, width=5, rows=4, ref=0.1, records=("src", "tgt")):
         arrs = {str(p): Array(np.ones((rows, width), np.float32)) for p in peers}
-        return RecordDict({r: ArrayRecord(dict(arrs)) for r in ("src", "ref", "tgt")})
+        rd = RecordDict({r: ArrayRecord(dict(arrs)) for r in records})
+        rd["reference"] = MetricRecord({str(p): ref for p in peers})
+        return rd
 
     check = embed_reply([1, 2, 3], proj_dim=5, max_samples=8)
     assert check(content([2, 3])) is None
+    # no own-model validation cloud ('ref', the former channel) and no other array record
+    assert "expected exactly ['src', 'tgt']" in check(content([2, 3],
+                                                              records=("src", "ref", "tgt")))
+    assert "not a finite distance" in check(content([2, 3], ref=float("nan")))
+    assert "not a finite distance" in check(content([2, 3], ref=-0.5))
+    missing = content([2, 3])
+    del missing["reference"]
+    assert "missing metric record 'reference'" in check(missing)
     assert "every member but the sender" in check(content([2]))
     assert "every member but the sender" in check(content([2, 9]))
     assert "expected (1…8, 5)" in check(content([2, 3], width=4))

@@ -27,7 +27,7 @@ CFG = {"method": "emdcfl", "dataset": "rotdigits", "num-clients": 4, "emdcfl.rot
        "emdcfl.rounds": 2, "emdcfl.local-epochs": 3, "emdcfl.conv1": 8, "emdcfl.conv2": 16,
        "emdcfl.embed-dim": 32, "emdcfl.lr": 0.02, "emdcfl.batch-size": 16,
        "emdcfl.samples": 120, "emdcfl.max-samples": 64, "emdcfl.workers": 1, "seed": 3,
-       "emdcfl.epsilon": 0.03}
+       "emdcfl.epsilon": 0.03, "emdcfl.full-matrix": True}
 
 
 def _run(cfg, out, node_ids=None):

@@ -73,7 +73,8 @@ def test_end_to_end_separates_two_planted_groups_and_never_leaks_the_pair_seed(t
                         else:                        # ints, floats, lists of Config/Metric
                             numbers.extend(_numbers(v))
 
-    summary, grid = run_server({**TINY, "output-dir": str(tmp_path / "out")}, inspect=inspect,
+    summary, grid = run_server({**TINY, "emdcfl.full-matrix": True,
+                                "output-dir": str(tmp_path / "out")}, inspect=inspect,
                                node_configs=planted_nodes(tmp_path))
     tmp_path = tmp_path / "out"
     m = summary["metrics"]
@@ -214,7 +215,7 @@ def test_baselines_run_on_the_same_data_and_model(algorithm, tmp_path):
 
 def test_end_to_end_with_sinkhorn_separates_two_planted_groups(tmp_path):
     cfg = {**TINY, "emdcfl.solver": "sinkhorn", "emdcfl.sinkhorn-reg": 0.01,
-           "output-dir": str(tmp_path / "out")}
+           "emdcfl.full-matrix": True, "output-dir": str(tmp_path / "out")}
     m = run_server(cfg, node_configs=planted_nodes(tmp_path))[0]["metrics"]
     excess = np.load(tmp_path / "out" / "emd_excess.npy")
     assert m["eval_ari"] == 1.0 and m["num_clusters"] == 2, (m, excess)
@@ -276,3 +277,61 @@ def test_peer_batches_give_the_same_distances_in_smaller_messages(tmp_path, capl
     assert h1["embed_message_mib"] == pytest.approx(h0["embed_message_mib"] * 2 / 4)
     assert warned0 and "emdcfl.embed-batch=" in warned0[0] and not warned1
     assert m1["clusters"] == m0["clusters"]
+
+
+def _layout(rd) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Record name -> (kind, sorted keys) of a RecordDict."""
+    out = {}
+    for kind, records in (("arrays", rd.array_records), ("metrics", rd.metric_records),
+                          ("config", rd.config_records)):
+        for name, rec in records.items():
+            out[name] = (kind, tuple(sorted(rec)))
+    return out
+
+
+def test_each_phase_carries_exactly_what_the_docs_say(tmp_path):
+    """What leaves a client, per phase. The embedding phase sends, per peer, the projected
+    train cloud (own model), the projected validation cloud under the peer's model and one
+    scalar reference W(train, val) under its own model; never its own-model validation
+    embeddings (the paper's privacy model: scalar references only)."""
+    replies: dict[str, list] = {}
+    asked: dict[str, list] = {}
+
+    def inspect(instruction, reply):
+        kind = instruction.metadata.message_type
+        asked.setdefault(kind, []).append(_layout(instruction.content))
+        if reply.has_content():
+            replies.setdefault(kind, []).append((instruction.metadata.dst_node_id, reply.content))
+
+    cfg = {**TINY, "emdcfl.rounds": 1, "emdcfl.local-epochs": 1, "emdcfl.max-samples": 64,
+           "output-dir": str(tmp_path / "out")}
+    run_server(cfg, inspect=inspect, node_configs=planted_nodes(tmp_path))
+    # (query.fedclust_node: the engine's node question, the same for every method)
+    assert set(replies) - {"query.fedclust_node"} == {"train.emdcfl_local", "query.emdcfl_embed",
+                                                      "evaluate.emdcfl_eval"}
+    layers = asked["train.emdcfl_local"][0]["model"][1]         # the model the server sent
+    assert layers == tuple(sorted(str(i) for i in range(len(layers))))
+    for _, rd in replies["train.emdcfl_local"]:
+        assert _layout(rd) == {"model": ("arrays", layers), "pub": ("arrays", ("key",)),
+                               "metrics": ("metrics", ("num-examples", "train-loss"))}
+    nodes = sorted(n for n, _ in replies["query.emdcfl_embed"])
+    proj = int(0.9 * TINY["emdcfl.embed-dim"])
+    for nid, rd in replies["query.emdcfl_embed"]:
+        peers = tuple(sorted(str(n) for n in nodes if n != nid))
+        assert _layout(rd) == {"src": ("arrays", peers), "tgt": ("arrays", peers),
+                               "reference": ("metrics", peers),
+                               "metrics": ("metrics", ("num-pairs",))}
+        for record in ("src", "tgt"):
+            for arr in rd.array_records[record].values():
+                assert arr.numpy().shape == (64, proj) and arr.numpy().dtype == np.float32
+        for value in rd.metric_records["reference"].values():
+            assert isinstance(value, float) and 0 <= value <= 2
+    for _, rd in replies["evaluate.emdcfl_eval"]:
+        assert _layout(rd) == {"metrics": ("metrics", ("cluster", "num-test", "set",
+                                                       "test-acc", "test-loss"))}
+    # what the server sends for the embedding phase: models and the peers' public keys
+    for layout in asked["query.emdcfl_embed"]:
+        assert layout.pop("peers") == ("arrays", ("ids", "pub"))
+        other = {name: kind for name, (kind, _) in layout.items()
+                 if not (name.startswith("m:") and kind == "arrays")}
+        assert set(other.values()) <= {"config"}, other      # (the run config it carries)

@@ -4,8 +4,10 @@ Every client holds labelled images from one of several *sets* (a rotation, or a 
 Client ``i`` belongs to set ``i % S`` (interleaved, so no helper may assume contiguous blocks).
 Each set gets its own shuffle of the full image pool (images repeat across sets, as in the
 authors' notebooks); the ``j``-th client of a set takes the ``j``-th slice of ``samples``
-images of that shuffle, and 10 % of them (``val_fraction``) become its validation set. The
-test split is drawn the same way from the official test images and transformed like the set.
+images of that shuffle, and 10 % of them (``val_fraction``) become its validation set; the rest
+is its train set (halved for Backdoor sets 0 and 2, after the validation split:
+:func:`split_sizes`). The test split is drawn the same way from the official test images and
+transformed like the set.
 
 Rotation groups (degrees, one per set) and their **ground-truth clusters** (evaluation only):
 
@@ -19,8 +21,9 @@ group      rotations of the 4 sets   ground-truth clusters
 ``no``     0, 0, 0, 0                1
 =========  ========================  ==========================================================
 
-Rotations by a multiple of 90° use exact ``np.rot90``; other angles use bilinear interpolation
-(``scipy.ndimage.rotate``, same output size, zero fill).
+Rotations by a multiple of 90° use exact ``np.rot90``; other angles use nearest-neighbour
+interpolation (``scipy.ndimage.rotate`` with ``order=0``, same output size, zero fill), the
+default of the authors' ``TF.rotate``.
 
 Backdoor MNIST (3 sets, 3 channels; paper App. C.4 / authors' ``colormnist.ipynb``):
 set 0 uniform green, set 1 green whose shade follows the digit (the backdoor feature), set 2
@@ -31,8 +34,9 @@ uniform purple; train sizes ×0.5 / ×1 / ×0.5. Two palettes (``emdcfl.backdoor
 - ``wide`` (this project's earlier choice, a deviation): green ``summer(0.5)``, shades
   ``summer(y/9)`` (red 0 … 1, green to yellow), purple ``(0.5, 0, 0.5)``.
 
-``x_test_bd`` re-colours the test digits of the green sets with the shade of label ``(y+5) % 10``
-(the manipulated backdoor feature); a backdoored target model loses accuracy on it.
+``x_test_bd`` re-colours the test digits of the green sets with the shade of label ``9 − y``
+(the manipulated backdoor feature, as the authors' notebook); a backdoored target model loses
+accuracy on it.
 """
 
 from __future__ import annotations
@@ -88,7 +92,7 @@ def ground_truth(dataset: str, rotation: str, num_clients: int) -> NDArray[np.in
 def rotate(images: NDArray, angle: float) -> NDArray:
     """Rotate a batch ``(N, H, W[, C])`` counter-clockwise by ``angle`` degrees.
 
-    Exact array rotation for multiples of 90°, bilinear interpolation otherwise.
+    Exact array rotation for multiples of 90°, nearest-neighbour interpolation otherwise.
     """
     images = np.asarray(images)
     quarter = angle / 90.0
@@ -96,7 +100,7 @@ def rotate(images: NDArray, angle: float) -> NDArray:
         return np.ascontiguousarray(np.rot90(images, k=int(quarter) % 4, axes=(1, 2)))
     from scipy.ndimage import rotate as nd_rotate
 
-    out = nd_rotate(images.astype(np.float32), angle, axes=(2, 1), reshape=False, order=1,
+    out = nd_rotate(images.astype(np.float32), angle, axes=(2, 1), reshape=False, order=0,
                     mode="constant", cval=0.0)
     return np.clip(np.rint(out), 0, 255).astype(images.dtype)
 
@@ -195,16 +199,14 @@ def client_split(dataset: str, rotation: str, client: int, num_clients: int, sam
     set_id, index = client % s, client // s
     x_pool, y_pool = _base(BASE_IMAGES[dataset], data_dir, "train")
     x_tpool, y_tpool = _base(BASE_IMAGES[dataset], data_dir, "test")
-    n = samples
-    if dataset == "backdoor-mnist":
-        n = max(2, int(round(samples * BACKDOOR_TRAIN_FACTOR[set_id])))
-    idx = _slice(len(x_pool), set_id, index, n, seed, 0)
+    n_train, n_val = split_sizes(dataset, set_id, samples, val_fraction)
+    idx = _slice(len(x_pool), set_id, index, samples, seed, 0)
     tidx = _slice(len(x_tpool), set_id, index, test_samples, seed, 1)
     x, y, xt, yt = x_pool[idx], y_pool[idx], x_tpool[tidx], y_tpool[tidx]
     x_bd = None
     if dataset == "backdoor-mnist":
-        if set_id < 2:          # green sets: shade the digits like label (y + 5) % 10
-            x_bd = colourise(xt, backdoor_colours(1, (yt + 5) % 10, palette))
+        if set_id < 2:          # green sets: shade the digits like label 9 − y (the notebook)
+            x_bd = colourise(xt, backdoor_colours(1, 9 - yt, palette))
         else:
             x_bd = colourise(xt, backdoor_colours(2, yt, palette))
         x = colourise(x, backdoor_colours(set_id, y, palette))
@@ -212,11 +214,27 @@ def client_split(dataset: str, rotation: str, client: int, num_clients: int, sam
     else:
         angle = ROTATIONS[rotation][set_id]
         x, xt = rotate(x, angle), rotate(xt, angle)
-    n_val = max(1, int(round(val_fraction * len(x))))
     perm = np.random.default_rng([seed, client, 2]).permutation(len(x))
-    val, tr = perm[:n_val], perm[n_val:]
+    val, tr = perm[:n_val], perm[n_val:n_val + n_train]
     gt = ground_truth(dataset, rotation, num_clients)[client]
     return ClientSplit(x[tr], y[tr], x[val], y[val], xt, yt, set_id, int(gt), x_bd)
+
+
+def split_sizes(dataset: str, set_id: int, samples: int, val_fraction: float
+                ) -> tuple[int, int]:
+    """(train, validation) images of a client of set ``set_id``.
+
+    Validation is split off the client's ``samples`` images first (``round(val_fraction ·
+    samples)``, at least 1), so every client has the same validation size; only then are the
+    Backdoor MNIST train sets of sets 0 and 2 halved (the authors' ``colormnist.ipynb``: 542
+    validation images for every client). Equal validation sizes keep the reference distance an
+    unbiased noise floor (docs/emdcfl.md, "Known limits").
+    """
+    n_val = max(1, int(round(val_fraction * samples)))
+    n_train = samples - n_val
+    if dataset == "backdoor-mnist":
+        n_train = max(1, int(round(n_train * BACKDOOR_TRAIN_FACTOR[set_id])))
+    return n_train, n_val
 
 
 def image_shape(dataset: str) -> tuple[int, int]:

@@ -3,20 +3,31 @@
 ``W(P, Q)`` is the optimal-transport cost between the empirical measures of two point clouds
 with uniform weights ``a = 1/n``, ``b = 1/m`` and ground cost ``M = ot.dist(P, Q, metric)``
 (the authors use ``metric="cosine"``). The exact network-simplex solver (``ot.emd2``) is the
-default; a non-converged solve (iteration limit hit, infeasible or unbounded) raises
-:class:`EMDError` instead of the silent warning POT gives. Sinkhorn (entropic, ``reg`` relative
+default; when the two clouds have the same size the uniform problem is an assignment problem
+(an optimal plan is a permutation, Birkhoff–von Neumann), solved exactly by
+``scipy.optimize.linear_sum_assignment`` on the same cost matrix (equal to ``ot.emd2`` to
+1e-10, tested; 2-3x faster). A non-converged network-simplex solve (iteration limit hit,
+infeasible or unbounded) raises :class:`EMDError` instead of the silent warning POT gives. Sinkhorn (entropic, ``reg`` relative
 to ``max(M)``) is an option (paper App. E.2); its two failures, POT's "did not converge"
 (``numItermax`` reached) and "numerical errors" (underflow) warnings, raise :class:`EMDError`
 too, while any other warning is passed on unchanged.
 
-The pairwise matrix is computed in parallel over pairs with worker processes (joblib/loky).
+Unbiased comparisons: the empirical ``W`` between two samples of *one* distribution shrinks
+with the sample sizes, so EMD-CFL compares only equal-size clouds (:func:`equal_size`
+subsamples the larger one, seeded by the run seed and the clouds' bytes).
+
+The pairwise solves run in parallel worker processes (joblib/loky) that read every cloud from
+one memory-mapped file written once, instead of receiving pickled copies of the clouds.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 import warnings
+import zlib
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 from numpy.typing import NDArray
@@ -60,6 +71,11 @@ def wasserstein(p: NDArray, q: NDArray, metric: str = "cosine", solver: str = "e
     m = ot.dist(p, q, metric=metric)
     if metric == "cosine":
         m = np.nan_to_num(m, nan=1.0)          # all-zero embeddings (dead ReLUs): distance 1
+    if solver == "emd" and len(p) == len(q):
+        from scipy.optimize import linear_sum_assignment
+
+        rows, cols = linear_sum_assignment(m)
+        return float(m[rows, cols].sum() / len(p))
     if solver == "emd":
         cost, log = ot.emd2(a, b, m, numItermax=int(num_itermax), log=True)
         if log.get("warning") is not None or int(log.get("result_code", 1)) != 1:
@@ -89,29 +105,86 @@ def wasserstein(p: NDArray, q: NDArray, metric: str = "cosine", solver: str = "e
     raise ValueError(f"unknown solver {solver!r}")
 
 
-def _solve_chunk(args: tuple) -> list[float]:
-    pairs, metric, solver, num_itermax, reg = args
-    return [wasserstein(p, q, metric, solver, num_itermax, reg) for p, q in pairs]
+def equal_size(p: NDArray, q: NDArray, seed: int = 0) -> tuple[NDArray, NDArray]:
+    """``p`` and ``q`` with the larger one subsampled (without replacement) to the other's size.
+
+    The generator is seeded by ``seed`` and CRC-32s of both clouds, so the same inputs always
+    give the same subsample, whoever computes it and in whatever order.
+    """
+    if len(p) == len(q):
+        return p, q
+    rng = np.random.default_rng([int(seed) % 2**32, zlib.crc32(np.ascontiguousarray(p).data),
+                                 zlib.crc32(np.ascontiguousarray(q).data)])
+    small = min(len(p), len(q))
+    if len(p) > small:
+        return p[np.sort(rng.choice(len(p), small, replace=False))], q
+    return p, q[np.sort(rng.choice(len(q), small, replace=False))]
+
+
+# a job: (row offset, rows) of the first cloud and of the second one in the shared store
+Job = tuple[int, int, int, int]
+_STORES: dict[str, NDArray] = {}         # per worker process: path -> memory-mapped store
+
+
+def _store(path: str) -> NDArray:
+    if path not in _STORES:
+        _STORES.clear()                  # one store per call: drop the previous call's file
+        _STORES[path] = np.load(path, mmap_mode="r")
+    return _STORES[path]
+
+
+def _solve_jobs(store: NDArray | str, jobs: Sequence[Job], metric: str, solver: str,
+                num_itermax: int, reg: float, seed: int | None) -> list[float]:
+    cloud = _store(store) if isinstance(store, str) else store
+    out = []
+    for a, na, b, nb in jobs:
+        p, q = np.asarray(cloud[a:a + na]), np.asarray(cloud[b:b + nb])
+        if seed is not None:
+            p, q = equal_size(p, q, seed)
+        out.append(wasserstein(p, q, metric, solver, num_itermax, reg))
+    return out
 
 
 def pairwise_wasserstein(pairs: Sequence[tuple[NDArray, NDArray]], metric: str = "cosine",
                          solver: str = "emd", num_itermax: int = 1_000_000, reg: float = 0.1,
-                         workers: int = 2) -> NDArray[np.float64]:
+                         workers: int = 2, equalize_seed: int | None = None
+                         ) -> NDArray[np.float64]:
     """``W`` for each ``(p, q)`` in ``pairs``, in parallel over ``workers`` processes.
 
-    ``workers <= 1`` solves in this process. Results are in the order of ``pairs``.
+    ``workers <= 1`` solves in this process. Results are in the order of ``pairs``. With
+    ``equalize_seed`` every pair is first cut to equal sizes (:func:`equal_size`). Each distinct
+    cloud (by identity) is written once to a memory-mapped file that the workers read.
     """
-    pairs = list(pairs)
+    pairs = [(np.asarray(p), np.asarray(q)) for p, q in pairs]
     if not pairs:
         return np.zeros(0)
     workers = max(1, min(int(workers), os.cpu_count() or 1, len(pairs)))
+    offsets: dict[int, tuple[int, int]] = {}
+    clouds: list[NDArray] = []
+    rows = 0
+    for p, q in pairs:
+        for c in (p, q):
+            if id(c) not in offsets:
+                offsets[id(c)] = (rows, len(c))
+                clouds.append(c)
+                rows += len(c)
+    jobs = [(*offsets[id(p)], *offsets[id(q)]) for p, q in pairs]
+    width = {c.shape[1] if c.ndim == 2 else -1 for c in clouds}
+    if len(width) != 1 or -1 in width:
+        raise ValueError(f"clouds must be 2-D with one number of columns, got {sorted(width)}")
+    store = np.concatenate(clouds).astype(np.result_type(*clouds), copy=False)
     if workers == 1:
-        return np.array(_solve_chunk((pairs, metric, solver, num_itermax, reg)))
-    n_chunks = workers * 4
-    bounds = np.linspace(0, len(pairs), n_chunks + 1).astype(int)
-    chunks = [(pairs[lo:hi], metric, solver, num_itermax, reg)
-              for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
+        return np.array(_solve_jobs(store, jobs, metric, solver, num_itermax, reg,
+                                    equalize_seed))
+    bounds = np.linspace(0, len(jobs), workers * 4 + 1).astype(int)
     from joblib import Parallel, delayed
 
-    results = Parallel(n_jobs=workers, backend="loky")(delayed(_solve_chunk)(c) for c in chunks)
+    with tempfile.TemporaryDirectory(prefix="fedclust-emd-") as tmp:
+        path = str(Path(tmp) / "clouds.npy")
+        np.save(path, store)
+        del store
+        results = Parallel(n_jobs=workers, backend="loky")(
+            delayed(_solve_jobs)(path, jobs[lo:hi], metric, solver, num_itermax, reg,
+                                 equalize_seed)
+            for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo)
     return np.array([v for chunk in results for v in chunk])

@@ -55,6 +55,9 @@ KEYS: list[Key] = [
         "message; the paper CNN is 12.5 MiB, so 40 peers make 0.5 GiB per message). Batches "
         "give the same distances in more, smaller messages", low=0),
     Key("emdcfl.workers", int, 2, "server processes computing the EMD matrix", low=1),
+    Key("emdcfl.full-matrix", bool, False, "solve both directions of every pair (the full "
+        "EMD matrix for heatmaps and ε sweeps above the run's ε); false skips a pair's second "
+        "direction once the first failed ε (same clusters, fewer solves)"),
     Key("emdcfl.recluster", str, "on-join", "when to recompute the clusters: on-join (when "
         "clients take part for the first time; one-shot under full participation, the paper's "
         "Alg. 1) or every-round (every round among all clients seen so far, as the authors' "

@@ -99,6 +99,12 @@ def weights_from_state_dict(state: Mapping[str, Any]) -> Weights:
                      order="C") for k in STATE_KEYS]
 
 
+def weights_from_record(record: Mapping[str, Any]) -> Weights:
+    """A model's layers from a mapping ``"0" … "L-1"`` of array-likes with ``.numpy()`` (a
+    Flower ``ArrayRecord`` as the client and the server receive it)."""
+    return [record[str(i)].numpy() for i in range(len(record))]
+
+
 def init_weights(spec: ModelSpec, seed: int) -> Weights:
     """The shared initial model (PyTorch default init under ``torch.manual_seed(seed)``)."""
     gen_state = torch.random.get_rng_state()

@@ -1,0 +1,151 @@
+"""EMD-CFL's clustering step without Flower (paper 001, §3, Alg. 1 lines 11–17).
+
+What the server holds for every ordered pair ``(c, o)`` of clients, all under the pair's secret
+projection ``R_co`` (see :mod:`fedclust.emdcfl.privacy`):
+
+- ``source``: client ``c``'s training embeddings under ``c``'s model (sent by ``c``);
+- ``target``: client ``o``'s validation embeddings under ``c``'s model (sent by ``o``);
+- ``reference``: the scalar ``W(train_c, val_c)`` that ``c`` computed itself from the same
+  ``source`` subsample and its own validation embeddings (:func:`reference_distance`).
+
+The step:
+
+1. ``W[c, o] = W(source, target)`` on equal-size clouds (exact OT, :mod:`.distance`);
+2. ``excess[c, o] = W[c, o] − reference[c, o]`` — ``c``'s own reference, never ``o``'s;
+3. ``A[c, o] = (excess[c, o] < ε) AND (excess[o, c] < ε)``, ``A[c, c] = True``;
+4. clients with identical closed neighbourhoods form a cluster (:mod:`.cluster`).
+
+With ``lazy=True`` (default) the direction ``(o, c)`` of a pair is not solved once ``(c, o)``
+has failed the test: the AND rule cannot make that pair an edge any more, so the clusters are
+the same (tested); the skipped entries of ``W`` and ``excess`` are NaN. ``lazy=False`` solves
+every direction (the full matrix that heatmaps and ε sweeps need).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fedclust.emdcfl.cluster import neighbourhood_clusters, threshold_adjacency
+from fedclust.emdcfl.distance import equal_size, pairwise_wasserstein, wasserstein
+
+
+@dataclass(frozen=True)
+class PairClouds:
+    """The server's inputs for the ordered pair ``(c, o)`` (see the module docstring)."""
+
+    source: NDArray
+    target: NDArray
+    reference: float
+
+
+@dataclass(frozen=True)
+class Solver:
+    """How each ``W`` is solved: ground cost, exact EMD or Sinkhorn, limits, workers, the seed
+    of the equal-size subsamples."""
+
+    metric: str = "cosine"
+    solver: str = "emd"
+    num_itermax: int = 1_000_000
+    reg: float = 0.1
+    workers: int = 1
+    seed: int = 0
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> Solver:
+        """The solver of a run config (``emdcfl.metric``, ``emdcfl.solver`` …, ``seed``)."""
+        return cls(cfg["emdcfl.metric"], cfg["emdcfl.solver"], int(cfg["emdcfl.num-itermax"]),
+                   float(cfg["emdcfl.sinkhorn-reg"]), int(cfg["emdcfl.workers"]),
+                   int(cfg["seed"]))
+
+    def many(self, pairs: Sequence[tuple[NDArray, NDArray]]) -> NDArray[np.float64]:
+        return pairwise_wasserstein(pairs, self.metric, self.solver, self.num_itermax,
+                                    self.reg, self.workers, equalize_seed=self.seed)
+
+
+@dataclass
+class Clustering:
+    """Result of :func:`cluster_clients` (matrices indexed like ``members``)."""
+
+    members: list[int]
+    distance: NDArray[np.float64]      # W[c, o]; diagonal: mean reference of c; NaN: not solved
+    excess: NDArray[np.float64]        # W[c, o] − reference[c, o]; diagonal 0
+    adjacency: NDArray[np.bool_]
+    labels: NDArray[np.int64]
+    solves: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def reference_distance(source: NDArray, own_val: NDArray, solver: Solver) -> float:
+    """``W(train_c, val_c)`` as client ``c`` computes it (on equal-size clouds)."""
+    p, q = equal_size(np.asarray(source), np.asarray(own_val), solver.seed)
+    return wasserstein(p, q, solver.metric, solver.solver, solver.num_itermax, solver.reg)
+
+
+def excess_matrix(members: Sequence[int], pairs: Mapping[tuple[int, int], PairClouds],
+                  epsilon: float, solver: Solver = Solver(), lazy: bool = True
+                  ) -> tuple[NDArray[np.float64], NDArray[np.float64], int]:
+    """``W``, ``excess`` and the number of OT solves for the ordered pairs in ``pairs``.
+
+    Parameters
+    ----------
+    members : sequence of int
+        Client ids; row/column ``i`` of the matrices is ``members[i]``.
+    pairs : mapping ``(c, o) -> PairClouds``
+        A missing ordered pair stays NaN (not measured: no edge).
+    epsilon : float
+        ε of the AND rule (only used by ``lazy`` to skip second directions).
+    lazy : bool
+        Skip ``(o, c)`` once ``(c, o)`` failed (``excess ≥ ε`` or not measured).
+    """
+    index = {n: i for i, n in enumerate(members)}
+    n = len(members)
+    w = np.full((n, n), np.nan)
+    ref = np.full((n, n), np.nan)
+    for (c, o), pc in pairs.items():
+        if c != o and c in index and o in index:
+            ref[index[c], index[o]] = float(pc.reference)
+    wanted = [(c, o) for (c, o) in pairs if c != o and c in index and o in index]
+    if lazy:
+        first = [(c, o) for c, o in wanted if index[c] < index[o]]
+        later = [(c, o) for c, o in wanted if index[c] > index[o]]
+    else:
+        first, later = wanted, []
+    solves = _solve(first, pairs, index, w, solver)
+    if later:
+        passed = w - ref < epsilon         # NaN compares False: an unmeasured pair fails
+        later = [(c, o) for c, o in later if passed[index[o], index[c]]]
+        solves += _solve(later, pairs, index, w, solver)
+    excess = w - ref
+    np.fill_diagonal(excess, 0.0)
+    rows = [ref[i][np.isfinite(ref[i])] for i in range(n)]
+    np.fill_diagonal(w, [r.mean() if len(r) else np.nan for r in rows])
+    return w, excess, solves
+
+
+def _solve(todo: list[tuple[int, int]], pairs: Mapping[tuple[int, int], PairClouds],
+           index: Mapping[int, int], w: NDArray, solver: Solver) -> int:
+    values = solver.many([(pairs[k].source, pairs[k].target) for k in todo])
+    for (c, o), v in zip(todo, values):
+        w[index[c], index[o]] = v
+    return len(todo)
+
+
+def cluster_clients(members: Sequence[int], pairs: Mapping[tuple[int, int], PairClouds],
+                    epsilon: float, solver: Solver = Solver(), lazy: bool = True
+                    ) -> Clustering:
+    """The whole clustering step: :func:`excess_matrix`, the AND rule, neighbourhoods."""
+    t0 = time.perf_counter()
+    w, excess, solves = excess_matrix(members, pairs, epsilon, solver, lazy)
+    adjacency = threshold_adjacency(excess, epsilon)
+    labels = neighbourhood_clusters(adjacency)
+    wanted = sum(1 for c, o in pairs if c != o and c in members and o in members)
+    return Clustering(list(members), w, excess, adjacency, labels, solves, wanted - solves,
+                      time.perf_counter() - t0)
