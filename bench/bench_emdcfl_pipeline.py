@@ -72,7 +72,8 @@ def main() -> None:
         init_weights,
         train_local,
     )
-    from strategies.emdcfl import model_record, read_model
+    from fedclust.emdcfl.model import weights_from_record as read_model
+    from strategies.emdcfl_common import model_record
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--clients", type=int, default=40)

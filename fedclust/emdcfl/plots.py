@@ -12,7 +12,8 @@ def emd_heatmap(path: str | Path, emd: NDArray, clusters: NDArray | None = None,
                 title: str = "EMD between embedding distributions") -> Path:
     """Save ``emd[c, o] = W(train_c, val_o)`` as a PNG (rows: source model/client c).
 
-    Clients are ordered by found cluster (if given) so that blocks are visible.
+    Clients are ordered by found cluster (if given) so that blocks are visible. Entries not
+    solved (NaN: the lazy AND skipped them; ``emdcfl.full-matrix=true`` solves all) are grey.
     """
     import matplotlib
 
@@ -22,7 +23,9 @@ def emd_heatmap(path: str | Path, emd: NDArray, clusters: NDArray | None = None,
     emd = np.asarray(emd, dtype=np.float64)
     order = np.argsort(clusters, kind="stable") if clusters is not None else np.arange(len(emd))
     fig, ax = plt.subplots(figsize=(6, 5))
-    im = ax.imshow(emd[np.ix_(order, order)], cmap="Reds")
+    cmap = plt.get_cmap("Reds").copy()
+    cmap.set_bad("lightgrey")
+    im = ax.imshow(np.ma.masked_invalid(emd[np.ix_(order, order)]), cmap=cmap)
     fig.colorbar(im, ax=ax, label="W(train_c, val_o)")
     ax.set_xlabel("target client o (val set)")
     ax.set_ylabel("source client c (model, train set)")
