@@ -11,9 +11,12 @@ Rounds (global epochs) ``r = 0 … R−1``:
    under full participation: one-shot, the paper's Alg. 1), with ``every-round`` in every round
    (the authors' partial-participation code), the server relays the latest local model of
    every client seen so far and all public keys (``query.emdcfl_embed``, one message per
-   client), receives projected embeddings, and computes in parallel ``W(train_c, val_o)`` and
-   the reference ``W(train_c, val_c)`` (same projection ``R_co``).
-   ``A[c,o] = [W(train_c,val_o) − W(train_c,val_c) < ε] AND [same for (o,c)]``; equal closed
+   client), and receives per peer the projected clouds ``src`` (its train, own model) and
+   ``tgt`` (its val, the peer's model) plus the scalar reference ``W(train_c, val_c)`` that the
+   client computed under the same ``R_co``. The clustering step itself is Flower-free:
+   :func:`fedclust.emdcfl.excess.cluster_clients` solves ``W(train_c, val_o)`` (equal-size
+   clouds; a pair's second direction is skipped once the first failed, unless
+   ``emdcfl.full-matrix``), subtracts ``c``'s reference, ANDs both directions; equal closed
    neighbourhoods form a cluster; clients not yet seen stay singletons. A cluster whose member
    set did not change keeps its model from step 2; a new or changed cluster starts from the
    FedAvg of its members' latest (possibly stale) local models.

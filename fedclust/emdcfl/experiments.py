@@ -98,15 +98,17 @@ def table(out: Path | list[Path]) -> str:
                int(c.get("num-clients", 0)), float(c.get("emdcfl.lr", 0.01)))
         groups.setdefault(key, []).append(r)
     lines = ["| dataset | rotation | clients | epochs/round | lr | method | eps | seeds | "
-             "avg acc | worst acc | backdoor acc (targets) | ARI | clusters | run s | "
-             "EMD s (share) | clustering s (share) | wall time vs Oracle |",
-             "|" + "---|" * 17]
+             "avg acc | worst acc | clean acc (targets) | backdoor acc (targets) | ARI | "
+             "clusters | run s | EMD s (share) | clustering s (share) | wall time vs Oracle |",
+             "|" + "---|" * 18]
     for key in sorted(groups):
         rs = sorted(groups[key], key=lambda r: int(r["config"]["seed"]))
         m = [r["metrics"] for r in rs]
         emd = clustering = overhead = ""
         backdoor = (_mean_ci([x["eval_backdoor_acc_targets"] for x in m])
                     if all("eval_backdoor_acc_targets" in x for x in m) else "")
+        clean = (_mean_ci([x["eval_clean_acc_targets"] for x in m])    # paper Table 3
+                 if all("eval_clean_acc_targets" in x for x in m) else "")
         if key[2] == "emdcfl":
             emd = (f"{np.mean([x['emd_s'] for x in m]):.1f} "
                    f"({100 * np.mean([x['emd_share_of_run'] for x in m]):.1f} %)")
@@ -126,7 +128,7 @@ def table(out: Path | list[Path]) -> str:
             f"{','.join(str(r['config']['seed']) for r in rs)} | "
             f"{_mean_ci([x['eval_acc_mean'] for x in m])} | "
             f"{_mean_ci([x['eval_acc_worst'] for x in m])} | "
-            f"{backdoor} | "
+            f"{clean} | {backdoor} | "
             f"{_mean_ci([x['eval_ari'] for x in m], 1.0)} | "
             f"{np.mean([x['num_clusters'] for x in m]):.1f} | "
             f"{np.mean([r['seconds'] for r in rs]):.0f} | {emd} | {clustering} | {overhead} |")
