@@ -112,7 +112,7 @@ def test_fuzzy_c_means_with_given_initial_centers_matches_the_core() -> None:
 
 
 def test_the_estimator_is_importable_from_fedclust_fcm_without_loading_sklearn_there() -> None:
-    from fedclust.estimators import FuzzyCMeans as defined
+    from fedclust.fcm.estimator import FuzzyCMeans as defined
 
     assert FuzzyCMeans is defined
     code = "import sys, fedclust.fcm; print('sklearn' in sys.modules)"

@@ -14,9 +14,9 @@ where client :math:`m` computes the *local sums* :math:`U^{(m)}_c=\sum_{j}\mu^m_
 :math:`WS^{(m)}_c=\sum_j \mu^m_{c,j}x_j` (Algorithm 2, ``LocalSums``). Because both sums
 decompose over disjoint clients, the federated update equals the centralized one exactly.
 
-This module is numpy only (clients import it). The scikit-learn estimator ``FuzzyCMeans`` is
-defined in :mod:`fedclust.estimators`; ``from fedclust.fcm import FuzzyCMeans`` imports it there
-on first use.
+This package's top level is numpy only (clients import it). The scikit-learn estimator
+``FuzzyCMeans`` is defined in :mod:`fedclust.fcm.estimator`; ``from fedclust.fcm import
+FuzzyCMeans`` imports that module on first use.
 """
 
 from __future__ import annotations
@@ -279,10 +279,10 @@ def fcm_until_stable(x: ArrayLike, centers: ArrayLike, m: float = 2.0, tol: floa
 
 
 def __getattr__(name: str) -> object:
-    # The estimator imports scikit-learn (about a second per ClientApp start): it lives in
-    # fedclust.estimators and is imported on first access, so `import fedclust.fcm` stays light.
+    # The estimator imports scikit-learn (about a second per ClientApp start): it is imported
+    # on first access, so that `import fedclust.fcm` stays light.
     if name == "FuzzyCMeans":
-        from fedclust.estimators import FuzzyCMeans
+        from fedclust.fcm.estimator import FuzzyCMeans
 
         return FuzzyCMeans
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,10 +1,10 @@
 """Centralized fuzzy c-means as a scikit-learn estimator.
 
-The numpy core lives in :mod:`fedclust.fcm`; it is what clients run, and importing it does not
-import scikit-learn (about one second more per ClientApp start, see
-``tests/test_architecture.py``). This module builds the estimator on top of that core in the
-style of :class:`sklearn.cluster.KMeans`. ``from fedclust.fcm import FuzzyCMeans`` still works:
-:mod:`fedclust.fcm` imports this module on first access to the name.
+The numpy core is the top level of :mod:`fedclust.fcm`; it is what clients run, and importing
+it does not import scikit-learn (which would add about a second to each ClientApp start, see
+``tests/test_architecture.py``). This module builds the estimator on that core in the style of
+:class:`sklearn.cluster.KMeans`; ``from fedclust.fcm import FuzzyCMeans`` imports it on first
+access to the name.
 
 Deep Embedded Clustering, the other centralized baseline offered as an estimator, is
 :class:`fedclust.fedcref.dec.DEC`.
