@@ -22,6 +22,8 @@ Actions (message type → what the client does → what it sends back):
   (config record ``"result"``) its cluster id and the server's results folder; the node keeps
   ``model.pt``, ``predict.json`` and ``result.json`` for its data owner (never sent).
 - ``query.emdcfl_group``: ground-truth cluster (Oracle baseline; only when ``evaluate=true``).
+- ``query.emdcfl_pacfl``: PACFL baseline — the client's class subspaces (orthonormal columns
+  from the SVD of each class's validation images; labels stay on the client).
 
 Clients never send samples or labels; only models, projected embeddings, counts and metrics.
 Training, embedding and evaluation run on ``emdcfl.device`` (``cpu`` with one torch thread,
@@ -233,6 +235,20 @@ def ifca_handler(msg: Message, context: Context) -> Message:
     return reply(msg, arrays={"model": {str(i): w for i, w in enumerate(weights)}},
                  metrics={"num-examples": n, "train-loss": loss, "choice": choice,
                           "val-losses": losses.tolist()})
+
+
+@app.query("emdcfl_pacfl")
+def pacfl_handler(msg: Message, context: Context) -> Message:
+    """PACFL baseline: this client's class subspaces ``U`` (the first ``emdcfl.pacfl-basis``
+    left singular vectors of each class's validation images, as the model sees them). The
+    labels stay here; the columns are principal directions of the client's own images."""
+    from fedclust.emdcfl.model import to_tensor
+    from fedclust.emdcfl.pacfl import class_subspaces
+
+    cfg = run_config(context)
+    data = client_data(context, cfg)
+    u = class_subspaces(to_tensor(data.x_val).numpy(), data.y_val, cfg["emdcfl.pacfl-basis"])
+    return reply(msg, arrays={"subspace": {"u": u}})
 
 
 def keep_owner_results(msg: Message, context: Context, cfg: dict[str, Any], spec, data,

@@ -9,6 +9,8 @@ All run through the same ClientApp actions as EMD-CFL (``train.emdcfl_local``,
 - ``ifca``: ``k`` cluster models (distinct random inits); each round every client picks the
   model with the lowest validation loss, trains it; FedAvg per picked model (an empty cluster
   keeps its model).
+- ``pacfl``: Vahidian et al.'s one-shot clustering by principal angles between the clients'
+  class subspaces (:mod:`fedclust.emdcfl.pacfl`), then FedAvg per cluster.
 - ``cfl``: Sattler's recursive bi-partitioning (EPS_1/EPS_2 on update norms, complete linkage
   on update cosine similarity), starting from one cluster.
 
@@ -31,6 +33,7 @@ from fedclust.emdcfl.cluster import cluster_fedavg
 from fedclust.emdcfl.data import GROUND_TRUTH
 from fedclust.emdcfl.keys import dataset_name
 from fedclust.emdcfl.model import init_weights, weights_from_record
+from fedclust.emdcfl.pacfl import angle_matrix, pacfl_clusters
 from fedclust.results import Progress, RunRecorder
 from strategies.common import connected_clients, send_and_collect
 from strategies.emdcfl_common import (
@@ -44,7 +47,7 @@ from strategies.emdcfl_common import (
     spec_of,
     train_round,
 )
-from strategies.emdcfl_replies import group_reply, ifca_reply
+from strategies.emdcfl_replies import group_reply, ifca_reply, pacfl_reply
 
 
 def _truth(grid: Grid, nodes: list[int], cfg: dict[str, Any], traffic: Traffic
@@ -120,6 +123,29 @@ def _cfl(grid, cfg, recorder, nodes, traffic, progress):
     return {n: state.models[owner[n]] for n in nodes}, owner
 
 
+def _pacfl(grid, cfg, recorder, nodes, traffic, progress):
+    """PACFL: one-shot clusters from the clients' class subspaces, then FedAvg per cluster
+    (:mod:`fedclust.emdcfl.pacfl`); a client without a usable reply is a singleton."""
+    spec = spec_of(cfg)
+    rows = spec.in_channels * spec.size * spec.size
+    ex = send_and_collect(grid, nodes, RecordDict(), "query.emdcfl_pacfl", "pacfl-subspaces",
+                          cfg["timeout"], validate=pacfl_reply(
+                              rows, cfg["emdcfl.pacfl-basis"] * spec.num_classes))
+    traffic.add(ex, "clustering")
+    require_replies(ex, "pacfl-subspaces")
+    answered = [n for n in nodes if n in ex.replies]
+    angles = angle_matrix([ex.replies[n].array_records["subspace"]["u"].numpy()
+                           for n in answered])
+    found = pacfl_clusters(angles, cfg["emdcfl.pacfl-threshold"])
+    labels = {n: int(k) for n, k in zip(answered, found)}
+    nxt = max(labels.values(), default=-1) + 1
+    for n in nodes:
+        if n not in labels:
+            labels[n], nxt = nxt, nxt + 1
+    recorder.save_array("pacfl_angles", angles)
+    return _fixed(grid, cfg, recorder, nodes, labels, traffic, progress, "pacfl")
+
+
 def run_baseline(algorithm: str, grid: Grid, cfg: dict[str, Any], recorder: RunRecorder
                  ) -> dict[str, Any]:
     """Run baseline ``algorithm`` and return the same metrics as EMD-CFL."""
@@ -139,6 +165,8 @@ def run_baseline(algorithm: str, grid: Grid, cfg: dict[str, Any], recorder: RunR
         final, labels = _ifca(grid, cfg, recorder, nodes, traffic, progress)
     elif algorithm == "cfl":
         final, labels = _cfl(grid, cfg, recorder, nodes, traffic, progress)
+    elif algorithm == "pacfl":
+        final, labels = _pacfl(grid, cfg, recorder, nodes, traffic, progress)
     else:
         raise ValueError(f"unknown baseline {algorithm!r}")
     out = evaluate_models(grid, cfg, final, labels, traffic, recorder)

@@ -153,6 +153,24 @@ def embed_reply(members: Sequence[int], proj_dim: int, max_samples: int,
     return check
 
 
+def pacfl_reply(rows: int, max_columns: int) -> Check:
+    """``query.emdcfl_pacfl``: ``subspace.u`` a finite float32 ``(rows, k)`` array with
+    ``1 ≤ k ≤ max_columns`` (basis vectors per class × classes), columns of unit norm."""
+
+    def check(rd: RecordDict) -> str | None:
+        arr, problem = _array(rd, "subspace", "u", "float32", None)
+        if problem:
+            return problem
+        if arr.ndim != 2 or arr.shape[0] != rows or not 1 <= arr.shape[1] <= max_columns:
+            return (f"'subspace.u' has shape {tuple(arr.shape)}, expected ({rows}, "
+                    f"1…{max_columns})")
+        if not np.allclose(np.linalg.norm(arr.astype(np.float64), axis=0), 1.0, atol=1e-3):
+            return "'subspace.u' columns are not unit vectors"
+        return None
+
+    return check
+
+
 def eval_reply() -> Check:
     """``evaluate.emdcfl_eval`` with ``evaluate=true``: ``test-acc`` in [0, 1], integer
     ``cluster`` and, when present, ``backdoor-acc`` in [0, 1]."""

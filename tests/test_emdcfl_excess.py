@@ -226,3 +226,78 @@ def test_cfl_server_step_splits_by_the_and_rule_into_the_right_halves():
         assert same.clusters == state.clusters
     late, _ = cfl_step(state, upd, counts, 0.4 * norm, 0.5 * norm, round_idx=0)
     assert late.clusters == state.clusters                 # never in round 0
+
+
+# ----------------------------------------------------------------------------------------------
+# PACFL baseline
+
+def _authors_hierarchical(a: np.ndarray, thresh: float) -> list[set[int]]:
+    """The PACFL code's merge loop (average of the two rows), written out as a reference."""
+    a = a.copy()
+    groups = [{i} for i in range(len(a))]
+    while len(a) > 1:
+        np.fill_diagonal(a, np.inf)
+        i, j = np.unravel_index(np.argmin(a), a.shape)
+        if a[i, j] > thresh:
+            break
+        np.fill_diagonal(a, 0)
+        z = (a[:, i] + a[:, j]) / 2
+        a[:, i], a[i, :] = z, z
+        a = np.delete(np.delete(a, j, axis=0), j, axis=1)
+        groups[i] |= groups.pop(j)
+    return groups
+
+
+def test_pacfl_clustering_follows_the_pacfl_merge_rule():
+    from fedclust.emdcfl.pacfl import pacfl_clusters
+
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        pts = rng.normal(size=(12, 2)) * 10
+        a = np.linalg.norm(pts[:, None] - pts[None], axis=-1)
+        for t in (2.0, 5.0, 9.0):
+            labels = pacfl_clusters(a, t)
+            ours = {frozenset(np.flatnonzero(labels == k).tolist()) for k in set(labels)}
+            assert ours == {frozenset(g) for g in _authors_hierarchical(a, t)}
+
+
+def test_pacfl_subspaces_separate_rotated_data_and_keep_labels_home():
+    from fedclust.emdcfl.pacfl import angle_matrix, class_subspaces, pacfl_clusters
+
+    rng = np.random.default_rng(8)
+    base = rng.normal(size=(3, 6, 6))                    # 3 class prototypes
+    clients = []
+    for c in range(6):
+        y = rng.integers(0, 3, size=60)
+        x = base[y] + 0.05 * rng.normal(size=(60, 6, 6))
+        if c % 2:
+            x = np.rot90(x, 1, axes=(1, 2))
+        clients.append(class_subspaces(x, y, basis=2))
+    assert clients[0].shape == (36, 6) and clients[0].dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(clients[0], axis=0), 1, atol=1e-5)
+    a = angle_matrix(clients)
+    assert np.allclose(a, a.T) and np.all(np.diag(a) == 0)
+    labels = pacfl_clusters(a, threshold=0.5 * (a[0, 2] + a[0, 1]))
+    assert labels.tolist() == [0, 1, 0, 1, 0, 1]
+    with pytest.raises(ValueError, match="basis"):
+        class_subspaces(base, np.arange(3), basis=0)
+
+
+def test_pacfl_baseline_runs_end_to_end_and_sends_only_subspaces(tmp_path):
+    from server_app.inprocess import run_server
+    from tests.test_emdcfl_server import TINY, planted_nodes
+
+    sent = {}
+
+    def inspect(instruction, reply):
+        if instruction.metadata.message_type == "query.emdcfl_pacfl" and reply.has_content():
+            sent[instruction.metadata.dst_node_id] = {
+                name: sorted(rec) for name, rec in reply.content.items()}
+
+    cfg = {**TINY, "emdcfl.algorithm": "pacfl", "emdcfl.pacfl-threshold": 30.0,
+           "emdcfl.rounds": 1, "output-dir": str(tmp_path / "out")}
+    m = run_server(cfg, inspect=inspect, node_configs=planted_nodes(tmp_path))[0]["metrics"]
+    angles = np.load(tmp_path / "out" / "pacfl_angles.npy")
+    assert angles.shape == (4, 4)
+    assert m["eval_ari"] == 1.0 and m["num_clusters"] == 2, (m, angles)
+    assert len(sent) == 4 and all(v == {"subspace": ["u"], "metrics": []} for v in sent.values())

@@ -7,14 +7,14 @@ from typing import Any
 from fedclust.config import ConfigError, Key, require
 from fedclust.emdcfl.data import DATASETS, PALETTES, ROTATIONS
 
-ALGORITHMS = ("emdcfl", "oracle", "fedavg", "local", "ifca", "cfl")
+ALGORITHMS = ("emdcfl", "oracle", "fedavg", "local", "ifca", "cfl", "pacfl")
 DEVICES = ("cpu", "cuda", "auto")
 RECLUSTER = ("on-join", "every-round")
 
 KEYS: list[Key] = [
     Key("emdcfl.algorithm", str, "emdcfl",
         "emdcfl, or a baseline on the same data/model/budget: oracle (ground-truth clusters; "
-        "needs evaluate=true), fedavg, local, ifca, cfl", choices=ALGORITHMS),
+        "needs evaluate=true), fedavg, local, ifca, cfl, pacfl", choices=ALGORITHMS),
     Key("emdcfl.rotation", str, "max", "rotation group of rotmnist/rotfmnist/rotdigits "
         "(max 0/90/180/270, min -3/-1/1/3, two -3/3/177/183, no 0/0/0/0)",
         choices=tuple(ROTATIONS)),
@@ -69,6 +69,11 @@ KEYS: list[Key] = [
     Key("emdcfl.cfl-eps1", float, 0.4, "CFL EPS_1 (split when mean update norm < EPS_1)",
         low=0.0),
     Key("emdcfl.cfl-eps2", float, 1.6, "CFL EPS_2 (and max update norm > EPS_2)", low=0.0),
+    Key("emdcfl.pacfl-threshold", float, 20.0, "PACFL: merge clusters while their average "
+        "smallest principal angle is <= this many degrees (chosen on held-out seed 100 for "
+        "Rotated MNIST max; Backdoor MNIST: 3)", low=0.0, low_open=True),
+    Key("emdcfl.pacfl-basis", int, 3, "PACFL: left singular vectors per class that a client "
+        "sends (the PACFL code: 3)", low=1),
     Key("emdcfl.device", str, "cpu", "torch device of client training, embedding and "
         "evaluation: cpu (one thread), cuda, or auto (cuda if torch.cuda.is_available())",
         choices=DEVICES),
