@@ -1,19 +1,18 @@
-"""Server loop of FedCRef (paper 000, Algorithm 1).
+"""FedCRef's Flower strategy: the messages of Algorithm 1 (paper 000).
 
-One iteration t:
+The loop itself — local models, associations, communities, community FedAvg, refinement,
+stopping — is :func:`fedclust.fedcref.algorithm.run`, Flower-free. This module implements its
+:class:`~fedclust.fedcref.algorithm.Clients` with messages and checks every reply:
 
-1. ``train.fedcref_local`` — active clients (re)train one autoencoder per local cluster and send
-   it; inactive clients keep theirs (the server still relays their last version).
-2. ``query.fedcref_assoc`` — the server relays the cluster models; every client receives only
-   the model versions it has not evaluated yet (it caches their errors), tests eq. (2) for each
-   of its clusters against each foreign model and returns the accept bits. A node whose cache
-   was lost lists the missing keys and gets them in a second message.
-3. Graph Γ: an edge when both sides accept (line 13); communities = connected components with
-   ≥ 2 clusters (networkx), the rest isolated.
-4. ``train.fedcref_comm`` × ``fl-rounds`` — FedAvg of all community models in parallel; a client
-   trains all of its communities in one message; the community model is the aggregate.
-5. ``train.fedcref_refine`` — active clients run Algorithm 2 with their own models and all
-   community models and report ACC(previous, new) for the stability test (τ).
+1. ``train.fedcref_local`` — active clients (re)train one autoencoder per local cluster and
+   send it; inactive clients send only the list of clusters that still have a model.
+2. ``query.fedcref_assoc`` — every client receives only the model versions it has not
+   evaluated yet (it caches their errors), tests each of its clusters against each foreign
+   model and returns the accept bits. A node whose cache was lost lists the missing keys and
+   gets them in a second message.
+3. ``train.fedcref_comm`` × ``fl-rounds`` — a client trains all of its communities in one
+   message per round; the server averages (weighted by counts).
+4. ``train.fedcref_refine`` — active clients run Algorithm 2 and report ACC(previous, new).
 
 The results for each data owner travel in these messages, with no extra round trip: the
 config record ``"result"`` (the run folder, for simulated clients) rides on every local,
@@ -22,8 +21,6 @@ the community rounds (none: isolated) and writes its labels and the models that 
 after each refinement (docs/fedcref.md, "Results for each data owner"). At the end the server
 saves the final community models as ``community_models.npz`` for ``fedclust predict``.
 
-Stop when no client is active, when communities and isolated counts changed by at most
-``stop-change`` for ``stop-window`` consecutive iterations, or after ``max-iterations``.
 Clients that do not answer are left out of that step and recorded (``dropped_nodes``).
 Evaluation metrics (``eval_*``) come from per-cluster true-class histograms sent by the
 clients only when ``evaluate`` is true and the node allows it (a simulated node always; a
@@ -35,17 +32,17 @@ the explicit ``association=perfect`` baseline, which refuses to run without ever
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
+from fedclust.fedcref import algorithm
 from fedclust.fedcref import autoencoder as ae
-from fedclust.fedcref.association import communities, mutual_edges, perfect_edges
-from fedclust.fedcref.client import derive_seed, hidden_sizes
-from fedclust.fedcref.evaluation import majority_classes, mean_accuracy, wrong_associations
-from fedclust.fedcref.stopping import StabilityStop
+from fedclust.fedcref.algorithm import Contribution, LocalReply, Model, Node, RefineReply
+from fedclust.fedcref.client import hidden_sizes
 from fedclust.results import Progress, RunRecorder
 from strategies.common import (
     Exchange,
@@ -56,7 +53,6 @@ from strategies.common import (
 )
 
 LOG = logging.getLogger("fedclust")
-Node = tuple[int, int]   # (client index, local cluster)
 
 
 def _arrays(named: dict[str, np.ndarray]) -> ArrayRecord:
@@ -130,22 +126,24 @@ def _models(content: RecordDict, name: str, shapes: dict[str, tuple[int, ...]]) 
 
 def _check_local(content: RecordDict, sizes: list[int] | None, hidden: list[int]
                  ) -> str | None:
-    """Reply of ``train.fedcref_local``: k, identity key, version and the stacked models
-    (layer sizes ``sizes`` once known, else those its own input width implies)."""
+    """Reply of ``train.fedcref_local``: k, identity key, version, the list of modelled
+    clusters and, after a (re)training, the stacked models (layer sizes ``sizes`` once known,
+    else those its own input width implies)."""
     problem = _metrics(content, "k", "key", "version")
     if problem:
         return problem
     k = int(content.metric_records["metrics"]["k"])
     if k < 1:
         return f"k = {k} < 1"
-    if "models" in content.array_records:
-        if "clusters" not in content.array_records:
-            return "models without array record 'clusters'"
+    if "models" in content.array_records and "clusters" not in content.array_records:
+        return "models without array record 'clusters'"
+    if "clusters" in content.array_records:
         clusters = content.array_records["clusters"]["clusters"].numpy()
         if clusters.ndim != 1 or np.any(clusters < 0) or np.any(clusters >= k) \
                 or len(np.unique(clusters)) != len(clusters):
             return (f"'clusters' must list distinct local clusters in 0..{k - 1}, got "
                     f"{clusters.tolist()}")
+    if "models" in content.array_records:
         w0 = content.array_records["models"].get("W0")
         if w0 is None or w0.numpy().ndim != 3:
             return "'models' lacks a 3-D 'W0'"
@@ -208,11 +206,6 @@ def _hist(content: RecordDict) -> np.ndarray | None:
     return None
 
 
-def _pad(tables: list[np.ndarray]) -> list[np.ndarray]:
-    width = max((t.shape[1] for t in tables), default=0)
-    return [np.pad(t, ((0, 0), (0, width - t.shape[1]))) for t in tables]
-
-
 def order_by_client_key(nodes: list[int], keys: dict[int, int]) -> list[int]:
     """Nodes sorted by the identity key their client reported (nodes without one last, by id).
 
@@ -252,284 +245,243 @@ def preflight(cfg: dict[str, Any]) -> None:
         build_system(cfg)
 
 
-def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any]:
-    """``method=fedcref`` (``preflight`` runs before, from the ServerApp's method registry)."""
-    nodes = connected_clients(grid, cfg)
-    index = {nid: i for i, nid in enumerate(nodes)}
-    seed, timeout = cfg["seed"], cfg["timeout"]
-    mode = cfg["fedcref.association"]
-    evaluate = cfg["evaluate"]
-    active = set(nodes)
-    store: dict[Node, tuple[int, dict[str, Array]]] = {}   # (client, q) -> (version, arrays)
-    evaluated: dict[int, set[str]] = {nid: set() for nid in nodes}
-    ks: dict[int, int] = {}
-    hists: dict[int, np.ndarray] = {}        # eval: per client (K, C) at association time
-    traffic = _Traffic()
-    dropped: set[int] = set()
-    stopper = StabilityStop(cfg["fedcref.stop-window"], cfg["fedcref.stop-change"])
-    acc_start = float("nan")
-    iso_start: int | None = None
-    iso_first: int | None = None
-    progress = Progress(cfg["fedcref.max-iterations"], "fedcref iteration")
-    last: dict[str, Any] = {}
-    stop_reason = "max-iterations"
-    layer: list[int] | None = None
-    hidden = hidden_sizes(cfg)
-    result_dir = str(recorder.dir)    # simulated clients keep their owner's results under it
-    comm_params: ae.Params = []
-    t = 0
-    for t in range(1, cfg["fedcref.max-iterations"] + 1):
-        rec: dict[str, Any] = {"iteration": t, "active_clients": len(active)}
-        dropped_now: dict[str, dict[int, str]] = {}   # phase -> node -> reason
+class FlowerClients:
+    """:class:`fedclust.fedcref.algorithm.Clients` over Flower messages.
 
-        # 1. local cluster models ------------------------------------------------------------
-        def local_content(nid: int, t: int = t) -> RecordDict:
+    Client ``i`` of the loop is the node with the ``i``-th smallest identity key (reported in
+    the first local phase), so that seeds and orders depend only on what each client holds,
+    never on the node ids the engine assigned. Replies that fail their check count as not
+    answered (``dropped_nodes``).
+    """
+
+    def __init__(self, grid: Grid, nodes: list[int], cfg: dict[str, Any],
+                 result_dir: str) -> None:
+        self.grid, self.nodes, self.cfg = grid, nodes, cfg
+        self.n = len(nodes)
+        self.index = {nid: i for i, nid in enumerate(nodes)}
+        self.timeout = cfg["timeout"]
+        self.result = result_dir
+        self.hidden = hidden_sizes(cfg)
+        self.layer: list[int] | None = None     # fixed by the first valid model
+        self.ks: dict[int, int] = {}
+        self.evaluated: dict[int, set[str]] = {nid: set() for nid in nodes}
+        self.arrays: dict[str, dict[str, Array]] = {}    # model key -> arrays as sent
+        self.hists: dict[int, np.ndarray] = {}
+        self.traffic = _Traffic()
+        self.dropped_now: dict[str, dict[int, str]] = {}
+        self.dropped: set[int] = set()
+
+    def _account(self, phase: str, ex: Exchange, part: str) -> None:
+        self.traffic.add(phase, ex)
+        self.dropped_now[part] = {**ex.failed, **self.dropped_now.get(part, {})}
+
+    # -- Algorithm 1 lines 6-8 --------------------------------------------------------------
+    def local(self, t: int, active: Collection[int], seed: int) -> dict[int, LocalReply]:
+        self.dropped_now = {}
+        act = {self.nodes[i] for i in active}
+
+        def content(nid: int) -> RecordDict:
             return RecordDict({"config": ConfigRecord({
-                "active": nid in active, "iteration": t,
-                "seed": derive_seed(seed, t, 1)}), "result": result_record(result_dir)})
+                "active": nid in act, "iteration": t, "seed": seed}),
+                "result": result_record(self.result)})
 
-        def check_local(nid: int, content: RecordDict) -> str | None:
-            nonlocal layer     # the first valid model fixes the layer sizes of the run
-            problem = _check_local(content, layer, hidden)
-            if problem is None and layer is None and "models" in content.array_records:
-                layer = ae.layer_sizes(
-                    content.array_records["models"]["W0"].numpy().shape[1], hidden)
+        def check(nid: int, c: RecordDict) -> str | None:
+            problem = _check_local(c, self.layer, self.hidden)
+            if problem is None and self.layer is None and "models" in c.array_records:
+                self.layer = ae.layer_sizes(c.array_records["models"]["W0"].numpy().shape[1],
+                                            self.hidden)
             return problem
 
-        ex = send_and_collect(grid, nodes, local_content, "train.fedcref_local", f"local-{t}",
-                              timeout)
-        check_each(ex, check_local, f"local-{t}")
+        ex = send_and_collect(self.grid, self.nodes, content, "train.fedcref_local",
+                              f"local-{t}", self.timeout)
+        check_each(ex, check, f"local-{t}")
         if not ex.replies:
             raise RuntimeError(
                 f"FedCRef iteration {t}: no client answered the local phase; reasons: "
                 + "; ".join(f"node {n}: {why}" for n, why in sorted(ex.failed.items())))
         if t == 1:
-            # Client order (and so community order) by the clients' own identity keys, not by
-            # node ids, which differ between engines and runs (see client_key).
-            nodes = order_by_client_key(nodes, {nid: int(c.metric_records["metrics"]["key"])
-                                                for nid, c in ex.replies.items()})
-            index = {nid: i for i, nid in enumerate(nodes)}
-        traffic.add("local_training", ex)
+            # client order (and so community order) by the clients' own identity keys, not by
+            # node ids, which differ between engines and runs (see client_key)
+            self.nodes = order_by_client_key(self.nodes, {
+                nid: int(c.metric_records["metrics"]["key"]) for nid, c in ex.replies.items()})
+            self.index = {nid: i for i, nid in enumerate(self.nodes)}
+        self._account("local_training", ex, "local")
         LOG.info("iteration %d: local training %.1fs", t, ex.seconds)
-        dropped_now["local"] = dict(ex.failed)
-        for nid, content in ex.replies.items():
-            met = content.metric_records["metrics"]
-            ks[nid] = int(met["k"])
-            if "models" in content.array_records:
-                version = int(met["version"])
-                clusters = content.array_records["clusters"]["clusters"].numpy()
-                mrec = content.array_records["models"]
-                for key in [k for k in store if k[0] == index[nid]]:
-                    del store[key]
-                for i, q in enumerate(clusters):
-                    store[(index[nid], int(q))] = (version, {
-                        name: Array(mrec[name].numpy()[i:i + 1]) for name in mrec})
-            h = _hist(content)
-            if h is not None:
-                hists[nid] = h
-        if t == 1 and evaluate:
-            _check_evaluation(ex.replies, hists, mode)
-        if t == 1 and evaluate and hists:
-            acc_start = mean_accuracy(_pad([hists[n] for n in sorted(hists)]))
-        responding = [n for n in nodes if n in ex.replies]
-        graph_nodes: list[Node] = [key for key in store if nodes[key[0]] in ex.replies]
-        # clusters below fedcref.min-cluster-size (or emptied by refinement) have no model, so
-        # they are not graph nodes: they are left out of every cluster count, isolated_start
-        # included, and reported on their own
-        rec["unmodelled_clusters"] = int(sum(ks[n] for n in responding)) - len(graph_nodes)
-        if iso_start is None:
-            # the paper's "isolated start" (Tables 3-8, Fig. 4d): before any association every
-            # cluster is isolated, i.e. Σ K_i (here: the clusters that have a model)
-            iso_start = len(graph_nodes)
+        out: dict[int, LocalReply] = {}
+        for nid, c in ex.replies.items():
+            met = c.metric_records["metrics"]
+            i = self.index[nid]
+            self.ks[i] = int(met["k"])
+            reply = LocalReply(k=int(met["k"]), version=int(met["version"]), hist=_hist(c))
+            if "clusters" in c.array_records:
+                clusters = [int(q) for q in c.array_records["clusters"]["clusters"].numpy()]
+                reply.modelled = clusters
+                if "models" in c.array_records:
+                    rec = c.array_records["models"]
+                    reply.models = {}
+                    for j, q in enumerate(clusters):
+                        arrays = {name: rec[name].numpy()[j:j + 1] for name in rec}
+                        reply.models[q] = arrays
+                        self.arrays[_key((i, q), reply.version)] = {
+                            name: Array(a) for name, a in arrays.items()}
+            if reply.hist is not None:
+                self.hists[i] = reply.hist
+            out[i] = reply
+        if t == 1 and self.cfg["evaluate"]:
+            _check_evaluation(ex.replies, {self.nodes[i]: h for i, h in self.hists.items()},
+                              self.cfg["fedcref.association"])
+        return out
 
-        # 2. association on the clients --------------------------------------------------------
-        accept: dict[Node, set[Node]] = {n: set() for n in graph_nodes}
-        if mode == "mutual":
-            keys_all = {key: f"{key[0]}:{key[1]}:{store[key][0]}" for key in graph_nodes}
+    # -- lines 9-16 ---------------------------------------------------------------------------
+    def associate(self, t: int, models: Mapping[Node, tuple[int, Model]], asked: list[int]
+                  ) -> dict[int, np.ndarray]:
+        keys_all = {node: _key(node, version) for node, (version, _) in models.items()}
+        current = set(keys_all.values())
+        for key in [k for k in self.arrays if k not in current]:
+            del self.arrays[key]
+        for node, (_, model) in models.items():
+            if keys_all[node] not in self.arrays:
+                self.arrays[keys_all[node]] = {k: Array(np.ascontiguousarray(v))
+                                               for k, v in model.items()}
 
-            def foreign(nid: int, graph_nodes: list[Node] = graph_nodes,
-                        index: dict[int, int] = index) -> list[Node]:
-                return [key for key in graph_nodes if key[0] != index[nid]]
+        def foreign(nid: int) -> list[Node]:
+            return [node for node in models if node[0] != self.index[nid]]
 
-            def assoc_content(nid: int, only: set[str] | None = None,
-                              keys_all: dict[Node, str] = keys_all) -> RecordDict:
+        def content(nid: int, only: set[str] | None = None) -> RecordDict:
+            fk = foreign(nid)
+            names = [keys_all[k] for k in fk]
+            send = [keys_all[k] for k in fk if keys_all[k] not in self.evaluated[nid]
+                    and (only is None or keys_all[k] in only)]
+            arrs = {f"{key}/{name}": arr for key in send
+                    for name, arr in self.arrays[key].items()}
+            c = RecordDict({"config": ConfigRecord(
+                {"keys": names} if names else {"no-keys": True})})
+            if arrs:
+                c["models"] = ArrayRecord(arrs)
+            return c
+
+        def check(nid: int, c: RecordDict) -> str | None:
+            return _check_accept(c, self.ks[self.index[nid]], len(foreign(nid)))
+
+        ex = send_and_collect(self.grid, [self.nodes[i] for i in asked], content,
+                              "query.fedcref_assoc", f"assoc-{t}", self.timeout)
+        check_each(ex, check, f"assoc-{t}")
+        self.traffic.add("cross_evaluation", ex)
+        retry = {}
+        for nid, c in ex.replies.items():
+            met = c.metric_records.get("metrics")
+            miss = list(met.get("missing", [])) if met is not None else []
+            if miss:
                 fk = foreign(nid)
-                names = [keys_all[k] for k in fk]
-                send = [k for k in fk if keys_all[k] not in evaluated[nid]
-                        and (only is None or keys_all[k] in only)]
-                arrs = {f"{keys_all[k]}/{name}": arr for k in send
-                        for name, arr in store[k][1].items()}
-                content = RecordDict({"config": ConfigRecord(
-                    {"keys": names} if names else {"no-keys": True})})
-                if arrs:
-                    content["models"] = ArrayRecord(arrs)
-                return content
+                retry[nid] = {keys_all[fk[int(i)]] for i in miss}
+                self.evaluated[nid] -= retry[nid]
+        replies, failed = dict(ex.replies), dict(ex.failed)
+        if retry:
+            ex2 = send_and_collect(self.grid, list(retry),
+                                   lambda nid: content(nid, retry[nid]),
+                                   "query.fedcref_assoc", f"assoc-{t}-resend", self.timeout)
+            check_each(ex2, lambda nid, c: check(nid, c)
+                       or (None if "accept" in c.array_records else "still missing models"),
+                       f"assoc-{t}-resend")
+            self.traffic.add("cross_evaluation", ex2)
+            replies.update(ex2.replies)
+            failed.update(ex2.failed)
+        self.dropped_now["assoc"] = failed
+        LOG.info("iteration %d: cross-evaluation %.1fs", t,
+                 self.traffic.seconds["cross_evaluation"])
+        out = {}
+        for nid, c in replies.items():
+            if "accept" in c.array_records:
+                self.evaluated[nid] = {keys_all[k] for k in foreign(nid)}
+                out[self.index[nid]] = c.array_records["accept"]["accept"].numpy().astype(bool)
+        return out
 
-            ex = send_and_collect(grid, responding, assoc_content, "query.fedcref_assoc",
-                                  f"assoc-{t}", timeout)
-            check_each(ex, lambda nid, c: _check_accept(c, ks[nid], len(foreign(nid))),
-                       f"assoc-{t}")
-            traffic.add("cross_evaluation", ex)
-            retry = {}
-            for nid, content in ex.replies.items():
-                met = content.metric_records.get("metrics")
-                miss = list(met.get("missing", [])) if met is not None else []
-                if miss:
-                    fk = foreign(nid)
-                    retry[nid] = {keys_all[fk[int(i)]] for i in miss}
-                    evaluated[nid] -= retry[nid]
-            replies = dict(ex.replies)
-            failed = dict(ex.failed)
-            if retry:
-                ex2 = send_and_collect(grid, list(retry),
-                                       lambda nid, retry=retry: assoc_content(nid, retry[nid]),
-                                       "query.fedcref_assoc", f"assoc-{t}-resend", timeout)
-                check_each(ex2, lambda nid, c: _check_accept(c, ks[nid], len(foreign(nid)))
-                           or (None if "accept" in c.array_records else "still missing models"),
-                           f"assoc-{t}-resend")
-                traffic.add("cross_evaluation", ex2)
-                replies.update(ex2.replies)
-                failed.update(ex2.failed)
-            dropped_now["assoc"] = failed
-            LOG.info("iteration %d: cross-evaluation %.1fs", t, traffic.seconds["cross_evaluation"])
-            for nid, content in replies.items():
-                if "accept" not in content.array_records:
-                    continue
-                fk = foreign(nid)
-                evaluated[nid] = {keys_all[k] for k in fk}
-                mat = content.array_records["accept"]["accept"].numpy().astype(bool)
-                for q in range(mat.shape[0]):
-                    src = (index[nid], q)
-                    if src in accept:
-                        accept[src] = {fk[j] for j in np.flatnonzero(mat[q])}
-            alive = {index[n] for n in replies if "accept" in replies[n].array_records}
-            graph_nodes = [k for k in graph_nodes if k[0] in alive]
-            edges = mutual_edges({k: v for k, v in accept.items() if k[0] in alive})
-        elif mode == "perfect":
-            node_hist = {(index[n], q): hists[n][q] for n in hists for q in range(len(hists[n]))}
-            major = majority_classes({k: node_hist[k] for k in graph_nodes if k in node_hist})
-            edges = perfect_edges(major)
-        else:
-            edges = []
+    # -- line 22 ------------------------------------------------------------------------------
+    def community_round(self, t: int, rnd: int, params: ae.Params,
+                        members: dict[int, list[tuple[int, list[int]]]], seed: int
+                        ) -> dict[int, list[Contribution]]:
+        np_params = ae.to_numpy(params)
 
-        # 3. communities -----------------------------------------------------------------------
-        groups, isolated = communities(graph_nodes, edges) if mode != "none" else ([], graph_nodes)
-        rec.update({"communities": len(groups), "isolated": len(isolated),
-                    "edges": len(edges), "clusters": len(graph_nodes)})
-        if iso_first is None:
-            iso_first = len(isolated)
-        if evaluate and hists:
-            node_hist = {(index[n], q): hists[n][q] for n in hists for q in range(len(hists[n]))}
-            w, tot, pct = wrong_associations(groups, node_hist)
-            rec.update({"eval_wrong_associations": w, "eval_associated_clusters": tot,
-                        "eval_wrong_associations_pct": pct})
-            present = _pad([hists[n] for n in sorted(hists)])
-            holders = (np.stack([(h.sum(0) > 0) for h in present]).sum(0)
-                       if present else np.zeros(0))
-            rec["eval_global_k"] = int((holders > 0).sum())
-            rec["eval_ideal_communities"] = int((holders >= 2).sum())
+        def content(nid: int) -> RecordDict:
+            mine = members[self.index[nid]]
+            gs = [g for g, _ in mine]
+            return RecordDict({
+                "models": _arrays({k: v[gs] for k, v in np_params.items()}),
+                "config": ConfigRecord({
+                    "communities": gs, "members-len": [len(qs) for _, qs in mine],
+                    "members-flat": [q for _, qs in mine for q in qs], "seed": seed}),
+                "result": result_record(self.result)})
 
-        # 4. community models (FedAvg, all communities in parallel) ----------------------------
-        comm_params = []
-        if groups and layer is not None:
-            comm_params = ae.init_params(len(groups), layer, derive_seed(seed, 7, t, 2),
-                                         cfg["fedcref.ae-init"])
-            by_client: dict[int, list[tuple[int, list[int]]]] = {}
-            for g, members in enumerate(groups):
-                per: dict[int, list[int]] = {}
-                for ci, q in members:
-                    per.setdefault(ci, []).append(q)
-                for ci, qs in per.items():
-                    by_client.setdefault(ci, []).append((g, qs))
-            for rnd in range(1, cfg["fedcref.fl-rounds"] + 1):
-                np_params = ae.to_numpy(comm_params)
+        assert self.layer is not None    # communities exist only once models do
+        targets = [self.nodes[ci] for ci in sorted(members)]
+        shapes = {nid: model_shapes(self.layer, len(members[self.index[nid]]))
+                  for nid in targets}
+        ex = send_and_collect(self.grid, targets, content, "train.fedcref_comm",
+                              f"comm-{t}-{rnd}", self.timeout)
+        check_each(ex, lambda nid, c: _check_comm(c, shapes[nid]), f"comm-{t}-{rnd}")
+        self._account("community_training", ex, "comm")
+        out: dict[int, list[Contribution]] = {}
+        for nid, c in ex.replies.items():
+            got = ae.from_numpy({k: v.numpy() for k, v in c.array_records["models"].items()})
+            counts = c.array_records["counts"]["counts"].numpy()
+            out[self.index[nid]] = [
+                Contribution(g, [p[j:j + 1] for p in got], float(counts[j]))
+                for j, (g, _) in enumerate(members[self.index[nid]])]
+        return out
 
-                def comm_content(nid: int, t: int = t, rnd: int = rnd, np_params: dict = np_params,
-                                 by_client: dict = by_client,
-                                 index: dict[int, int] = index) -> RecordDict:
-                    mine = by_client[index[nid]]
-                    gs = [g for g, _ in mine]
-                    return RecordDict({
-                        "models": _arrays({k: v[gs] for k, v in np_params.items()}),
-                        "config": ConfigRecord({
-                            "communities": gs, "members-len": [len(qs) for _, qs in mine],
-                            "members-flat": [q for _, qs in mine for q in qs],
-                            "seed": derive_seed(seed, t, 100 + rnd)}),
-                        "result": result_record(result_dir)})
-
-                targets = [nodes[ci] for ci in sorted(by_client)]
-                ex = send_and_collect(grid, targets, comm_content, "train.fedcref_comm",
-                                      f"comm-{t}-{rnd}", timeout)
-                sent_shapes = {nid: model_shapes(layer, len(by_client[index[nid]]))
-                               for nid in targets}
-                check_each(ex, lambda nid, c, shapes=sent_shapes: _check_comm(c, shapes[nid]),
-                           f"comm-{t}-{rnd}")
-                traffic.add("community_training", ex)
-                dropped_now["comm"] = {**ex.failed, **dropped_now.get("comm", {})}
-                contributions: dict[int, list[tuple[ae.Params, float]]] = {}
-                for nid, content in sorted(ex.replies.items(), key=lambda kv: index[kv[0]]):
-                    got = ae.from_numpy({k: v.numpy() for k, v in
-                                         content.array_records["models"].items()})
-                    counts = content.array_records["counts"]["counts"].numpy()
-                    for i, (g, _) in enumerate(by_client[index[nid]]):
-                        if counts[i] > 0:
-                            contributions.setdefault(g, []).append(
-                                ([p[i:i + 1] for p in got], float(counts[i])))
-                new = []
-                for g in range(len(groups)):
-                    if g in contributions:
-                        stacks, weights = zip(*contributions[g], strict=False)
-                        new.append(ae.fedavg(list(stacks), list(weights)))
-                    else:
-                        new.append([p[g:g + 1] for p in comm_params])
-                comm_params = ae.concat(new)
-
-        LOG.info("iteration %d: %d communities trained", t, len(groups))
-
-        # 5. refinement on the active clients ------------------------------------------------
-        refine_targets = [n for n in nodes if n in active]
+    # -- lines 26-30 --------------------------------------------------------------------------
+    def refine(self, t: int, targets: list[int], params: ae.Params) -> dict[int, RefineReply]:
+        LOG.info("iteration %d: %d communities trained", t, ae.n_models(params))
         content = RecordDict({"config": ConfigRecord({"iteration": t}),
-                              "result": result_record(result_dir)})
-        if ae.n_models(comm_params):
-            content["models"] = _arrays(ae.to_numpy(comm_params))
-        ex = send_and_collect(grid, refine_targets, content, "train.fedcref_refine",
-                              f"refine-{t}", timeout, validate=_check_refine)
-        traffic.add("refinement", ex)
-        dropped_now["refine"] = dict(ex.failed)
-        agreements = {}
-        for nid, rep in ex.replies.items():
-            agreements[nid] = float(rep.metric_records["metrics"]["agreement"])
-            if agreements[nid] >= cfg["fedcref.tau"]:
-                active.discard(nid)
-            h = _hist(rep)
-            if h is not None:
-                hists[nid] = h
-        if evaluate and hists:
-            rec["eval_acc"] = mean_accuracy(_pad([hists[n] for n in sorted(hists)]))
-        rec["active_after"] = len(active)
-        rec["mean_agreement"] = float(np.mean(list(agreements.values()))) if agreements else None
-        rec["dropped_nodes"] = {k: v for k, v in dropped_now.items() if v}
-        for v in dropped_now.values():
-            dropped |= set(v)
+                              "result": result_record(self.result)})
+        if ae.n_models(params):
+            content["models"] = _arrays(ae.to_numpy(params))
+        ex = send_and_collect(self.grid, [self.nodes[i] for i in targets], content,
+                              "train.fedcref_refine", f"refine-{t}", self.timeout,
+                              validate=_check_refine)
+        self._account("refinement", ex, "refine")
+        out = {}
+        for nid, c in ex.replies.items():
+            i = self.index[nid]
+            out[i] = RefineReply(float(c.metric_records["metrics"]["agreement"]), _hist(c))
+            if out[i].hist is not None:
+                self.hists[i] = out[i].hist
+        return out
+
+    def annotate(self, rec: dict[str, Any]) -> None:
+        """Add this iteration's dropped nodes and traffic to its record."""
+        rec["dropped_nodes"] = {k: v for k, v in self.dropped_now.items() if v}
+        for v in self.dropped_now.values():
+            self.dropped |= set(v)
         # bytes_* and *seconds are running totals since the start of the run; *_iter are this
         # iteration's share
-        rec["bytes_sent"], rec["bytes_received"] = traffic.sent, traffic.received
-        rec["seconds"] = dict(traffic.seconds)
-        rec["client_seconds"] = dict(traffic.client_seconds)
-        rec.update(traffic.since_mark())
-        rec["sizes"] = [len(g) for g in groups]
-        recorder.log_round(rec)
-        last = rec
-        progress.step(t, f"communities {len(groups)} isolated {len(isolated)} active "
-                         f"{len(active)}" + (f" acc {rec['eval_acc']:.3f}"
-                                             if "eval_acc" in rec else ""))
+        rec["bytes_sent"], rec["bytes_received"] = self.traffic.sent, self.traffic.received
+        rec["seconds"] = dict(self.traffic.seconds)
+        rec["client_seconds"] = dict(self.traffic.client_seconds)
+        rec.update(self.traffic.since_mark())
 
-        # a client that no longer answers cannot become stable: it does not keep the run going
-        reason = stopper.update(len(groups), len(isolated),
-                                len(active & set(responding)))   # §4.5
-        if reason is not None:
-            stop_reason = reason
-            break
+
+def _key(node: Node, version: int) -> str:
+    """Name of one cluster model version in messages (``client:cluster:version``)."""
+    return f"{node[0]}:{node[1]}:{version}"
+
+
+def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any]:
+    """``method=fedcref`` (``preflight`` runs before, from the ServerApp's method registry):
+    :func:`fedclust.fedcref.algorithm.run` over :class:`FlowerClients`."""
+    clients = FlowerClients(grid, connected_clients(grid, cfg), cfg, str(recorder.dir))
+    progress = Progress(cfg["fedcref.max-iterations"], "fedcref iteration")
+
+    def log(rec: dict[str, Any]) -> None:
+        clients.annotate(rec)
+        recorder.log_round(rec)
+        progress.step(rec["iteration"],
+                      f"communities {rec['communities']} isolated {rec['isolated']} active "
+                      f"{rec['active_after']}" + (f" acc {rec['eval_acc']:.3f}"
+                                                  if "eval_acc" in rec else ""))
+
+    outcome = algorithm.run(clients, algorithm.Settings.from_config(cfg), log)
+    comm_params = outcome.community_models
 
     # what `fedclust predict RUN_DIR` applies: the last iteration's community models
     from fedclust.fedcref.predict import COMMUNITY_MODELS, save_models
@@ -543,26 +495,12 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         try:
             from fedclust.fedcref.plots import figure4
 
-            start = {"communities": 0, "isolated": iso_start, "active_clients": len(nodes),
-                     "eval_acc": acc_start}
+            last = outcome.history[-1] if outcome.history else {}
             figure4(recorder.path("fedcref_figure4.png"), [recorder.history],
-                    global_k=last.get("eval_global_k"), starts=[start])
+                    global_k=last.get("eval_global_k"), starts=[outcome.start])
         except Exception as exc:  # plots never fail a run
             LOG.warning("plot failed: %s", exc)
-    out: dict[str, Any] = {
-        "iterations": t, "stop_reason": stop_reason,
-        "communities": last.get("communities"), "isolated_start": iso_start,
-        "isolated_first": iso_first, "isolated_end": last.get("isolated"),
-        "active_clients": len(active & set(responding)),
-        "active_unresponsive": sorted(active - set(responding)),
-        "bytes_sent": traffic.sent, "bytes_received": traffic.received,
-        "seconds": traffic.seconds, "client_seconds": traffic.client_seconds,
-        "dropped_nodes": sorted(dropped), "association": mode,
-    }
-    if evaluate:
-        out.update({"eval_acc_start": acc_start, "eval_acc_end": last.get("eval_acc"),
-                    "eval_wrong_associations_pct": last.get("eval_wrong_associations_pct"),
-                    "eval_global_k": last.get("eval_global_k"),
-                    "eval_ideal_communities": last.get("eval_ideal_communities"),
-                    "eval_nodes": len(hists)})
-    return out
+    traffic = clients.traffic
+    return {**outcome.summary, "bytes_sent": traffic.sent, "bytes_received": traffic.received,
+            "seconds": traffic.seconds, "client_seconds": traffic.client_seconds,
+            "dropped_nodes": sorted(clients.dropped)}

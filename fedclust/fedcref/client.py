@@ -35,6 +35,20 @@ def hidden_sizes(cfg: dict[str, Any]) -> list[int]:
     return [int(v) for v in str(cfg["fedcref.ae-hidden"]).split(",")]
 
 
+def client_key(x: NDArray) -> int:
+    """A client's identity: a 63-bit digest of its samples.
+
+    Every client-side random stream is seeded from (server phase seed, this key), and the
+    server orders clients by it, so that results do not depend on node ids or on which process
+    serves a message (deployment vs simulation vs in-process). The digest reveals nothing
+    about the samples beyond equality of whole datasets.
+    """
+    import hashlib
+
+    digest = hashlib.sha256(np.ascontiguousarray(x, dtype=np.float32).tobytes()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
 def derive_seed(*parts: int) -> int:
     """A 63-bit seed from integers (master seed, client, iteration, phase ...)."""
     return int(np.random.SeedSequence([int(p) & 0xFFFF_FFFF for p in parts]).generate_state(
@@ -136,6 +150,24 @@ def train_local(state: ClientState, x: NDArray, cfg: dict[str, Any], seed: int) 
     state.version += 1
     state.own_errors = own_error_matrix(state, x)
     return {"seconds": time.perf_counter() - t0, "sizes": sizes}
+
+
+def drop_emptied(state: ClientState, cfg: dict[str, Any]) -> bool:
+    """An inactive client's clusters that its last refinement left with fewer than
+    ``min-cluster-size`` samples lose their model (an active client's retraining already
+    skips them). Without this, the stale model stays a graph node that accepts nothing and
+    is counted isolated for the rest of the run. Returns whether a model was dropped."""
+    if not len(state.model_clusters):
+        return False
+    sizes = np.bincount(state.labels, minlength=state.k)
+    keep = sizes[state.model_clusters] >= cfg["fedcref.min-cluster-size"]
+    if keep.all():
+        return False
+    if state.own_errors is not None:
+        state.own_errors[state.model_clusters[~keep]] = np.nan
+    state.models = ae.select(state.models, np.flatnonzero(keep)) if keep.any() else []
+    state.model_clusters = state.model_clusters[keep]
+    return True
 
 
 def associate(state: ClientState, x: NDArray, keys: list[str], new_models: dict[str, ae.Params],

@@ -1,0 +1,112 @@
+"""FedCRef clients as plain objects in one process: :class:`~fedclust.fedcref.algorithm.Clients`
+by direct calls to the client steps of :mod:`fedclust.fedcref.client`, with no messages.
+
+The same client steps and seeds as the ClientApp (``client_apps.fedcref_handlers``), so
+:func:`fedclust.fedcref.algorithm.run` over these clients follows the same trajectory as a
+Flower run on the same data and start. For tests and probes of the algorithm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from fedclust.fedcref import autoencoder as ae
+from fedclust.fedcref import client as core
+from fedclust.fedcref.algorithm import Contribution, LocalReply, Model, Node, RefineReply
+
+
+class InMemoryClients:
+    """``n`` clients holding ``xs[i]`` with start labels ``starts[i]`` (0..K_i−1).
+
+    Parameters
+    ----------
+    xs : samples of each client, (n_i, d) in [0, 1]
+    starts : initial local clustering of each client
+    ks : K_i of each client (default: ``starts[i].max() + 1``)
+    cfg : a validated FedCRef run config (``fedclust.config.validate``)
+    ys : true classes of each client, for the ``eval`` histograms only (optional)
+
+    Clients are numbered in the order of their identity key (:func:`core.client_key`), as
+    the strategy numbers nodes; ``order[i]`` is the position in ``xs`` of client ``i``.
+    """
+
+    def __init__(self, xs: Sequence[NDArray], starts: Sequence[NDArray], cfg: Mapping[str, Any],
+                 ks: Sequence[int] | None = None, ys: Sequence[NDArray] | None = None) -> None:
+        self.cfg = dict(cfg)
+        keys = [core.client_key(x) for x in xs]
+        self.order = sorted(range(len(xs)), key=lambda i: keys[i])
+        self.keys = [keys[i] for i in self.order]
+        self.xs = [np.asarray(xs[i], dtype=np.float32) for i in self.order]
+        self.ys = [np.asarray(ys[i]) for i in self.order] if ys is not None else None
+        kk = [int(np.max(s)) + 1 for s in starts] if ks is None else list(ks)
+        self.states = [core.ClientState(labels=np.asarray(starts[i], dtype=np.int64).copy(),
+                                        k=int(kk[i])) for i in self.order]
+        self.n = len(xs)
+        self.evaluated: list[set[str]] = [set() for _ in range(self.n)]
+
+    def _seed(self, i: int, seed: int) -> int:
+        return core.derive_seed(seed, self.keys[i])
+
+    def _hist(self, i: int) -> NDArray[np.int64] | None:
+        if self.ys is None or not self.cfg["evaluate"]:
+            return None
+        st = self.states[i]
+        return core.class_histograms(st.labels, self.ys[i], st.k, int(self.ys[i].max()) + 1)
+
+    def local(self, t: int, active: Collection[int], seed: int) -> dict[int, LocalReply]:
+        out = {}
+        for i, st in enumerate(self.states):
+            reply = LocalReply(k=st.k, version=st.version)
+            if i in active or not ae.n_models(st.models):
+                core.train_local(st, self.xs[i], self.cfg, self._seed(i, seed))
+                reply.version = st.version
+                reply.models = {int(q): {k: v[j:j + 1] for k, v in ae.to_numpy(st.models).items()}
+                                for j, q in enumerate(st.model_clusters)}
+                reply.modelled = [int(q) for q in st.model_clusters]
+            else:
+                pruned = core.drop_emptied(st, self.cfg)
+                if pruned:
+                    reply.modelled = [int(q) for q in st.model_clusters]
+            reply.hist = self._hist(i)
+            out[i] = reply
+        return out
+
+    def associate(self, t: int, models: Mapping[Node, tuple[int, Model]], asked: list[int]
+                  ) -> dict[int, NDArray[np.bool_]]:
+        out = {}
+        for i in asked:
+            foreign = [node for node in models if node[0] != i]
+            keys = [f"{c}:{q}:{models[(c, q)][0]}" for c, q in foreign]
+            new = {key: ae.from_numpy(models[node][1]) for key, node in zip(keys, foreign,
+                                                                            strict=True)
+                   if key not in self.states[i].cache}
+            acc, missing, _ = core.associate(self.states[i], self.xs[i], keys, new, self.cfg)
+            assert not missing
+            out[i] = acc
+        return out
+
+    def community_round(self, t: int, rnd: int, params: ae.Params,
+                        members: dict[int, list[tuple[int, list[int]]]], seed: int
+                        ) -> dict[int, list[Contribution]]:
+        out = {}
+        for i in sorted(members):
+            gs = [g for g, _ in members[i]]
+            mine = [p[gs] for p in params]
+            trained, counts = core.train_communities(
+                self.xs[i], self.states[i].labels, mine,
+                [np.asarray(qs, dtype=np.int64) for _, qs in members[i]], self.cfg,
+                self._seed(i, seed))
+            out[i] = [Contribution(g, [p[j:j + 1] for p in trained], float(counts[j]))
+                      for j, g in enumerate(gs)]
+        return out
+
+    def refine(self, t: int, targets: list[int], params: ae.Params) -> dict[int, RefineReply]:
+        out = {}
+        for i in targets:
+            agreement = core.refine(self.states[i], self.xs[i], params)
+            out[i] = RefineReply(agreement, self._hist(i))
+        return out
