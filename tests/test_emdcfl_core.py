@@ -342,8 +342,9 @@ def test_experiment_table_keeps_runs_with_other_epochs_or_clients_apart(tmp_path
     assert CPU["emdcfl.epsilon"] == 0.1 and SMALL["emdcfl.samples"] == 500
     # Backdoor MNIST: the cpu sizes with 30 clients, the authors' lr (0.05 diverged on RGB) and
     # ε calibrated on the held-out seed 100
+    # (ε and PACFL's threshold chosen on the held-out seed 100)
     assert PRESETS["cpu-backdoor"] == {**CPU, "num-clients": 30, "emdcfl.lr": 0.01,
-                                       "emdcfl.epsilon": 0.06}
+                                       "emdcfl.epsilon": 0.06, "emdcfl.pacfl-threshold": 3.0}
     metrics = {"eval_acc_mean": 0.9, "eval_acc_worst": 0.8, "eval_ari": 1.0, "num_clusters": 3,
                "emd_s": 1.0, "emd_share_of_run": 0.1}
     rows = []
