@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MetricRecord
 
-from client_apps.app import app
+from client_apps.base import app
 from client_apps.common import reply, run_config
 
 SPLIT_KEYS = ("dataset", "emdcfl.rotation", "emdcfl.samples", "emdcfl.test-samples",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedclust.config import ConfigError, Key, require
+from fedclust.schema import ConfigError, Key, require
 from fedclust.emdcfl.data import DATASETS, PALETTES, ROTATIONS
 
 ALGORITHMS = ("emdcfl", "oracle", "fedavg", "local", "ifca", "cfl", "pacfl")

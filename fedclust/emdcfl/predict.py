@@ -34,7 +34,7 @@ from fedclust.emdcfl.model import (
     state_dict,
     weights_from_state_dict,
 )
-from fedclust.predict import PredictError, Prediction, check_width
+from fedclust.prediction import PredictError, Prediction, check_width
 
 MODELS_DIR = "models"
 INDEX = "clusters.json"
