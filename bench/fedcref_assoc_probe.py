@@ -1,23 +1,27 @@
-"""Association probe (eq. 2) on image clusters, outside the Flower loop.
+"""Association probe (eq. 2 or the ratio test) on image clusters, outside the Flower loop.
 
 Trains the cluster autoencoders of the first ``--clients`` clients of the 25-client system of
 ``--dataset`` on dirty clusters (``--dirtiness``), then reports for same-class and
 different-class cluster pairs the one-direction acceptance rate, the mutual (both directions)
-rate and the distribution of the 75th percentile of the normalised error gap; and, with
+rate and the distribution of the test's statistic (eq. 2: the 75th percentile of the
+normalised error gap; ratio: the quantile of the held-out log error ratio); and, with
 ``--graph``, the iteration-1 graph (edges, wrong edges, communities, isolated) with all pairs
 vs best match per client. ``--theta`` / ``--alpha`` take several values: the autoencoders are
-trained once and every (θ, α) pair is evaluated on the same errors (one JSON line each)::
+trained once and every (θ, α) pair — or, with ``--rule ratio``, every ``--epsilon`` — is
+evaluated on the same errors (one JSON line each)::
 
     python bench/fedcref_assoc_probe.py --clients 12 --dirtiness 0.0 \\
         --set fedcref.ae-init=torch fedcref.batch-size=64
     python bench/fedcref_assoc_probe.py --dataset fashion-mnist --clients 25 --graph \\
         --theta 0.05 0.1 0.15 0.2 --alpha 0.75 0.9
+    python bench/fedcref_assoc_probe.py --rule ratio --epsilon 0.1 0.2 0.3 --seed 100 --graph
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,16 +36,16 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=12)
     ap.add_argument("--dirtiness", type=float, default=0.3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--data-dir", default="/work/shared/data")
+    ap.add_argument("--data-dir", default=os.environ.get("FEDCLUST_DATA_DIR", "data"))
     ap.add_argument("--dataset", default="mnist")
     ap.add_argument("--theta", type=float, nargs="*", default=None,
                     help="θ values to evaluate (default: the config's fedcref.theta)")
     ap.add_argument("--alpha", type=float, nargs="*", default=None,
                     help="α values to evaluate (default: the config's fedcref.alpha)")
-    ap.add_argument("--rule", default="eq2", choices=("eq2", "eq2-preference"),
-                    help="association test (fedcref.assoc-rule); 'eq2-preference' adds --beta")
-    ap.add_argument("--beta", type=float, nargs="*", default=None,
-                    help="β values of the preference guard (default: the config's fedcref.beta)")
+    ap.add_argument("--rule", default="eq2", choices=("eq2", "ratio"),
+                    help="association test (fedcref.assoc-rule); 'ratio' reads --epsilon")
+    ap.add_argument("--epsilon", type=float, nargs="*", default=None,
+                    help="ε values of the ratio test (default: the config's fedcref.epsilon)")
     ap.add_argument("--graph", action="store_true")
     ap.add_argument("--set", nargs="*", default=[])
     args = ap.parse_args()
@@ -51,13 +55,14 @@ def main() -> None:
     from fedclust.config import validate
     from fedclust.fedcref import autoencoder as ae
     from fedclust.fedcref import client as core
-    from fedclust.fedcref.association import normalized_gap, preference_score
+    from fedclust.fedcref.association import log_ratio_quantile, normalized_gap
     from fedclust.fedcref.system import dirty_clustering
 
     torch.set_num_threads(1)
     extra = dict(p.split("=", 1) for p in args.set)
     cfg = validate({"method": "fedcref", "dataset": args.dataset, "data-dir": args.data_dir,
-                    "fedcref.split": "all", "num-clients": 25, "seed": args.seed, **extra})
+                    "fedcref.split": "all", "num-clients": 25, "seed": args.seed,
+                    "fedcref.assoc-rule": args.rule, **extra})
     n = args.clients
     sts, xs, ys = [], [], []
     t0 = time.perf_counter()
@@ -83,44 +88,51 @@ def main() -> None:
             if j != i:
                 gaps[(i, q, j, p)] = normalized_gap(own, errs[i][row[(j, p)]][mask])
     q75 = {k: float(np.quantile(d, 0.75)) for k, d in gaps.items()}
-    pref: dict[tuple, float] = {}      # Pr{foreign beats every other local model}, per pair
-    if args.rule == "eq2-preference":
+    ratio: dict[tuple, float] = {}     # ratio test statistic per ordered pair
+    if args.rule == "ratio":
         for i, q in owner:
-            mask = sts[i].labels == q
-            others = [row[(i, int(p))] for p in sts[i].model_clusters if p != q]
+            mask = (sts[i].labels == q) & sts[i].held_out
+            own = errs[i][row[(i, q)]][mask]
             for j, p in owner:
-                if j != i and others:
-                    pref[(i, q, j, p)] = float(preference_score(
-                        errs[i][others][:, mask], errs[i][[row[(j, p)]]][:, mask])[0])
-    betas = (args.beta or [cfg["fedcref.beta"]]) if args.rule == "eq2-preference" else [None]
+                if j != i:
+                    ratio[(i, q, j, p)] = float(log_ratio_quantile(
+                        own, errs[i][row[(j, p)]][mask], cfg["fedcref.ratio-quantile"]))
     base = out
-    for theta in args.theta or [cfg["fedcref.theta"]]:
-        frac = {k: float((d <= theta).mean()) for k, d in gaps.items()}
-        for alpha in args.alpha or [cfg["fedcref.alpha"]]:
-            for beta in betas:
-                out = {**base, "dataset": args.dataset, "rule": args.rule, "theta": theta,
-                       "alpha": alpha, **({} if beta is None else {"beta": beta})}
-                ok = {k: f >= alpha and (beta is None or pref.get(k, 1.0) >= beta)
-                      for k, f in frac.items()}
-                for name, same in (("same_class", True), ("different_class", False)):
-                    keys = [k for k in q75 if (major[k[:2]] == major[k[2:]]) == same]
-                    out[name] = {
-                        "pairs": len(keys),
-                        "accept_one_direction": round(float(np.mean([ok[k] for k in keys])), 3),
-                        "accept_mutual": round(float(np.mean([ok[k] and ok[k[2:] + k[:2]]
-                                                              for k in keys])), 3),
-                        "q75_percentiles_5_25_50_75_95": np.percentile(
-                            [q75[k] for k in keys], [5, 25, 50, 75, 95]).round(3).tolist()}
-                if args.graph:
-                    for mode in ("all_pairs", "best_per_client"):
-                        out[mode] = _graph(sts, xs, owner, row, errs, major, hist, cfg,
-                                           theta, alpha, args.rule, beta or 1.0,
-                                           per_client=mode == "best_per_client")
-                print(json.dumps(out), flush=True)
+    if args.rule == "ratio":
+        grid = [(None, None, eps) for eps in args.epsilon or [cfg["fedcref.epsilon"]]]
+    else:
+        grid = [(theta, alpha, None) for theta in args.theta or [cfg["fedcref.theta"]]
+                for alpha in args.alpha or [cfg["fedcref.alpha"]]]
+    for theta, alpha, eps in grid:
+        if eps is None:
+            ok = {k: float((d <= theta).mean()) >= alpha for k, d in gaps.items()}
+            stat = q75
+            params = {"theta": theta, "alpha": alpha}
+        else:
+            ok = {k: r <= eps for k, r in ratio.items()}
+            stat = ratio
+            params = {"epsilon": eps}
+        out = {**base, "dataset": args.dataset, "rule": args.rule, **params}
+        for name, same in (("same_class", True), ("different_class", False)):
+            keys = [k for k in stat if (major[k[:2]] == major[k[2:]]) == same]
+            out[name] = {
+                "pairs": len(keys),
+                "accept_one_direction": round(float(np.mean([ok[k] for k in keys])), 3),
+                "accept_mutual": round(float(np.mean([ok[k] and ok[k[2:] + k[:2]]
+                                                      for k in keys])), 3),
+                "statistic_percentiles_5_25_50_75_95": np.percentile(
+                    [stat[k] for k in keys], [5, 25, 50, 75, 95]).round(3).tolist()}
+        if args.graph:
+            c = {**cfg, "fedcref.theta": theta or cfg["fedcref.theta"],
+                 "fedcref.alpha": alpha or cfg["fedcref.alpha"],
+                 "fedcref.epsilon": cfg["fedcref.epsilon"] if eps is None else eps}
+            for mode in ("all_pairs", "best_per_client"):
+                out[mode] = _graph(sts, xs, owner, row, errs, major, hist, c,
+                                   per_client=mode == "best_per_client")
+        print(json.dumps(out), flush=True)
 
 
-def _graph(sts, xs, owner, row, errs, major, hist, cfg, theta, alpha, rule, beta,
-           per_client) -> dict:
+def _graph(sts, xs, owner, row, errs, major, hist, cfg, per_client) -> dict:
     """The iteration-1 cluster graph from every client's accept matrix."""
     from fedclust.fedcref.association import accept_matrix, communities, mutual_edges
     from fedclust.fedcref.evaluation import wrong_associations
@@ -131,8 +143,10 @@ def _graph(sts, xs, owner, row, errs, major, hist, cfg, theta, alpha, rule, beta
         groups = np.array([owner[r][0] for r in fk]) if per_client else None
         own = np.full((sts[i].k, len(xs[i])), np.nan, np.float32)
         own[sts[i].model_clusters] = errs[i][[row[(i, int(q))] for q in sts[i].model_clusters]]
-        acc = accept_matrix(sts[i].labels, own, errs[i][fk], theta, alpha,
-                            cfg["fedcref.min-cluster-size"], groups, rule, beta)
+        acc = accept_matrix(sts[i].labels, own, errs[i][fk], cfg["fedcref.theta"],
+                            cfg["fedcref.alpha"], cfg["fedcref.min-cluster-size"], groups,
+                            cfg["fedcref.assoc-rule"], cfg["fedcref.epsilon"],
+                            cfg["fedcref.ratio-quantile"], sts[i].held_out)
         for q in range(sts[i].k):
             accept[(i, q)] = {owner[fk[c]] for c in np.flatnonzero(acc[q])}
     edges = mutual_edges(accept)

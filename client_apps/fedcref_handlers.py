@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Context, Message
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord
 
 from client_apps.app import app
 from client_apps.common import LazyModule, reply, run_config
@@ -45,6 +45,7 @@ def initial_clustering(*args: Any, **kwargs: Any) -> Any:
     return _initial.initial_clustering(*args, **kwargs)
 
 STATE, CACHE, OWNER = "fedcref.state", "fedcref.cache", "fedcref.owner"
+NODE = "fedcref.node"   # the client's identity key (and true classes), computed once
 LOG = logging.getLogger("fedclust")
 ISOLATED, NO_MODEL = -1, -2     # community entries of the owner state
 
@@ -116,7 +117,9 @@ def _dirty_labels(context: Context, cfg: dict[str, Any]) -> np.ndarray | None:
     return _node_data(context, cfg)[1]
 
 
-def _load_state(context: Context) -> core.ClientState | None:
+def _load_state(context: Context, with_cache: bool = False) -> core.ClientState | None:
+    """The client's state; the error cache of received models only with ``with_cache`` (the
+    association phase: the other phases neither read nor change it)."""
     if STATE not in context.state:
         return None
     rec = {k: v.numpy() for k, v in context.state[STATE].items()}
@@ -124,23 +127,27 @@ def _load_state(context: Context) -> core.ClientState | None:
     st = core.ClientState(labels=rec["labels"].astype(np.int64), k=int(rec["meta"][0]),
                           models=models, model_clusters=rec["model_clusters"].astype(np.int64),
                           version=int(rec["meta"][1]),
-                          own_errors=rec.get("own_errors"))
-    if CACHE in context.state:
+                          own_errors=rec.get("own_errors"),
+                          held_out=rec["held_out"].astype(bool) if "held_out" in rec else None)
+    if with_cache and CACHE in context.state:
         st.cache = {k: v.numpy() for k, v in context.state[CACHE].items()}
     return st
 
 
-def _save_state(context: Context, st: core.ClientState) -> None:
+def _save_state(context: Context, st: core.ClientState, with_cache: bool = False) -> None:
     named = {"labels": st.labels, "meta": np.array([st.k, st.version], dtype=np.int64),
              "model_clusters": st.model_clusters}
     if st.own_errors is not None:
         named["own_errors"] = st.own_errors
+    if st.held_out is not None:
+        named["held_out"] = st.held_out.astype(np.uint8)
     if ae.n_models(st.models):
         named.update({f"m.{k}": v for k, v in ae.to_numpy(st.models).items()})
     context.state[STATE] = ArrayRecord({k: Array(np.ascontiguousarray(v))
                                         for k, v in named.items()})
-    context.state[CACHE] = ArrayRecord({k: Array(np.ascontiguousarray(v))
-                                        for k, v in st.cache.items()})
+    if with_cache:
+        context.state[CACHE] = ArrayRecord({k: Array(np.ascontiguousarray(v))
+                                            for k, v in st.cache.items()})
 
 
 def _init_state(context: Context, cfg: dict[str, Any], x: np.ndarray, y: np.ndarray | None,
@@ -183,44 +190,33 @@ def dirty_k(y: np.ndarray | None, k: int, where: Any = None) -> int:
     return n_true
 
 
-def _setup(msg: Message, context: Context) -> tuple[dict, np.ndarray, np.ndarray | None,
-                                                    core.ClientState | None, dict]:
+def _setup(msg: Message, context: Context, with_cache: bool = False
+           ) -> tuple[dict, np.ndarray, np.ndarray | None, core.ClientState, dict, int]:
+    """(run config, x, y or None, state, message config, identity key) of one message."""
     cfg = run_config(context)
     torch.set_num_threads(cfg["fedcref.torch-threads"])
     x, y, k = _data(context, cfg)
+    key = node_key(context, x)
     conf = dict(msg.content.config_records["config"]) if "config" in \
         msg.content.config_records else {}
-    st = _load_state(context)
+    st = _load_state(context, with_cache)
     if st is None:
-        st = _init_state(context, cfg, x, y, k, core.derive_seed(cfg["seed"], client_key(x), 0))
-    return cfg, x, y, st, conf   # y: None unless allows_evaluation (see _data)
+        st = _init_state(context, cfg, x, y, k, core.derive_seed(cfg["seed"], key, 0))
+    return cfg, x, y, st, conf, key   # y: None unless allows_evaluation (see _data)
 
 
-def client_key(x: np.ndarray) -> int:
-    """This client's identity: a 63-bit digest of its samples.
-
-    Every client-side random stream is seeded from (server phase seed, this key), and the
-    server orders clients by it, so that results do not depend on node ids or on which process
-    serves a message (deployment vs simulation vs in-process). The digest reveals nothing
-    about the samples beyond equality of whole datasets.
-    """
-    import hashlib
-    import weakref
-
-    hit = _KEYS.get(id(x))
-    if hit is not None and hit[0]() is x:
-        return hit[1]
-    digest = hashlib.sha256(np.ascontiguousarray(x, dtype=np.float32).tobytes()).digest()
-    key = int.from_bytes(digest[:8], "little") >> 1
-    _KEYS[id(x)] = (weakref.ref(x), key)
+def node_key(context: Context, x: np.ndarray) -> int:
+    """This client's identity key (:func:`fedclust.fedcref.client.client_key`), computed on
+    the node's first message and kept in ``context.state`` (a digest of all its samples)."""
+    if NODE in context.state:
+        return int(context.state[NODE]["key"])
+    key = core.client_key(x)
+    context.state[NODE] = MetricRecord({"key": key})
     return key
 
 
-_KEYS: dict[int, tuple[Any, int]] = {}   # id(x) -> (weakref to x, key): x arrays are cached
-
-
-def _client_seed(conf: dict, x: np.ndarray) -> int:
-    return core.derive_seed(int(conf.get("seed", 0)), client_key(x))
+def _client_seed(conf: dict, key: int) -> int:
+    return core.derive_seed(int(conf.get("seed", 0)), key)
 
 
 def _eval(st: core.ClientState, y: np.ndarray | None, cfg: dict) -> dict:
@@ -312,13 +308,15 @@ def _keep_owner_results(msg: Message, context: Context, cfg: dict, st: core.Clie
 @app.train("fedcref_local")
 def fedcref_local(msg: Message, context: Context) -> Message:
     """Algorithm 1 lines 6–8: (re)train one autoencoder per local cluster if active."""
-    cfg, x, y, st, conf = _setup(msg, context)
+    cfg, x, y, st, conf, key = _setup(msg, context)
     arrays: dict[str, dict[str, np.ndarray]] = {}
     seconds = 0.0
     if bool(conf.get("active", True)) or not ae.n_models(st.models):
-        info = core.train_local(st, x, cfg, _client_seed(conf, x))
+        info = core.train_local(st, x, cfg, _client_seed(conf, key))
         seconds = info["seconds"]
         arrays["models"] = ae.to_numpy(st.models) if ae.n_models(st.models) else {}
+        arrays["clusters"] = {"clusters": st.model_clusters}
+    elif core.drop_emptied(st, cfg):   # inactive: the clusters left that still have a model
         arrays["clusters"] = {"clusters": st.model_clusters}
     arrays.update(_eval(st, y, cfg))
     arrays = {k: v for k, v in arrays.items() if v}
@@ -332,19 +330,19 @@ def fedcref_local(msg: Message, context: Context) -> Message:
     _keep_owner_results(msg, context, cfg, st, own, len(x), refined=False)
     return reply(msg, arrays=arrays, metrics={"seconds": seconds, "k": st.k,
                                               "version": st.version, "n": len(x),
-                                              "key": client_key(x)})
+                                              "key": key})
 
 
 @app.query("fedcref_assoc")
 def fedcref_assoc(msg: Message, context: Context) -> Message:
     """Algorithm 1 lines 10–15 on the client: evaluate the received models (errors cached per
     model version) and report which foreign clusters each local cluster accepts."""
-    cfg, x, y, st, conf = _setup(msg, context)
+    cfg, x, y, st, conf, _ = _setup(msg, context, with_cache=True)
     keys = [str(k) for k in conf.get("keys", [])]
     new = _models_by_key(msg.content.array_records["models"]) \
         if "models" in msg.content.array_records else {}
     acc, missing, seconds = core.associate(st, x, keys, new, cfg)
-    _save_state(context, st)
+    _save_state(context, st, with_cache=True)
     if missing:
         return reply(msg, metrics={"missing": [keys.index(k) for k in missing],
                                    "seconds": seconds})
@@ -355,14 +353,14 @@ def fedcref_assoc(msg: Message, context: Context) -> Message:
 @app.train("fedcref_comm")
 def fedcref_comm(msg: Message, context: Context) -> Message:
     """Algorithm 1 line 22: one FedAvg round of every community this client is in, together."""
-    cfg, x, _, st, conf = _setup(msg, context)
+    cfg, x, _, st, conf, key = _setup(msg, context)
     t0 = time.perf_counter()
     params = ae.from_numpy({k: v.numpy() for k, v in msg.content.array_records["models"].items()})
     lens = [int(v) for v in conf["members-len"]]
     flat = np.asarray(conf["members-flat"], dtype=np.int64)
     members = np.split(flat, np.cumsum(lens)[:-1])
     out, counts = core.train_communities(x, st.labels, params, members, cfg,
-                                         _client_seed(conf, x))
+                                         _client_seed(conf, key))
     own = _owner_state(context, st.k)
     before = own["community"].copy()
     for g, qs in zip(conf["communities"], members, strict=True):
@@ -378,7 +376,7 @@ def fedcref_comm(msg: Message, context: Context) -> Message:
 def fedcref_refine(msg: Message, context: Context) -> Message:
     """Algorithm 1 lines 26–30: Algorithm 2 with own + community models, and the agreement
     with the previous labeling (stability test)."""
-    cfg, x, y, st, conf = _setup(msg, context)
+    cfg, x, y, st, conf, _ = _setup(msg, context)
     t0 = time.perf_counter()
     comm = ae.from_numpy({k: v.numpy() for k, v in msg.content.array_records["models"].items()}) \
         if "models" in msg.content.array_records else []

@@ -13,7 +13,6 @@ import pytest
 
 from fedclust.config import validate
 from fedclust.fedcref import algorithm
-from fedclust.fedcref import autoencoder as ae
 from fedclust.fedcref import client as core
 from fedclust.fedcref.inmemory import InMemoryClients
 from tests.fake_grid import run_server

@@ -7,14 +7,16 @@ import pytest
 import torch
 
 from fedclust.fedcref import autoencoder as ae
+from fedclust.fedcref import client as core
 from fedclust.fedcref.association import (
     accept_matrix,
+    accept_score,
     accepts,
     communities,
+    log_ratio_quantile,
     mutual_edges,
     normalized_gap,
     perfect_edges,
-    preference_score,
 )
 from fedclust.fedcref.evaluation import wrong_associations
 from fedclust.fedcref.refine import cluster_refine, label_agreement, table_accuracy
@@ -119,31 +121,59 @@ def test_accept_matrix_best_per_client() -> None:
     assert one.tolist() == [[False, True, True]]
 
 
-def test_accept_matrix_preference_guard() -> None:
-    # client with clusters 0 and 1; own model 0 errs 1.0, the other model (1) errs 2.0.
-    # On cluster 0 both foreign models pass eq. (2) (Pr{D ≤ 0.2} = 0.8 and 0.9), but A beats
-    # the other local model on 80% of the samples and B on 30% only: the guard keeps A.
-    labels = np.r_[np.zeros(10, int), np.ones(10, int)]
-    own = np.stack([np.full(20, 1.0), np.full(20, 2.0)])
-    a = np.r_[np.full(8, 1.5), np.full(2, 3.0), np.full(10, 9.0)]
-    b = np.r_[np.full(3, 1.9), np.full(6, 2.5), [9.0], np.full(10, 9.0)]
-    foreign = np.stack([a, b])
-    np.testing.assert_allclose(preference_score(own[[1]][:, :10], foreign[:, :10]), [0.8, 0.3])
-    # on cluster 1 the gaps are constant, so eq. (2) accepts both; neither beats model 0 there
-    assert accept_matrix(labels, own, foreign, 0.2, 0.75).all()
-    guard = accept_matrix(labels, own, foreign, 0.2, 0.75, rule="eq2-preference", beta=0.4)
-    assert guard.tolist() == [[True, False], [False, False]]
-    # one accept per foreign client: eq. (2) alone picks B (higher Pr), the guard leaves A
+def test_best_per_client_ties_are_broken_by_a_continuous_score() -> None:
+    # two models of one foreign client pass eq. (2) with the same Pr (1.0): the one with the
+    # lower median log error ratio wins, whatever the order of the models
+    labels = np.zeros(50, int)
+    own = (1.0 + np.arange(50) / 64)[None]        # dyadic: the gaps below are exact
+    worse, better = own[0] + 0.25, own[0] + 0.125    # constant gaps: Pr{D ≤ θ} = 1 for both
     grp = np.array([4, 4])
-    assert accept_matrix(labels, own, foreign, 0.2, 0.75, groups=grp)[0].tolist() == [False, True]
-    assert accept_matrix(labels, own, foreign, 0.2, 0.75, groups=grp, rule="eq2-preference",
-                         beta=0.4)[0].tolist() == [True, False]
-    # no other local model: eq. (2) alone
-    lone = np.stack([own[0], np.full(20, np.nan)])
-    assert (accept_matrix(labels, lone, foreign, 0.2, 0.75, rule="eq2-preference")
-            == accept_matrix(labels, lone, foreign, 0.2, 0.75)).all()
+    for foreign, want in ((np.stack([worse, better]), [False, True]),
+                          (np.stack([better, worse]), [True, False])):
+        assert accept_matrix(labels, own, foreign, 0.2, 0.75).all()
+        assert accept_matrix(labels, own, foreign, 0.2, 0.75, groups=grp)[0].tolist() == want
+
+
+def test_eq2_is_scale_free_and_the_ratio_test_is_not() -> None:
+    # a foreign model c x worse on every sample: eq. (2) cannot tell c = 1.05 from c = 10
+    rng = np.random.default_rng(0)
+    labels = np.zeros(200, int)
+    own = rng.gamma(2.0, 0.01, 200)[None]
+    held = np.zeros(200, bool)
+    held[::5] = True
+    for c in (1.05, 10.0):
+        foreign = own * c
+        assert accept_score(own[0], foreign, 0.2)[0] == accept_score(own[0], own * 1.05, 0.2)[0]
+        ratio = accept_matrix(labels, own, foreign, 0.2, 0.75, rule="ratio", epsilon=0.2,
+                              held_out=held)
+        assert ratio[0, 0] == (np.log(c) <= 0.2)
+    np.testing.assert_allclose(log_ratio_quantile(own[0], own * 2.0, 0.5), [np.log(2.0)])
+
+
+def test_ratio_test_uses_the_quantile_of_held_out_samples_only() -> None:
+    labels = np.zeros(100, int)
+    own = np.full((1, 100), 1.0)
+    held = np.zeros(100, bool)
+    held[:20] = True
+    foreign = np.full((1, 100), 1.0)
+    foreign[0, 20:] = 100.0          # terrible on the training samples: not looked at
+    assert accept_matrix(labels, own, foreign, 0.2, 0.75, rule="ratio", held_out=held).all()
+    foreign = np.full((1, 100), 1.0)
+    foreign[0, :8] = 5.0             # 40% of the held-out samples are 5x worse: median passes
+    assert accept_matrix(labels, own, foreign, 0.2, 0.75, rule="ratio", held_out=held).all()
+    assert not accept_matrix(labels, own, foreign, 0.2, 0.75, rule="ratio", held_out=held,
+                             quantile=0.75).any()
+    with pytest.raises(ValueError, match="held_out"):
+        accept_matrix(labels, own, foreign, 0.2, 0.75, rule="ratio")
     with pytest.raises(ValueError, match="rule"):
-        accept_matrix(labels, own, foreign, 0.2, 0.75, rule="theta")
+        accept_matrix(labels, own, foreign, 0.2, 0.75, rule="eq2-preference")
+
+
+def test_hold_out_takes_a_share_of_every_cluster() -> None:
+    labels = np.r_[np.zeros(100, int), np.ones(7, int), [2]]
+    held = core.hold_out(labels, 0.15, seed=3)
+    assert held[labels == 0].sum() == 15 and held[labels == 1].sum() == 1
+    assert not held[labels == 2].any()     # a one-sample cluster keeps its sample
 
 
 def test_components_and_isolated() -> None:

@@ -25,15 +25,13 @@ def test_probe_grid_on_digits() -> None:
     assert all(r["best_per_client"]["edges"] <= r["all_pairs"]["edges"] for r in rows)
 
 
-def test_probe_preference_rule_on_digits() -> None:
+def test_probe_ratio_rule_on_digits() -> None:
     cmd = [sys.executable, str(ROOT / "bench" / "fedcref_assoc_probe.py"), "--dataset", "digits",
-           "--clients", "3", "--graph", "--rule", "eq2-preference", "--beta", "0.3", "0.6",
+           "--clients", "3", "--graph", "--rule", "ratio", "--epsilon", "0.1", "0.5",
            "--set", "num-clients=5", "fedcref.ae-epochs=2"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300).stdout
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    assert [(r["rule"], r["beta"]) for r in rows] == [("eq2-preference", 0.3),
-                                                      ("eq2-preference", 0.6)]
-    assert all(r["theta"] == 0.2 and r["alpha"] == 0.75 for r in rows)
+    assert [(r["rule"], r["epsilon"]) for r in rows] == [("ratio", 0.1), ("ratio", 0.5)]
     acc = [r["same_class"]["accept_one_direction"] for r in rows]
-    assert acc[1] <= acc[0]            # a larger β accepts no more pairs
-    assert rows[1]["best_per_client"]["edges"] <= rows[0]["best_per_client"]["edges"]
+    assert acc[0] <= acc[1]            # a larger ε accepts no fewer pairs
+    assert rows[0]["all_pairs"]["edges"] <= rows[1]["all_pairs"]["edges"]

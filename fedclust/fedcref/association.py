@@ -9,14 +9,16 @@ cluster q and Normalize_[0,1] is min–max scaling over those samples. The clien
 the accept bits; the server links Q_iq and Q_jp when *both* directions accept (line 13).
 Communities are the connected components with ≥ 2 clusters; the others are isolated.
 
-Optional guard ``"eq2-preference"`` (not in the paper; ``fedcref.assoc-rule=eq2-preference``)
-for datasets where eq. (2)'s θ admits different classes (Fashion-MNIST, docs/fedcref.md)::
+Ratio test (not in the paper; ``fedcref.assoc-rule=ratio``), scale-aware where eq. (2) is
+not (its min–max normalisation makes a foreign model ``c``× worse on every sample score the
+same for every ``c``)::
 
-    accept  ⇔  eq. (2)  and  Pr_{x ∈ Q_iq}{ E_jp(x) < min_{q' ≠ q} E_iq'(x) } ≥ β
+    accept  ⇔  Q_a over x ∈ H_q of [ log E_jp(x) − log E_iq(x) ]  ≤  ε
 
-the foreign model must also reconstruct at least a fraction β of the cluster's samples better
-than every *other* local cluster model does, i.e. it would win them from the client's other
-clusters in Algorithm 2. A client whose other clusters have no model applies eq. (2) alone.
+with ``H_q`` the samples of cluster q held out from the training of ``AE_iq`` (so that the own
+model's in-sample optimism does not set the scale), ``Q_a`` the ``a``-quantile (median by
+default): the foreign model is accepted when it reconstructs the typical held-out sample within
+a factor ``e^ε`` of the own model.
 """
 
 from __future__ import annotations
@@ -62,23 +64,27 @@ def accept_score(e_own: NDArray, e_foreign: NDArray, theta: float) -> NDArray[np
     return (d <= theta).mean(axis=-1)
 
 
-def preference_score(other_errors: NDArray, e_foreign: NDArray) -> NDArray[np.float64]:
-    """``Pr{E_foreign(x) < min over the other local models of E(x)}`` per foreign model.
-
-    Parameters
-    ----------
-    other_errors : (R, n) errors of the client's R ≥ 1 other cluster models on the n samples
-    e_foreign : (F, n) errors of F foreign models on the same samples
-    """
+def log_ratio_quantile(e_own: NDArray, e_foreign: NDArray, quantile: float
+                       ) -> NDArray[np.float64]:
+    """``Q_quantile[log e_foreign − log e_own]`` over the samples, per foreign model (+inf when
+    there are no samples)."""
+    e_foreign = np.asarray(e_foreign, dtype=np.float64)
     if e_foreign.shape[-1] == 0:
-        return np.zeros(e_foreign.shape[:-1])
-    return (np.asarray(e_foreign) < np.asarray(other_errors).min(axis=0)).mean(axis=-1)
+        return np.full(e_foreign.shape[:-1], np.inf)
+    tiny = np.finfo(np.float32).tiny
+    gap = np.log(np.maximum(e_foreign, tiny)) - np.log(np.maximum(np.asarray(e_own,
+                                                                              np.float64), tiny))
+    return np.quantile(gap, quantile, axis=-1)
+
+
+RULES = ("eq2", "ratio")
 
 
 def accept_matrix(labels: NDArray[np.int64], own_errors: NDArray, foreign_errors: NDArray,
                   theta: float, alpha: float, min_size: int = 2,
                   groups: NDArray[np.int64] | None = None, rule: str = "eq2",
-                  beta: float = 0.4) -> NDArray[np.bool_]:
+                  epsilon: float = 0.2, quantile: float = 0.5,
+                  held_out: NDArray[np.bool_] | None = None) -> NDArray[np.bool_]:
     """Client-side association: which foreign models each local cluster accepts.
 
     Parameters
@@ -87,42 +93,53 @@ def accept_matrix(labels: NDArray[np.int64], own_errors: NDArray, foreign_errors
     own_errors : (K, n) errors of the K local models on all local samples
         (row q is E_iq→·; a cluster with no model may hold NaNs)
     foreign_errors : (F, n) errors of F received models on all local samples
-    theta, alpha : see :func:`accepts`
-    min_size : clusters smaller than this accept nothing
+    theta, alpha : eq. (2), see :func:`accepts`
+    min_size : clusters with fewer samples accept nothing (and, for ``"ratio"``, clusters
+        without a held-out sample)
     groups : (F,) optional owner (foreign client) of each foreign model. When given, a local
-        cluster accepts at most one model per foreign client: the accepted one with the
-        largest score (ties: the first). ``None`` tests all pairs as the paper does; the
-        run config turns this on by default (``fedcref.assoc-best-per-client``, a named
-        deviation, docs/fedcref.md).
-    rule : ``"eq2"`` (the paper) or ``"eq2-preference"`` (eq. 2 and the preference guard,
-        see the module docstring)
-    beta : required preference probability β in (0, 1] of the guard
+        cluster accepts at most one model per foreign client: the accepted one with the best
+        score, ties broken by the lower median log error ratio (a continuous score, so the
+        choice does not depend on the order of the models). ``None`` tests all pairs as the
+        paper does; the run config turns this on by default
+        (``fedcref.assoc-best-per-client``, a named deviation, docs/fedcref.md).
+    rule : ``"eq2"`` (the paper) or ``"ratio"`` (the ratio test, module docstring)
+    epsilon, quantile : ``ε`` and ``a`` of the ratio test
+    held_out : (n,) samples held out from the own models' training (``"ratio"`` only: the
+        statistic runs over the held-out samples of each cluster)
 
     Returns
     -------
     (K, F) bool
     """
-    if rule not in ("eq2", "eq2-preference"):
-        raise ValueError(f"rule must be 'eq2' or 'eq2-preference', got {rule!r}")
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    if rule == "ratio" and held_out is None:
+        raise ValueError("rule 'ratio' needs the held-out samples (held_out)")
     k = own_errors.shape[0]
     out = np.zeros((k, foreign_errors.shape[0]), dtype=bool)
-    has_model = np.all(np.isfinite(own_errors), axis=1)
     for q in range(k):
         mask = labels == q
-        if mask.sum() < min_size or not np.all(np.isfinite(own_errors[q, mask])):
+        if mask.sum() < min_size:
+            continue
+        if rule == "ratio":
+            mask = mask & held_out
+        if not mask.any() or not np.all(np.isfinite(own_errors[q, mask])):
             continue
         if foreign_errors.shape[0] == 0:
             continue
-        score = accept_score(own_errors[q, mask], foreign_errors[:, mask], theta)
-        ok = score >= alpha
-        others = has_model & (np.arange(k) != q)
-        if rule == "eq2-preference" and others.any():
-            ok &= preference_score(own_errors[others][:, mask], foreign_errors[:, mask]) >= beta
+        ratio = log_ratio_quantile(own_errors[q, mask], foreign_errors[:, mask],
+                                   quantile if rule == "ratio" else 0.5)
+        if rule == "ratio":
+            ok, score = ratio <= epsilon, -ratio
+        else:
+            score = accept_score(own_errors[q, mask], foreign_errors[:, mask], theta)
+            ok = score >= alpha
         if groups is not None:
             for g in np.unique(groups[ok]):
                 cand = np.flatnonzero(ok & (groups == g))
                 ok[cand] = False
-                ok[cand[np.argmax(score[cand])]] = True
+                # best score; among equal scores the lowest median log ratio
+                ok[cand[np.lexsort((ratio[cand], -score[cand]))[0]]] = True
         out[q] = ok
     return out
 

@@ -112,6 +112,8 @@ class ClientState:
     model_clusters: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
     version: int = 0
     own_errors: NDArray[np.float32] | None = None      # (K, n), NaN rows for clusters w/o model
+    # samples left out of the own models' training (assoc-rule=ratio; None: none held out)
+    held_out: NDArray[np.bool_] | None = None
     cache: dict[str, NDArray[np.float32]] = field(default_factory=dict)
     # What the last refinement used (Algorithm 2's selected models, in candidate order: own
     # models first, then community models): the local cluster each one defines, its source
@@ -142,14 +144,32 @@ def train_local(state: ClientState, x: NDArray, cfg: dict[str, Any], seed: int) 
     clusters = np.flatnonzero(sizes >= cfg["fedcref.min-cluster-size"])
     layer = ae.layer_sizes(x.shape[1], hidden_sizes(cfg))
     params = ae.init_params(len(clusters), layer, seed, cfg["fedcref.ae-init"])
+    train_on = np.ones(len(x), dtype=bool)
+    state.held_out = None
+    if cfg["fedcref.assoc-rule"] == "ratio":
+        state.held_out = hold_out(state.labels, cfg["fedcref.holdout"], derive_seed(seed, 3))
+        train_on = ~state.held_out
     if len(clusters):
-        params, _ = ae.train(params, [x[state.labels == q] for q in clusters],
+        params, _ = ae.train(params, [x[(state.labels == q) & train_on] for q in clusters],
                              cfg["fedcref.ae-epochs"], cfg["fedcref.batch-size"], cfg["fedcref.lr"],
                              cfg["fedcref.ae-patience"], seed)
     state.models, state.model_clusters = params, clusters.astype(np.int64)
     state.version += 1
     state.own_errors = own_error_matrix(state, x)
     return {"seconds": time.perf_counter() - t0, "sizes": sizes}
+
+
+def hold_out(labels: NDArray[np.int64], share: float, seed: int) -> NDArray[np.bool_]:
+    """A random ``share`` of each cluster's samples (at least one of a cluster of two or
+    more, never all), held out from the own model's training for the ratio test."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros(len(labels), dtype=bool)
+    for q in np.unique(labels):
+        idx = np.flatnonzero(labels == q)
+        if len(idx) >= 2:
+            m = min(max(int(round(share * len(idx))), 1), len(idx) - 1)
+            out[rng.choice(idx, m, replace=False)] = True
+    return out
 
 
 def drop_emptied(state: ClientState, cfg: dict[str, Any]) -> bool:
@@ -198,9 +218,13 @@ def associate(state: ClientState, x: NDArray, keys: list[str], new_models: dict[
                else np.zeros((0, len(x)), dtype=np.float32))
     groups = (np.array([int(str(k).split(":")[0]) for k in keys], dtype=np.int64)
               if cfg["fedcref.assoc-best-per-client"] else None)
+    rule = cfg["fedcref.assoc-rule"]
+    held_out = state.held_out
+    if rule == "ratio" and held_out is None:   # models trained on every sample: none held out
+        held_out = np.zeros(len(x), dtype=bool)
     acc = accept_matrix(state.labels, state.own_errors, foreign, cfg["fedcref.theta"],
-                        cfg["fedcref.alpha"], cfg["fedcref.min-cluster-size"], groups,
-                        cfg["fedcref.assoc-rule"], cfg["fedcref.beta"])
+                        cfg["fedcref.alpha"], cfg["fedcref.min-cluster-size"], groups, rule,
+                        cfg["fedcref.epsilon"], cfg["fedcref.ratio-quantile"], held_out)
     return acc, [], time.perf_counter() - t0
 
 

@@ -49,13 +49,18 @@ KEYS: list[Key] = [
         low=0.0, high=1.0, low_open=True),
     Key("fedcref.theta", float, 0.2, "theta: association threshold on the normalised error gap",
         low=0.0, high=1.0),
-    Key("fedcref.assoc-rule", str, "eq2", "association test: 'eq2' (the paper) or "
-        "'eq2-preference' (experimental, not in the paper: eq. 2 and Pr{the foreign model beats "
-        "every other local cluster model on the cluster's samples} >= beta; it did not fix "
-        "Fashion-MNIST in full runs, docs/fedcref.md)",
-        choices=("eq2", "eq2-preference")),
-    Key("fedcref.beta", float, 0.4, "beta: required preference probability of "
-        "assoc-rule=eq2-preference", low=0.0, high=1.0, low_open=True),
+    Key("fedcref.assoc-rule", str, "eq2", "association test: 'eq2' (the paper: "
+        "Pr{normalised error gap <= theta} >= alpha) or 'ratio' (not in the paper: the "
+        "ratio-quantile of log e_foreign - log e_own over the cluster's held-out samples <= "
+        "epsilon)", choices=("eq2", "ratio")),
+    Key("fedcref.epsilon", float, 0.2, "epsilon of assoc-rule=ratio: accept a foreign model "
+        "within a factor e^epsilon of the own model's held-out error", low=0.0),
+    Key("fedcref.ratio-quantile", float, 0.5, "quantile of the log error ratio that "
+        "assoc-rule=ratio compares with epsilon (0.5 = median)", low=0.0, high=1.0,
+        low_open=True, high_open=True),
+    Key("fedcref.holdout", float, 0.15, "assoc-rule=ratio: share of each cluster held out "
+        "from its own autoencoder's training, on which the ratio is measured", low=0.0,
+        high=1.0, low_open=True, high_open=True),
     Key("fedcref.tau", float, 0.8, "tau: a client whose labels agree (ACC) >= tau with the "
         "previous iteration becomes inactive", low=0.0, high=1.0),
     Key("fedcref.association", str, "mutual", "cluster graph: 'mutual' (the algorithm), "

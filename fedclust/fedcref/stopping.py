@@ -9,6 +9,12 @@ previous iteration, relative to the previous count (a previous count of 0 counts
 
 so the earliest stop by stability is at iteration ``window + 1`` (iteration 1 has no
 predecessor).
+
+This follows the paper's text (§4.5: "The process concludes either when there are no more
+active clients remaining in set A, or when the global stopping condition is satisfied"), not
+its Algorithm 1, whose line 5 reads ``while (varying I and G) or |A| > 0``: taken literally
+that loop runs until *both* the counts are stable *and* no client is active. The text's rule
+stops earlier; the reference code (``check_convergence``) stops on either condition too.
 """
 
 from __future__ import annotations
