@@ -10,9 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from fedclust.config import validate
 from fedclust.fedcref import algorithm
+from fedclust.fedcref import autoencoder as ae
 from fedclust.fedcref import client as core
 from fedclust.fedcref.inmemory import InMemoryClients
 from tests.fake_grid import run_server
@@ -102,3 +104,126 @@ def test_trajectory_is_the_same_with_evaluation_on_and_off(root: Path) -> None:
         [{k: h[k] for k in keys} for h in off.history]
     for a, b in zip(on_clients.states, off_clients.states, strict=True):
         np.testing.assert_array_equal(a.labels, b.labels)
+
+
+def test_trajectory_is_the_same_with_evaluation_off_over_flower(root: Path, flower_run,
+                                                                 tmp_path: Path) -> None:
+    summary, _ = run_server({**FIXED, "data-dir": str(root), "output-dir": str(tmp_path),
+                             "evaluate": False})
+    hist = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
+    keys = ("communities", "isolated", "edges", "clusters", "sizes", "active_after",
+            "mean_agreement")
+    assert [{k: h[k] for k in keys} for h in hist] == \
+        [{k: h[k] for k in keys} for h in flower_run[1]]
+    assert not any(k.startswith("eval_") for h in hist for k in h)
+
+
+# --- a scripted federation: what the loop does with what the clients answer -------------------
+
+def _const_models(outputs: list[float]) -> ae.Params:
+    """Autoencoders 1-2-1 whose reconstruction is the constant ``outputs[m]`` (all weights 0,
+    output bias logit(c)): model m's error on a sample x is (c_m − x)²."""
+    c = torch.tensor(outputs, dtype=torch.float32)
+    return [torch.zeros(len(c), 1, 2), torch.zeros(len(c), 1, 2), torch.zeros(len(c), 2, 1),
+            torch.log(c / (1 - c)).reshape(-1, 1, 1)]
+
+
+class Scripted:
+    """Two clients with one cluster each; accept bits, community copies and counts given."""
+
+    n = 2
+
+    def __init__(self, accepts: dict[int, bool], copies: dict[int, float],
+                 counts: dict[int, float]) -> None:
+        self.accepts, self.copies, self.counts = accepts, copies, counts
+        self.rounds = 0
+        self.refined_with: list[ae.Params] = []
+
+    def local(self, t, active, seed):
+        return {i: algorithm.LocalReply(k=1, version=1, models={0: ae.to_numpy(
+            _const_models([0.5]))}, modelled=[0]) for i in range(self.n)}
+
+    def associate(self, t, models, asked):
+        return {i: np.array([[self.accepts[i]]]) for i in asked}
+
+    def community_round(self, t, rnd, params, members, seed):
+        self.rounds += 1
+        return {i: [algorithm.Contribution(g, [torch.full_like(p[g:g + 1], self.copies[i])
+                                               for p in params], self.counts[i])
+                    for g, _ in members[i]] for i in members}
+
+    def refine(self, t, targets, params):
+        self.refined_with.append(params)
+        return {i: algorithm.RefineReply(1.0) for i in targets}
+
+
+SCRIPT = algorithm.Settings(max_iterations=1, fl_rounds=2)
+
+
+def test_an_edge_needs_both_clusters_to_accept() -> None:
+    one_way = Scripted({0: True, 1: False}, {0: 1.0, 1: 3.0}, {0: 1, 1: 3})
+    out = algorithm.run(one_way, SCRIPT)
+    assert out.history[0]["edges"] == 0 and out.history[0]["communities"] == 0
+    assert out.history[0]["isolated"] == 2 and one_way.rounds == 0
+    both = Scripted({0: True, 1: True}, {0: 1.0, 1: 3.0}, {0: 1, 1: 3})
+    out = algorithm.run(both, SCRIPT)
+    assert out.history[0]["communities"] == 1 and out.history[0]["sizes"] == [2]
+
+
+def test_community_model_is_the_count_weighted_aggregate() -> None:
+    # copies 1.0 (1 sample) and 3.0 (3 samples): FedAvg = (1·1 + 3·3) / 4 = 2.5; an unweighted
+    # mean gives 2.0, a member's model 1.0 or 3.0
+    fed = Scripted({0: True, 1: True}, {0: 1.0, 1: 3.0}, {0: 1, 1: 3})
+    out = algorithm.run(fed, SCRIPT)
+    assert fed.rounds == 2
+    for params in (out.community_models, fed.refined_with[0]):
+        assert ae.n_models(params) == 1
+        for p in params:
+            torch.testing.assert_close(p, torch.full_like(p, 2.5))
+
+
+def test_refinement_is_algorithm_2_not_a_plain_argmin() -> None:
+    # three candidates (own models of clusters 0 and 1, one community model) reconstructing the
+    # constants 0.1, 0.5, 0.9; K = 2. A plain argmin splits the samples three ways; Algorithm 2
+    # picks model 0 (3 votes), then model 1 (2 votes, tie with the community model resolved to
+    # the lower index), and gives the leftovers 0.9, 0.95 to the closer selected model, 0.5.
+    x = np.array([[0.05], [0.1], [0.15], [0.5], [0.55], [0.9], [0.95]], dtype=np.float32)
+    st = core.ClientState(labels=np.array([0, 0, 0, 0, 1, 1, 1]), k=2,
+                          models=_const_models([0.1, 0.5]), model_clusters=np.array([0, 1]))
+    st.own_errors = core.own_error_matrix(st, x)
+    core.refine(st, x, _const_models([0.9]))
+    assert st.labels.tolist() == [0, 0, 0, 1, 1, 1, 1]
+    assert st.used_kind.tolist() == [core.USED_OWN, core.USED_OWN]
+
+
+def test_a_cluster_emptied_by_refinement_leaves_the_graph() -> None:
+    # client side: an inactive client whose cluster 1 lost its samples drops that model
+    x = np.linspace(0.0, 1.0, 12, dtype=np.float32)[:, None]
+    st = core.ClientState(labels=np.zeros(12, dtype=np.int64), k=2,
+                          models=_const_models([0.1, 0.5]), model_clusters=np.array([0, 1]))
+    st.own_errors = core.own_error_matrix(st, x)
+    assert core.drop_emptied(st, {"fedcref.min-cluster-size": 5})
+    assert st.model_clusters.tolist() == [0] and ae.n_models(st.models) == 1
+    assert np.isnan(st.own_errors[1]).all() and not np.isnan(st.own_errors[0]).any()
+    assert not core.drop_emptied(st, {"fedcref.min-cluster-size": 5})
+
+    # server side: a reply listing fewer modelled clusters removes the stale graph node
+    class Shrinking(Scripted):
+        def local(self, t, active, seed):
+            if t == 1:
+                return {i: algorithm.LocalReply(k=2, version=1, models={
+                    q: ae.to_numpy(_const_models([0.5])) for q in (0, 1)}, modelled=[0, 1])
+                    for i in range(self.n)}
+            return {0: algorithm.LocalReply(k=2, version=1, modelled=[0]),
+                    1: algorithm.LocalReply(k=2, version=1)}
+
+        def associate(self, t, models, asked):
+            return {i: np.zeros((2, sum(n[0] != i for n in models)), bool) for i in asked}
+
+        def refine(self, t, targets, params):
+            return {i: algorithm.RefineReply(0.0) for i in targets}
+
+    out = algorithm.run(Shrinking({}, {}, {}), algorithm.Settings(max_iterations=2))
+    assert [h["clusters"] for h in out.history] == [4, 3]
+    assert [h["isolated"] for h in out.history] == [4, 3]
+    assert out.history[1]["unmodelled_clusters"] == 1
