@@ -100,6 +100,27 @@ def test_clients_send_only_models_bits_counts(main_run) -> None:
     assert seen and all(set(names) <= allowed for names in seen)
 
 
+def test_ratio_rule_sends_only_bits_and_models(data_root: Path, tmp_path: Path) -> None:
+    # assoc-rule=ratio: the held-out samples and the per-sample errors stay on the client;
+    # replies hold models, the list of modelled clusters, accept bits (0/1) and counts, and
+    # scalar metrics only
+    replies: list = []
+    summary, _ = run_server(_cfg(data_root, tmp_path, evaluate=False,
+                                 **{"fedcref.assoc-rule": "ratio"}),
+                            inspect=lambda m, r: replies.append(r)
+                            if "fedcref" in m.metadata.message_type else None)
+    assert summary["metrics"]["iterations"] >= 1 and replies
+    scalars = {"k", "key", "version", "n", "seconds", "agreement"}
+    for r in replies:
+        assert not r.has_error()
+        assert set(r.content.array_records) <= {"models", "clusters", "accept", "counts"}
+        if "accept" in r.content.array_records:
+            bits = r.content.array_records["accept"]["accept"].numpy()
+            assert bits.dtype == np.uint8 and set(np.unique(bits)) <= {0, 1}
+        for name, value in r.content.metric_records.get("metrics", {}).items():
+            assert name in scalars or (name == "missing" and value == []), name
+
+
 def test_received_models_are_never_resent(main_run) -> None:
     _, grid, _, _ = main_run
     per_node: dict[int, list[str]] = {}
