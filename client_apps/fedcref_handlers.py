@@ -372,6 +372,21 @@ def fedcref_comm(msg: Message, context: Context) -> Message:
                  metrics={"seconds": time.perf_counter() - t0})
 
 
+@app.query("fedcref_member")
+def fedcref_member(msg: Message, context: Context) -> Message:
+    """The communities of this client's clusters whose model was kept, not trained, this
+    iteration (``fedcref.reuse-communities``): for the data owner's ``result.json`` only."""
+    cfg, x, _, st, conf, _ = _setup(msg, context)
+    lens = [int(v) for v in conf["members-len"]]
+    members = np.split(np.asarray(conf["members-flat"], dtype=np.int64), np.cumsum(lens)[:-1])
+    own = _owner_state(context, st.k)
+    for g, qs in zip(conf["communities"], members, strict=True):
+        own["community"][qs] = int(g)
+    _save_owner(context, own)
+    _keep_owner_results(msg, context, cfg, st, own, len(x), refined=False)
+    return reply(msg, metrics={"seconds": 0.0})
+
+
 @app.train("fedcref_refine")
 def fedcref_refine(msg: Message, context: Context) -> Message:
     """Algorithm 1 lines 26–30: Algorithm 2 with own + community models, and the agreement

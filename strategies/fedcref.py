@@ -11,7 +11,9 @@ stopping — is :func:`fedclust.fedcref.algorithm.run`, Flower-free. This module
    model and returns the accept bits. A node whose cache was lost lists the missing keys and
    gets them in a second message.
 3. ``train.fedcref_comm`` × ``fl-rounds`` — a client trains all of its communities in one
-   message per round; the server averages (weighted by counts).
+   message per round; the server averages (weighted by counts). With
+   ``reuse-communities``, the members of a community whose model is kept get one
+   ``query.fedcref_member`` instead (which community each cluster is in, for the owner).
 4. ``train.fedcref_refine`` — active clients run Algorithm 2 and report ACC(previous, new).
 
 The results for each data owner travel in these messages, with no extra round trip: the
@@ -447,6 +449,19 @@ class FlowerClients:
             if out[i].hist is not None:
                 self.hists[i] = out[i].hist
         return out
+
+    def note_communities(self, t: int, members: dict[int, list[tuple[int, list[int]]]]
+                         ) -> None:
+        def content(nid: int) -> RecordDict:
+            mine = members[self.index[nid]]
+            return RecordDict({"config": ConfigRecord({
+                "communities": [g for g, _ in mine], "members-len": [len(qs) for _, qs in mine],
+                "members-flat": [q for _, qs in mine for q in qs]}),
+                "result": result_record(self.result)})
+
+        ex = send_and_collect(self.grid, [self.nodes[i] for i in sorted(members)], content,
+                              "query.fedcref_member", f"member-{t}", self.timeout)
+        self._account("community_training", ex, "comm")
 
     def annotate(self, rec: dict[str, Any]) -> None:
         """Add this iteration's dropped nodes and traffic to its record."""

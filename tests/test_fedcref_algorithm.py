@@ -227,3 +227,32 @@ def test_a_cluster_emptied_by_refinement_leaves_the_graph() -> None:
     assert [h["clusters"] for h in out.history] == [4, 3]
     assert [h["isolated"] for h in out.history] == [4, 3]
     assert out.history[1]["unmodelled_clusters"] == 1
+
+
+@pytest.mark.parametrize("agreement", [1.0, 0.9])
+def test_an_unchanged_community_keeps_its_model_with_reuse(agreement: float) -> None:
+    class Noting(Scripted):
+        notes: list = []
+
+        def refine(self, t, targets, params):
+            self.refined_with.append(params)
+            return {i: algorithm.RefineReply(agreement) for i in targets}
+
+        def note_communities(self, t, members):
+            self.notes.append((t, members))
+
+    fed = Noting({0: True, 1: True}, {0: 1.0, 1: 3.0}, {0: 1, 1: 3})
+    s = algorithm.Settings(max_iterations=2, fl_rounds=2, tau=2.0, reuse_communities=True)
+    algorithm.run(fed, s)
+    if agreement == 1.0:    # labels unchanged: iteration 2 keeps iteration 1's model
+        assert fed.rounds == 2 and fed.notes == [(2, {0: [(0, [0])], 1: [(0, [0])]})]
+        for a, b in zip(*fed.refined_with, strict=True):
+            torch.testing.assert_close(a, b)
+    else:                   # labels changed: retrained
+        assert fed.rounds == 4 and fed.notes == []
+
+
+def test_flower_run_with_reused_communities(root: Path, tmp_path: Path) -> None:
+    summary, _ = run_server({**FIXED, "data-dir": str(root), "output-dir": str(tmp_path),
+                             "fedcref.reuse-communities": True, "fedcref.tau": 0.999})
+    assert summary["metrics"]["eval_acc_end"] >= 0.95

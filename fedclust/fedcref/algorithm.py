@@ -114,6 +114,12 @@ class Clients(Protocol):
     def refine(self, t: int, targets: list[int], params: ae.Params) -> dict[int, RefineReply]:
         """Lines 26–30: Algorithm 2 on each target client with the community ``params``."""
 
+    def note_communities(self, t: int, members: dict[int, list[tuple[int, list[int]]]]
+                         ) -> None:
+        """Tell the members of communities whose model was reused, not trained, which
+        community each of their clusters is in (for the data owner's results; the members of
+        trained communities learn it from the community rounds)."""
+
 
 @dataclass
 class Settings:
@@ -128,6 +134,7 @@ class Settings:
     association: str = "mutual"          # "mutual", "perfect" (ground truth), "none"
     ae_init: str = "keras"
     evaluate: bool = False
+    reuse_communities: bool = False      # keep a community's model while nothing changed
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> Settings:
@@ -136,7 +143,8 @@ class Settings:
                    stop_window=int(cfg["fedcref.stop-window"]),
                    stop_change=float(cfg["fedcref.stop-change"]),
                    association=str(cfg["fedcref.association"]),
-                   ae_init=str(cfg["fedcref.ae-init"]), evaluate=bool(cfg["evaluate"]))
+                   ae_init=str(cfg["fedcref.ae-init"]), evaluate=bool(cfg["evaluate"]),
+                   reuse_communities=bool(cfg["fedcref.reuse-communities"]))
 
 
 @dataclass
@@ -173,15 +181,24 @@ def community_members(groups: list[list[Node]]) -> dict[int, list[tuple[int, lis
 
 
 def train_communities(clients: Clients, t: int, groups: list[list[Node]], layer: list[int],
-                      s: Settings) -> ae.Params:
+                      s: Settings, kept: list[ae.Params | None] | None = None) -> ae.Params:
     """Lines 21–24: ``fl-rounds`` rounds of FedAvg for all communities at once.
 
     Each round the members return their trained copy and sample count per community; the new
     community model is the count-weighted mean of the copies (a community nobody trained in a
-    round keeps its model).
+    round keeps its model). ``kept[g]``, when given and not None, is community g's model from
+    an earlier iteration: it is used as is and not trained.
     """
     params = ae.init_params(len(groups), layer, derive_seed(s.seed, 7, t, 2), s.ae_init)
-    members = community_members(groups)
+    skip = {g for g, k in enumerate(kept or []) if k is not None}
+    if skip:
+        params = ae.concat([kept[g] if g in skip else [p[g:g + 1] for p in params]
+                            for g in range(len(groups))])
+    members = {ci: [(g, qs) for g, qs in m if g not in skip]
+               for ci, m in community_members(groups).items()}
+    members = {ci: m for ci, m in members.items() if m}
+    if not members:
+        return params
     for rnd in range(1, s.fl_rounds + 1):
         seed = derive_seed(s.seed, t, 100 + rnd)
         replies = clients.community_round(t, rnd, params, members, seed)
@@ -198,6 +215,49 @@ def train_communities(clients: Clients, t: int, groups: list[list[Node]], layer:
             else:
                 new.append([p[g:g + 1] for p in params])
         params = ae.concat(new)
+    return params
+
+
+class _Reuse:
+    """Community models that can be kept (``reuse-communities``).
+
+    A community's model depends only on its members' data: the same set of clusters, on
+    clients whose labels did not change since it was trained (a client's labels change only
+    in a refinement that does not reproduce them, ACC < 1), gives the same training data, so
+    retraining it would only redraw its random initialisation and batches.
+    """
+
+    def __init__(self) -> None:
+        self.changed: dict[int, int] = {}    # client -> iteration its labels last changed
+        self.models: dict[frozenset[Node], tuple[int, ae.Params]] = {}   # members -> (t, model)
+
+    def kept(self, group: list[Node]) -> ae.Params | None:
+        hit = self.models.get(frozenset(group))
+        if hit is None:
+            return None
+        t, model = hit
+        return model if all(self.changed.get(ci, 0) < t for ci, _ in group) else None
+
+    def remember(self, t: int, groups: list[list[Node]], params: ae.Params) -> None:
+        self.models = {frozenset(g): (t, [p[i:i + 1] for p in params])
+                       for i, g in enumerate(groups)}
+
+    def refined(self, t: int, client: int, agreement: float) -> None:
+        if agreement < 1.0:
+            self.changed[client] = t
+
+
+def community_models(clients: Clients, t: int, groups: list[list[Node]], layer: list[int],
+                     s: Settings, reuse: _Reuse) -> ae.Params:
+    """Lines 21–24; with ``reuse-communities``, only the communities whose members or data
+    changed are trained, the others keep their model."""
+    kept = [reuse.kept(g) if s.reuse_communities else None for g in groups]
+    params = train_communities(clients, t, groups, layer, s, kept)
+    if any(k is not None for k in kept):
+        notes = {ci: [(g, qs) for g, qs in m if kept[g] is not None]
+                 for ci, m in community_members(groups).items()}
+        clients.note_communities(t, {ci: m for ci, m in notes.items() if m})
+    reuse.remember(t, groups, params)
     return params
 
 
@@ -230,6 +290,7 @@ def run(clients: Clients, s: Settings,
     store: dict[Node, tuple[int, Model]] = {}     # current version of every cluster model
     ks: dict[int, int] = {}
     ev = _Evaluation()
+    reuse = _Reuse()
     stopper = StabilityStop(s.stop_window, s.stop_change)
     acc_start = float("nan")
     iso_start: int | None = None
@@ -300,7 +361,7 @@ def run(clients: Clients, s: Settings,
             rec.update(ev.groups(groups))
 
         # 4. community models (lines 21-24) ------------------------------------------------
-        comm_params = (train_communities(clients, t, groups, layer, s)
+        comm_params = (community_models(clients, t, groups, layer, s, reuse)
                        if groups and layer is not None else [])
 
         # 5. refinement on the active clients (lines 25-31) ---------------------------------
@@ -308,6 +369,7 @@ def run(clients: Clients, s: Settings,
         agreements = {}
         for ci, r in sorted(replies.items()):
             agreements[ci] = r.agreement
+            reuse.refined(t, ci, r.agreement)
             if r.agreement >= s.tau:
                 active.discard(ci)
             if r.hist is not None:

@@ -110,3 +110,7 @@ class InMemoryClients:
             agreement = core.refine(self.states[i], self.xs[i], params)
             out[i] = RefineReply(agreement, self._hist(i))
         return out
+
+    def note_communities(self, t: int, members: dict[int, list[tuple[int, list[int]]]]
+                         ) -> None:
+        """Nothing to do: these clients keep no results for a data owner."""

@@ -74,6 +74,9 @@ KEYS: list[Key] = [
         "most stop-change for this many consecutive iterations", low=1),
     Key("fedcref.stop-change", float, 0.1, "relative change regarded as 'unchanged'", low=0.0),
     Key("fedcref.fl-rounds", int, 15, "FedAvg rounds per community per iteration", low=1),
+    Key("fedcref.reuse-communities", bool, False, "keep a community's model, untrained, "
+        "while its member clusters and their clients' labels are unchanged since it was "
+        "trained (not in the paper: it retrains every community every iteration)"),
     Key("fedcref.fl-local-epochs", int, 3, "local epochs per FedAvg round (not in the paper; "
         "the reference code used 2 then 7; 3 measured better than 1, docs/fedcref.md)", low=1),
     Key("fedcref.ae-hidden", str, "100,64,32", "autoencoder encoder sizes (decoder mirrored)",
