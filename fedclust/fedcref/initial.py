@@ -70,7 +70,7 @@ def initial_clustering(kind: str, x: NDArray[np.float32], k: int, *, y_true: NDA
         if y_true is None:
             raise ValueError("dirty initial clustering is a simulation: it needs the true classes")
         return dirty_clustering(y_true, dirtiness, random_state)
-    # client seeds are 63-bit digests (client_apps.fedcref_handlers.client_key); scikit-learn
+    # client seeds are 63-bit digests (fedclust.fedcref.client.client_key); scikit-learn
     # (KMeans, RandomState) accepts only [0, 2**32 - 1]
     random_state = int(random_state) % 2**32
     if kind == "kmeans":
