@@ -83,7 +83,7 @@ RULES = ("eq2", "ratio")
 def accept_matrix(labels: NDArray[np.int64], own_errors: NDArray, foreign_errors: NDArray,
                   theta: float, alpha: float, min_size: int = 2,
                   groups: NDArray[np.int64] | None = None, rule: str = "eq2",
-                  epsilon: float = 0.2, quantile: float = 0.5,
+                  epsilon: float = 0.15, quantile: float = 0.5,
                   held_out: NDArray[np.bool_] | None = None) -> NDArray[np.bool_]:
     """Client-side association: which foreign models each local cluster accepts.
 

@@ -53,7 +53,7 @@ KEYS: list[Key] = [
         "Pr{normalised error gap <= theta} >= alpha) or 'ratio' (not in the paper: the "
         "ratio-quantile of log e_foreign - log e_own over the cluster's held-out samples <= "
         "epsilon)", choices=("eq2", "ratio")),
-    Key("fedcref.epsilon", float, 0.2, "epsilon of assoc-rule=ratio: accept a foreign model "
+    Key("fedcref.epsilon", float, 0.15, "epsilon of assoc-rule=ratio: accept a foreign model "
         "within a factor e^epsilon of the own model's held-out error", low=0.0),
     Key("fedcref.ratio-quantile", float, 0.5, "quantile of the log error ratio that "
         "assoc-rule=ratio compares with epsilon (0.5 = median)", low=0.0, high=1.0,
