@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord
 
-from client_apps.app import app
+from client_apps.base import app
 from client_apps.common import LazyModule, reply, run_config
 from client_apps.evaluation import ALLOW_KEY, allows_evaluation, is_simulated
 from fedclust.config import ConfigError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedclust.config import Key, require
+from fedclust.schema import Key, require
 
 IMAGE_DATASETS = ("digits", "mnist", "fashion-mnist", "emnist-digits", "kmnist", "k49", "local",
                   "files")

@@ -93,7 +93,7 @@ def assign(params: ae.Params, labels: NDArray, x: NDArray, threads: int | None =
 def predict_rows(run_dir: Path, summary: dict[str, Any], x: np.ndarray,
                  options: dict[str, Any]):
     """``fedclust predict`` for FedCRef: ``row,label`` (label space: see the module docstring)."""
-    from fedclust.predict import PredictError, Prediction, check_width
+    from fedclust.prediction import PredictError, Prediction, check_width
 
     if options:
         raise PredictError(f"method fedcref takes no options, got {sorted(options)}")
