@@ -18,7 +18,7 @@ import argparse
 def main() -> None:
     from fedclust.emdcfl import data as D
     from fedclust.emdcfl import model as M
-    from fedclust.emdcfl.experiments import CPU_BACKDOOR
+    from server_app.emdcfl_experiments import CPU_BACKDOOR
 
     p = argparse.ArgumentParser()
     p.add_argument("--data-dir", default="")

@@ -336,7 +336,7 @@ def test_channels_last_training_returns_c_ordered_weights_that_learn():
 def test_experiment_table_keeps_runs_with_other_epochs_or_clients_apart(tmp_path):
     import json
 
-    from fedclust.emdcfl.experiments import CPU, PAPER, PRESETS, SMALL, table
+    from server_app.emdcfl_experiments import CPU, PAPER, PRESETS, SMALL, table
 
     assert CPU["emdcfl.samples"] == PAPER["emdcfl.samples"] == 5420     # the paper's client size
     assert CPU["emdcfl.epsilon"] == 0.1 and SMALL["emdcfl.samples"] == 500
@@ -375,7 +375,7 @@ def test_experiment_table_reports_wall_time_overhead_over_the_oracle_of_the_same
     """The paper's ~9 % is EMD-CFL's wall time over the Oracle's (App. D.1), paired by seed."""
     import json
 
-    from fedclust.emdcfl.experiments import table
+    from server_app.emdcfl_experiments import table
 
     rows = []
     for alg, seed, seconds in [("emdcfl", 0, 420.0), ("emdcfl", 1, 300.0), ("oracle", 0, 280.0),
@@ -398,7 +398,7 @@ def test_experiment_table_reports_wall_time_overhead_over_the_oracle_of_the_same
 def test_experiment_table_labels_cfl_rows_that_never_split(tmp_path):
     import json
 
-    from fedclust.emdcfl.experiments import table
+    from server_app.emdcfl_experiments import table
 
     rows = []
     for rotation, clusters in (("max", [1, 1]), ("two", [1, 2])):

@@ -143,7 +143,7 @@ def _excess_samples(rng, train_c, val_c, val_o, reps, cap=512, dim=16):
 
 def test_same_distribution_excess_is_unbiased_at_every_datasets_cloud_sizes():
     from fedclust.emdcfl.data import num_sets, split_sizes
-    from fedclust.emdcfl.experiments import CPU
+    from server_app.emdcfl_experiments import CPU
 
     rng = np.random.default_rng(5)
     samples, frac = CPU["emdcfl.samples"], CPU["emdcfl.val-fraction"]
@@ -186,7 +186,9 @@ def test_client_side_references_give_the_former_numbers(tmp_path):
         summary, _ = run_server({**FORMER_CFG, "emdcfl.full-matrix": full,
                                  "output-dir": str(out)}, num_nodes=4)
         runs[full] = summary["metrics"]["clusters"], np.load(out / "emd_excess.npy")
-    np.testing.assert_allclose(runs[True][1], FORMER_EXCESS, rtol=0, atol=1e-9)
+    # float32 training differs in the 7th digit between CPUs and thread counts; a different
+    # reference (another subsample, another cloud) moves the excess by more than 1e-3
+    np.testing.assert_allclose(runs[True][1], FORMER_EXCESS, rtol=0, atol=1e-5)
     assert runs[True][0] == runs[False][0]                 # lazy AND: same clusters
     assert np.isnan(runs[False][1]).any()                  # ... without some second directions
 

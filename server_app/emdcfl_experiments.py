@@ -8,9 +8,9 @@ sizes (4 878 train images per client, 10 × 10 epochs, the 64/128-channel CNN) f
 (``emdcfl.device=auto``: clients train, embed and evaluate on CUDA when available).
 Usage::
 
-    python -m fedclust.emdcfl.experiments run --preset cpu --dataset rotmnist --rotation max \
+    python -m server_app.emdcfl_experiments run --preset cpu --dataset rotmnist --rotation max \
         --algorithms emdcfl oracle fedavg local ifca cfl --seeds 0 1 2 --out runs/emdcfl
-    python -m fedclust.emdcfl.experiments table --out runs/emdcfl
+    python -m server_app.emdcfl_experiments table --out runs/emdcfl
 
 Each finished run appends one line to ``<out>/results.jsonl`` (summary metrics + seconds).
 """
