@@ -194,18 +194,6 @@ def test_client_cache_reports_missing_models() -> None:
     assert missing == [] and acc.shape == (2, 1) and acc[0, 0] and "9:9:9" not in st.cache
 
 
-@pytest.mark.slow
-def test_flwr_run_smoke(tmp_path: Path) -> None:
-    from tests.flwr_smoke import run_flwr
-
-    cfg = {"method": "fedcref", "dataset": "digits", "num-clients": 3, "seed": 0,
-           "output-dir": str(tmp_path), "fedcref.split": "all", **FAST,
-           "fedcref.max-iterations": 1}
-    outcome, summary = run_flwr(cfg, num_supernodes=3, timeout=300)
-    assert summary is not None, outcome
-    assert summary["metrics"]["iterations"] == 1
-
-
 def test_result_does_not_depend_on_node_ids(data_root: Path, tmp_path: Path) -> None:
     # Engines assign node ids freely (random in deployment): the same clients behind permuted
     # node ids must give the same run (client seeds and order come from the clients' data keys).

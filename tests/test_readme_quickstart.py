@@ -112,6 +112,12 @@ def test_readme_quickstart_runs_as_written(tmp_path):
         summary = json.loads(path.read_text())
         assert summary["num_clients"] == 2 and summary["config"]["num-clients"] == 2
         assert (path.parent / "clients" / "1" / "result.json").is_file()   # owners' results
+        if method == "emdcfl":
+            assert (path.parent / "emd_matrix.npy").is_file()
+            assert (path.parent / "emd_heatmap.png").is_file()
+            assert 1 <= summary["metrics"]["num_clusters"] <= 2
+        if method == "fedcref":
+            assert summary["metrics"]["iterations"] >= 1
     # step 2: 4 sites, one client each, labels for every row of every site
     summary = json.loads((repo / "run" / "summary.json").read_text())
     assert summary["num_clients"] == 4 and summary["dataset"] == "files"
