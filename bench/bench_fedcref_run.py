@@ -1,7 +1,7 @@
 """Benchmark one full FedCRef run: wall time, peak memory, and the split between local
 training, cross-evaluation, community training, refinement and Flower/message overhead.
 
-    python bench/bench_fedcref_run.py --set dataset=mnist data-dir=/work/shared/data \\
+    python bench/bench_fedcref_run.py --set dataset=mnist data-dir=$FEDCLUST_DATA_DIR \\
         fedcref.split=all num-clients=25 fedcref.dirtiness=0.3            # in-process grid
     python bench/bench_fedcref_run.py --summary /tmp/fcexp/mnist-d0.3/seed0  # report a run
 

@@ -6,7 +6,7 @@ backend, one CPU per ClientApp), exactly as ``fedclust-sweep engine=flwr`` runs 
 ServerApp loop and ClientApp handlers, no engine) and the ratio of the two wall times is printed.
 
     python bench/bench_simulation_engine.py --supernodes 25 --set method=fedcref \\
-        dataset=mnist data-dir=../shared/data fedcref.split=all num-clients=25 \\
+        dataset=mnist data-dir=$FEDCLUST_DATA_DIR fedcref.split=all num-clients=25 \\
         fedcref.dirtiness=0.3 --inprocess-reference
 
 Peak memory is read machine-wide (``MemTotal - MemAvailable`` from ``/proc/meminfo`` every

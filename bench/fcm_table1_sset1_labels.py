@@ -3,7 +3,7 @@
 Paper 004 took s-set1 from deric/clustering-benchmark (ARFF); its labels differ from the SIPU
 reference labels (``s1.labels0``, what fedclust loads) on 27 of 5,000 points. Usage::
 
-    FEDCLUST_DATA_DIR=../shared/data python bench/fcm_table1_sset1_labels.py runs/fcm_table1
+    FEDCLUST_DATA_DIR=/path/to/data python bench/fcm_table1_sset1_labels.py runs/fcm_table1
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from fedclust.metrics import format_ci
 
 
 def main(run_dir: str) -> None:
-    root = Path(os.environ.get("FEDCLUST_DATA_DIR", "../shared/data")) / "clustering"
+    root = Path(os.environ.get("FEDCLUST_DATA_DIR", "data")) / "clustering"
     x, y_arff = read_arff(root / "s-set1.arff")
     y_ref = np.loadtxt(root / "s1.labels0.gz", dtype=int)
     lo, hi = x.min(0), x.max(0)

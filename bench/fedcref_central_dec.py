@@ -1,7 +1,7 @@
 """Paper 000 Table 2 baseline: centralized DEC on the pooled data of a FedCRef system, with K
 chosen by the silhouette score on a 2-D t-SNE; reports ACC (Hungarian) and K found.
 
-    python bench/fedcref_central_dec.py --set dataset=mnist data-dir=/work/shared/data \\
+    python bench/fedcref_central_dec.py --set dataset=mnist data-dir=$FEDCLUST_DATA_DIR \\
         fedcref.split=all num-clients=25 --seed 0 --k 5-15
 """
 

@@ -4,7 +4,7 @@ Runs the real ServerApp/ClientApp (``server_app.inprocess.run_server``) once per
 records wall time and peak memory (ru_maxrss) next to each run's summary.json::
 
     python bench/fedcref_experiments.py --name mnist-d0.3 --seeds 0 1 2 \\
-        --set dataset=mnist data-dir=/work/shared/data fedcref.dirtiness=0.3
+        --set dataset=mnist data-dir=$FEDCLUST_DATA_DIR fedcref.dirtiness=0.3
 
     python bench/fedcref_experiments.py --table runs/fedcref   # markdown table of all runs
 """

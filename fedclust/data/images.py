@@ -9,8 +9,7 @@ Where the files are looked for (``data_dir`` is the run-config ``data-dir``), fi
 ==============  =========================================================================
 name            files (in ``data_dir/<sub>/`` or directly in ``data_dir/``)
 ==============  =========================================================================
-mnist           ``mnist/mnist-{train,test}.npz`` (keys ``x``, ``y``; the layout of
-                ``shared/data``) or the official
+mnist           ``mnist/mnist-{train,test}.npz`` (keys ``x``, ``y``) or the official
                 ``{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]``
 fashion-mnist   ``fashion-mnist/fashion-mnist-{train,test}.npz`` or the official IDX files
 emnist-digits   ``emnist/emnist-digits-{train,test}-{images-idx3,labels-idx1}-ubyte[.gz]``
@@ -46,8 +45,8 @@ _SUBDIRS = {"mnist": ("mnist", ""), "fashion-mnist": ("fashion-mnist", "fashion_
             "emnist-digits": ("emnist", "emnist-digits", "gzip", ""),
             "kmnist": ("kmnist", ""), "k49": ("k49", "kmnist", "")}
 _HINT = {
-    "mnist": "copy shared/data/mnist or download the four IDX files from yann.lecun.com",
-    "fashion-mnist": "copy shared/data/fashion-mnist or the IDX files from "
+    "mnist": "download the four IDX files from yann.lecun.com",
+    "fashion-mnist": "download the IDX files from "
                      "github.com/zalandoresearch/fashion-mnist",
     "emnist-digits": "download gzip.zip from https://www.nist.gov/itl/products-and-services/"
                      "emnist-dataset and unpack the emnist-digits-* files",

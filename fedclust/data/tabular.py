@@ -44,8 +44,7 @@ def _need(data_dir: str, *relative: str) -> Path:
         raise DatasetError(
             f"this dataset is read from files but run config 'data-dir' is empty. "
             f"Allowed: a folder holding {' or '.join(relative)}. "
-            f"Fix: --run-config 'data-dir=\"/path/to/data\"' "
-            f"(this repository's CI uses ../shared/data).")
+            f"Fix: --run-config 'data-dir=\"/path/to/data\"'.")
     root = Path(data_dir).expanduser()
     for rel in relative:
         if (root / rel).exists():

@@ -116,4 +116,4 @@ def check(cfg: dict[str, Any]) -> None:
             "baseline)", "set evaluate=true or use fedcref.association=mutual")
     require(cfg["dataset"] in ("digits", "local", "files") or cfg["data-dir"] != "", "data-dir",
             cfg["data-dir"], f"the folder holding the {cfg['dataset']} files",
-            "pass data-dir=/path/to/data (e.g. ../shared/data)")
+            "pass data-dir=/path/to/data")
