@@ -9,7 +9,8 @@ min / mean / max excess, the same under the AND rule (max of both directions), a
 clustering (identical neighbourhoods) at several ε. Used to find what separates the two
 uniform colours (docs/emdcfl.md, "Backdoor MNIST")::
 
-    taskset -c 1 python bench/bench_emdcfl_backdoor_gap.py --data-dir "$FEDCLUST_DATA_DIR" --per-set 4
+    taskset -c 1 python bench/bench_emdcfl_backdoor_gap.py --data-dir "$FEDCLUST_DATA_DIR" \\
+        --per-set 4
 """
 
 from __future__ import annotations

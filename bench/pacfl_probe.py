@@ -54,8 +54,9 @@ def main() -> None:
                              args.data_dir, args.palette, args.basis)
         same = truth[:, None] == truth[None, :]
         off = ~np.eye(len(a), dtype=bool)
-        print(f"seed {seed}: within-group angle {a[same & off].min():.2f}..{a[same & off].max():.2f}"
-              f" deg, between-group {a[~same].min():.2f}..{a[~same].max():.2f} deg")
+        print(f"seed {seed}: within-group angle {a[same & off].min():.2f}.."
+              f"{a[same & off].max():.2f} deg, between-group {a[~same].min():.2f}.."
+              f"{a[~same].max():.2f} deg")
         print("  threshold -> clusters, ARI: " + ", ".join(
             f"{t:g}: {len(set(pacfl_clusters(a, t).tolist()))}, "
             f"{adjusted_rand(truth, pacfl_clusters(a, t)):.2f}" for t in grid))

@@ -159,8 +159,8 @@ def train_local_handler(msg: Message, context: Context) -> Message:
     cfg = run_config(context)
     device = _device(cfg, context)
     conf = msg.content.config_records["config"]
-    (weights, loss), n = _train(cfg, context, weights_from_record(msg.content.array_records["model"]),
-                                int(conf["round"]), device)
+    start = weights_from_record(msg.content.array_records["model"])
+    (weights, loss), n = _train(cfg, context, start, int(conf["round"]), device)
     arrays = {"model": {str(i): w for i, w in enumerate(weights)}}
     if bool(conf.get("keygen", False)):
         arrays["pub"] = {"key": np.frombuffer(_ensure_keys(context, cfg), dtype=np.uint8)}

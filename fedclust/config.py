@@ -17,8 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from fedclust.schema import (  # noqa: F401 - re-exported: the keys' public home
-    ConfigError, Key, Scalar, _cast, _hydra_override, _message, _toml, require)
-
+    ConfigError,
+    Key,
+    Scalar,
+    _cast,
+    _hydra_override,
+    _message,
+    _toml,
+    require,
+)
 
 # Common keys (all methods). Method keys live next to each method and are listed in
 # fedclust/registry.py.

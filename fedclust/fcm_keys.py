@@ -6,9 +6,8 @@ import logging
 import math
 from typing import Any
 
+from fedclust.fcm import M_MAX, MAX_UNDERFLOW_DIGITS, SECURE_UNDERFLOW_DIGITS, fuzzifier_problem
 from fedclust.schema import Key, require
-from fedclust.fcm import (M_MAX, MAX_UNDERFLOW_DIGITS, SECURE_UNDERFLOW_DIGITS,
-                          fuzzifier_problem)
 
 FCM_KEYS: list[Key] = [
     Key("fcm.n-clusters", int, 4, "number of clusters C", low=2),

@@ -103,9 +103,8 @@ def run_server(run_config: Mapping[str, Any], num_nodes: int | None = None, **gr
     """Run the method as the ServerApp does (the run config's Strategy object) against an
     :class:`InProcessGrid`; return (summary, grid)."""
     from client_apps.app import app as client_app
-    from strategies.methods import from_run_config
-
     from fedclust.data.sites import simulated_nodes
+    from strategies.methods import from_run_config
 
     n = int(num_nodes if num_nodes is not None else simulated_nodes(run_config, 5))
     grid = InProcessGrid(client_app, n, run_config, **grid_kwargs)

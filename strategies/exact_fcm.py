@@ -18,8 +18,14 @@ from flwr.serverapp import Grid
 
 from fedclust import fcm
 from fedclust.results import Progress, RunRecorder
-from strategies.common import (all_of, arrays, connected_clients, expect_arrays, result_record,
-                               send_and_collect)
+from strategies.common import (
+    all_of,
+    arrays,
+    connected_clients,
+    expect_arrays,
+    result_record,
+    send_and_collect,
+)
 from strategies.fcm_common import eval_ari, eval_tables, federated_scaling, withheld_ok
 
 LOG = logging.getLogger("fedclust")

@@ -18,10 +18,20 @@ from fedclust import fcm
 from fedclust.fedfcm import average, center_shift
 from fedclust.results import Progress, RunRecorder
 from fedclust.validity import DBStatistics, choose_k, federated_fuzzy_db
-from strategies.common import (arrays, connected_clients, expect_arrays, result_record,
-                               send_and_collect)
-from strategies.fcm_common import (eval_ari, eval_tables, federated_scaling, guard_message,
-                                   withheld_ok)
+from strategies.common import (
+    arrays,
+    connected_clients,
+    expect_arrays,
+    result_record,
+    send_and_collect,
+)
+from strategies.fcm_common import (
+    eval_ari,
+    eval_tables,
+    federated_scaling,
+    guard_message,
+    withheld_ok,
+)
 
 
 def _key(k: int) -> str:

@@ -26,8 +26,17 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid
 
-from fedclust.secagg import (CLIP, LIMBS, MOD, PHASE_FINAL, PHASE_SUMS, QUANT, scale_for, unpack,
-                             unpack_final)
+from fedclust.secagg import (
+    CLIP,
+    LIMBS,
+    MOD,
+    PHASE_FINAL,
+    PHASE_SUMS,
+    QUANT,
+    scale_for,
+    unpack,
+    unpack_final,
+)
 from strategies.common import Exchange, record_nbytes, with_run_config
 
 LOG = logging.getLogger("fedclust")

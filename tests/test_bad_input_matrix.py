@@ -23,9 +23,9 @@ import pytest
 from fedclust.config import ConfigError, validate
 from fedclust.data.sites import SiteFilesError, simulated_nodes
 from fedclust.results import OutputDirError
-from server_app.sweep import bad_input_errors
 from server_app.app import check_run_config
 from server_app.inprocess import run_server
+from server_app.sweep import bad_input_errors
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("exact-fcm", "fedfcm", "fedcref", "emdcfl")

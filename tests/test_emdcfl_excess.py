@@ -162,9 +162,9 @@ def test_same_distribution_excess_is_unbiased_at_every_datasets_cloud_sizes():
     assert old.mean() > 3 * old.std(ddof=1) / np.sqrt(len(old)), old.mean()
 
 
-# The excess matrix of a 4-client rotdigits run (quarter turns, seed 3, 1 round) computed by the former code,
-# where the server solved W(train_c, val_c) from c's own-model validation clouds; the clients
-# now compute it. Every cloud has 40 points, so equal-size cuts change nothing.
+# The excess matrix of a 4-client rotdigits run (quarter turns, seed 3, 1 round) computed by the
+# former code, where the server solved W(train_c, val_c) from c's own-model validation clouds;
+# the clients now compute it. Every cloud has 40 points, so equal-size cuts change nothing.
 FORMER_EXCESS = [
     [0.0, 0.32119067083068287, 0.01805390486173676, 0.2353686315919199],
     [0.3259047122263523, 0.0, 0.3091370861215499, 0.023949489689103168],

@@ -7,10 +7,11 @@ default; when the two clouds have the same size the uniform problem is an assign
 (an optimal plan is a permutation, Birkhoff–von Neumann), solved exactly by
 ``scipy.optimize.linear_sum_assignment`` on the same cost matrix (equal to ``ot.emd2`` to
 1e-10, tested; 2-3x faster). A non-converged network-simplex solve (iteration limit hit,
-infeasible or unbounded) raises :class:`EMDError` instead of the silent warning POT gives. Sinkhorn (entropic, ``reg`` relative
-to ``max(M)``) is an option (paper App. E.2); its two failures, POT's "did not converge"
-(``numItermax`` reached) and "numerical errors" (underflow) warnings, raise :class:`EMDError`
-too, while any other warning is passed on unchanged.
+infeasible or unbounded) raises :class:`EMDError` instead of the silent warning POT gives.
+Sinkhorn (entropic, ``reg`` relative to ``max(M)``) is an option (paper App. E.2); its two
+failures, POT's "did not converge" (``numItermax`` reached) and "numerical errors"
+(underflow) warnings, raise :class:`EMDError` too, while any other warning is passed on
+unchanged.
 
 Unbiased comparisons: the empirical ``W`` between two samples of *one* distribution shrinks
 with the sample sizes, so EMD-CFL compares only equal-size clouds (:func:`equal_size`

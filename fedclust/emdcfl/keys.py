@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedclust.schema import ConfigError, Key, require
 from fedclust.emdcfl.data import DATASETS, PALETTES, ROTATIONS
+from fedclust.schema import ConfigError, Key, require
 
 ALGORITHMS = ("emdcfl", "oracle", "fedavg", "local", "ifca", "cfl", "pacfl")
 DEVICES = ("cpu", "cuda", "auto")
