@@ -144,7 +144,7 @@ def main() -> int:
     data = write_partitions(cfg, work / "data")
     trips_per_run = args.rounds + 2 + ((args.rounds + 1) * 3 if args.secure else 0)
     app = noop_app(work / "noop")
-    runs, noops = [], []
+    runs, noops, rounds = [], [], []
     with LoopbackDeployment([{"data-path": str(p)} for p in data], tls=args.tls,
                             auth=args.tls, workdir=work / "flwr") as dep:
         for i in range(args.repeat):
@@ -156,6 +156,9 @@ def main() -> int:
                 return 1
             runs.append(json.loads((out / "summary.json").read_text())["wall_time_s"]
                         / trips_per_run)
+            # the same measure as the no-op app's: seconds of each FCM round's round trip
+            rounds.extend(json.loads(x)["seconds"] for x in
+                          (out / "history.jsonl").read_text().splitlines())
             noop_out = work / f"noop{i}.json"
             res = dep.run({"trips": trips_per_run, "out": str(noop_out)}, app_dir=app)
             if not res.ok:
@@ -175,7 +178,11 @@ def main() -> int:
           f"SuperNodes{', SecAgg+' if args.secure else ''}): {fed:.2f} s per round trip "
           f"({trips_per_run} round trips per run, median of {args.repeat} runs)")
     print(f"no-op Flower app, same deployment: {ref:.2f} s per round trip")
-    print(f"ratio fedclust / no-op app per round trip: {fed / ref:.2f}")
+    print(f"ratio fedclust / no-op app per round trip: {fed / ref:.2f} (whole run, with "
+          f"start-up and result files, / round trips)")
+    per_round = statistics.median(rounds)
+    print(f"median FCM round trip {per_round:.2f} s over {len(rounds)} rounds; ratio to the no-op "
+          f"app's median round trip: {per_round / ref:.2f}")
     print(f"ratio deployment / in-process per round trip: {fed / inproc:.0f}x; "
           f"round trip / cold ClientApp import: {fed / cold:.2f}")
     print(f"load average after: {os.getloadavg()}")
