@@ -13,8 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def find_data_dir() -> Path | None:
     """``$FEDCLUST_DATA_DIR``, else ``../shared/data`` next to the repository."""
-    candidates = [os.environ.get("FEDCLUST_DATA_DIR", ""), str(ROOT.parent / "shared" / "data"),
-                  "/work/shared/data"]
+    candidates = [os.environ.get("FEDCLUST_DATA_DIR", ""), str(ROOT.parent / "shared" / "data")]
     for c in candidates:
         if c and (Path(c) / "README.md").exists():
             return Path(c)
