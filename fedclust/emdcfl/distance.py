@@ -72,6 +72,9 @@ def wasserstein(p: NDArray, q: NDArray, metric: str = "cosine", solver: str = "e
     m = ot.dist(p, q, metric=metric)
     if metric == "cosine":
         m = np.nan_to_num(m, nan=1.0)          # all-zero embeddings (dead ReLUs): distance 1
+    # every ground cost is >= 0; 1 - cos and the expanded squared norms round to -1e-16 on
+    # (nearly) parallel points, and a negative W is refused as a reply
+    np.maximum(m, 0.0, out=m)
     if solver == "emd" and len(p) == len(q):
         from scipy.optimize import linear_sum_assignment
 
