@@ -36,7 +36,7 @@ def main() -> None:
     from fedclust.fedcref import client as core
     from fedclust.fedcref.initial import initial_clustering
     from fedclust.fedcref.inmemory import InMemoryClients
-    from fedclust.fedcref.refine import cluster_refine, table_accuracy
+    from fedclust.fedcref.refine import cluster_refine, label_agreement
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data-dir", default=os.environ.get("FEDCLUST_DATA_DIR", "data"))
@@ -101,10 +101,8 @@ def main() -> None:
         y, k = clients.ys[i], clients.states[i].k
         mc = list(clients.states[i].model_clusters)
 
-        def acc(labels, y=y, k=k):
-            table = np.zeros((int(y.max()) + 1, k), dtype=np.int64)
-            np.add.at(table, (y, labels), 1)
-            return table_accuracy(table)
+        def acc(labels, y=y):
+            return label_agreement(y, labels)
 
         errors = np.concatenate([own, com])
         best = np.argmin(errors, axis=0)
