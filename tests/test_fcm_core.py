@@ -121,3 +121,77 @@ def test_estimator_follows_the_scikit_learn_protocol():
         est.predict_proba(x)
     labels = est.fit_predict(x)
     assert labels.shape == (50,) and set(labels) <= set(range(4))
+
+
+def one_shot(x, v, m):
+    """The former implementation: the (n, C) expansion ‖x‖² − 2x·v + ‖v‖², clamped, then
+    memberships and μ^m with two powers."""
+    d2 = np.einsum("ij,ij->i", x, x)[:, None] - 2.0 * (x @ v.T) + np.einsum("ij,ij->i", v, v)
+    d2 = np.maximum(d2, np.finfo(np.float64).tiny ** 0.5)
+    w = (d2 / d2.min(1, keepdims=True)) ** (-1.0 / (m - 1.0))
+    u = w / w.sum(1, keepdims=True)
+    return u, (u**m).sum(0), (u**m).T @ x, float(np.sum(u**m * d2))
+
+
+@pytest.mark.parametrize("m", [2.0, 1.5, 3.0])
+def test_the_fused_pass_equals_the_former_formulas_to_1e_12(m):
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(30_000, 7)) * 4 + 2
+    v = rng.normal(size=(9, 7)) * 4 + 2                      # centers off the samples
+    u_ref, big_u_ref, ws_ref, j_ref = one_shot(x, v, m)
+    big_u, ws = fcm.local_sums(x, v, m)
+    np.testing.assert_allclose(big_u, big_u_ref, rtol=1e-12)
+    np.testing.assert_allclose(ws, ws_ref, rtol=1e-12, atol=1e-12 * np.abs(ws_ref).max())
+    np.testing.assert_allclose(fcm.memberships(x, v, m), u_ref, rtol=1e-12, atol=1e-15)
+    assert fcm.objective(x, v, m) == pytest.approx(j_ref, rel=1e-12)
+
+
+@pytest.mark.parametrize("m", [2.0, 2.7])
+def test_a_center_on_a_sample_is_computed_without_cancellation(m):
+    # k-means++ puts centers on samples: there the expansion ‖x‖² − 2x·v + ‖v‖² is pure
+    # roundoff (the former code's memberships were off by 1e-8 at m = 2.7); the pass must match
+    # the direct ‖x − v‖² formula.
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(5_000, 16)) * 3 + 5
+    v = x[rng.choice(5_000, 10, replace=False)].copy()
+    d2 = np.maximum(((x[:, None, :] - v[None]) ** 2).sum(-1), np.finfo(np.float64).tiny ** 0.5)
+    w = (d2 / d2.min(1, keepdims=True)) ** (-1.0 / (m - 1.0))
+    u = w / w.sum(1, keepdims=True)
+    np.testing.assert_allclose(fcm.memberships(x, v, m), u, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(fcm.local_sums(x, v, m)[0], (u**m).sum(0), rtol=1e-12)
+
+
+def test_memberships_and_sums_of_one_pass_equal_separate_calls():
+    from fedclust.fcm.kernel import augment, fcm_pass
+
+    rng = np.random.default_rng(5)
+    x, v = rng.normal(size=(20_000, 5)), rng.normal(size=(4, 5))
+    both = fcm_pass(augment(x), v, 1.8, augmented=True, memberships=True, block=777)
+    np.testing.assert_allclose(both.memberships, fcm.memberships(x, v, 1.8), rtol=1e-13)
+    u, ws = fcm.local_sums(x, v, 1.8)
+    np.testing.assert_allclose(both.u, u, rtol=1e-13)
+    np.testing.assert_allclose(both.ws, ws, rtol=1e-12, atol=1e-12)
+    assert both.objective == pytest.approx(fcm.objective(x, v, 1.8), rel=1e-13)
+
+
+def test_the_pass_allocates_no_n_by_c_array():
+    import tracemalloc
+
+    rng = np.random.default_rng(0)
+    x, v = rng.normal(size=(200_000, 8)), rng.normal(size=(10, 8))
+    fcm.local_sums(x, v)                      # warm up (thread pool, BLAS controller)
+    tracemalloc.start()
+    fcm.local_sums(x, v, 1.5)
+    fcm.objective(x, v)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 200_000 * 10 * 8 / 2, f"peak {peak / 1e6:.1f} MB: an (N, C) temporary"
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("call", ["local_sums", "memberships", "objective"])
+def test_non_finite_rows_are_rejected_by_every_entry_point(bad, call):
+    x = np.ones((50, 2))
+    x[17, 1] = bad
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        getattr(fcm, call)(x, np.array([[0.0, 0.0], [2.0, 2.0]]))

@@ -21,18 +21,12 @@ FuzzyCMeans`` imports that module on first use.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import ArrayLike
 
-Float = NDArray[np.float64]
-
-# A point sitting exactly on a center has distance 0; the reference code replaces it by the
-# machine epsilon so that its membership becomes ~1 for that center instead of NaN.
-_TINY = float(np.finfo(np.float64).tiny) ** 0.5
-
+from fedclust.fcm.kernel import BLOCK, TINY, Float, Pass, augment, fcm_pass
 
 # Largest fuzzifier: memberships tend to 1/C as m grows, so U_c = sum_j u_cj^m ~ N C^-m. Beyond
 # m log10(C) = MAX_UNDERFLOW_DIGITS the sums sink towards the float64 underflow (1e-308): with
@@ -85,37 +79,47 @@ def squared_distances(x: Float, centers: Float) -> Float:
     """Squared Euclidean distances ``(n, C)`` via ``‖x‖² − 2 x·v + ‖v‖²`` (one GEMM)."""
     d2 = np.einsum("ij,ij->i", x, x)[:, None] - 2.0 * (x @ centers.T)
     d2 += np.einsum("ij,ij->i", centers, centers)[None, :]
-    np.maximum(d2, _TINY, out=d2)
+    np.maximum(d2, TINY, out=d2)
     return d2
+
+
+def _inputs(x: ArrayLike, centers: ArrayLike) -> tuple[Float, Float]:
+    """``x`` and ``centers`` as C-contiguous float64 with matching features (no copy if they
+    already are). Finiteness is checked on the pass's result (:func:`_checked`), not here: a
+    separate check would be one more pass over the data."""
+    x = np.ascontiguousarray(x, dtype=np.float64)
+    centers = _as_2d(centers, "centers")
+    if x.ndim != 2:
+        raise ValueError(f"X must be 2-D (n_samples, n_features), got shape {x.shape}")
+    if x.shape[1] != centers.shape[1]:
+        raise ValueError(f"X has {x.shape[1]} features but centers have {centers.shape[1]}")
+    return x, centers
+
+
+def _checked(result: Pass, x: Float) -> Pass:
+    """``result``, unless a NaN or infinity in ``x`` reached it: then the clear error."""
+    finite = np.isfinite(result.objective) and all(
+        a is None or np.isfinite(a).all() for a in (result.u, result.ws))
+    if not finite:
+        _as_2d(x)                       # raises with what is wrong and how to fix it
+    return result
 
 
 def memberships(x: ArrayLike, centers: ArrayLike, m: float = 2.0) -> Float:
     """Fuzzy memberships ``U`` of shape ``(n, C)``; rows sum to 1 (eq. 9 of paper 004)."""
-    x, centers = _as_2d(x), _as_2d(centers, "centers")
-    return _memberships_from_d2(squared_distances(x, centers), m)
+    x, centers = _inputs(x, centers)
+    res = _checked(fcm_pass(x, centers, m, sums=False, memberships=True), x)
+    assert res.memberships is not None
+    return res.memberships
 
 
-def _memberships_from_d2(d2: Float, m: float) -> Float:
-    # mu_cj ∝ d2_cj^{-1/(m-1)}; normalising by the row minimum keeps powers in range.
-    if m == 2.0:
-        inv = np.reciprocal(d2, out=d2)
-    else:
-        inv = d2
-        inv /= d2.min(axis=1, keepdims=True)
-        np.power(inv, -1.0 / (m - 1.0), out=inv)
-    inv /= inv.sum(axis=1, keepdims=True)
-    return inv
-
-
-def local_sums(x: ArrayLike, centers: ArrayLike, m: float = 2.0, chunk_size: int = 8192,
+def local_sums(x: ArrayLike, centers: ArrayLike, m: float = 2.0, chunk_size: int = BLOCK,
                n_threads: int | None = None) -> tuple[Float, Float]:
-    r"""Paper 004 Algorithm 2 (``LocalSums``), vectorised.
+    r"""Paper 004 Algorithm 2 (``LocalSums``): one fused pass over the data.
 
-    Rows are processed in blocks of ``chunk_size`` with reused buffers: the ``(n, C)``
-    temporaries of a one-shot version cost more in page faults than in arithmetic. Blocks are
-    shared among ``n_threads`` Python threads (numpy releases the GIL) with BLAS pinned to one
-    thread each, which also keeps small GEMMs from stalling on a busy machine; partial sums are
-    added in block order, so the result does not depend on the thread count.
+    See :mod:`fedclust.fcm.kernel`: blocks of ``chunk_size`` rows, no (n, C) temporary,
+    one power per element (none for m = 2), both GEMMs on an augmented block, blocks shared
+    among ``n_threads`` threads; the result does not depend on the thread count.
     (``bench/bench_fcm_local_sums.py``.)
 
     Returns
@@ -125,67 +129,10 @@ def local_sums(x: ArrayLike, centers: ArrayLike, m: float = 2.0, chunk_size: int
     WS : ndarray of shape (C, F)
         :math:`WS_c = \sum_j \mu_{c,j}^m x_j`.
     """
-    x, centers = _as_2d(x), _as_2d(centers, "centers")
-    if x.shape[1] != centers.shape[1]:
-        raise ValueError(f"X has {x.shape[1]} features but centers have {centers.shape[1]}")
-    n = x.shape[0]
-    chunk = max(1, min(chunk_size, n))
-    starts = list(range(0, n, chunk))
-    workers = max(1, min(n_threads or os.cpu_count() or 1, len(starts)))
-    if workers == 1:
-        u_sum, ws_sum, _ = _sums_of_blocks(x, centers, m, starts, chunk)
-        return u_sum, ws_sum
-    from concurrent.futures import ThreadPoolExecutor
-
-    from threadpoolctl import threadpool_limits
-
-    groups = [starts[i::workers] for i in range(workers)]
-    with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(workers) as pool:
-        results = list(pool.map(lambda g: _sums_of_blocks(x, centers, m, g, chunk), groups))
-    # add per block in block order: the same summation order as the single-thread path
-    blocks = sorted((blk for res in results for blk in res[2]), key=lambda blk: blk[0])
-    u_sum, ws_sum = np.zeros(centers.shape[0]), np.zeros_like(centers)
-    for _, u_b, ws_b in blocks:
-        u_sum += u_b
-        ws_sum += ws_b
-    return u_sum, ws_sum
-
-
-def _sums_of_blocks(x: Float, centers: Float, m: float, starts: list[int], chunk: int
-                    ) -> tuple[Float, Float, list[tuple[int, Float, Float]]]:
-    """Local sums over the row blocks beginning at ``starts`` (also returned per block)."""
-    c = centers.shape[0]
-    vt = np.ascontiguousarray(centers.T)
-    vv = np.einsum("ij,ij->i", centers, centers)
-    u_sum, ws_sum = np.zeros(c), np.zeros((c, x.shape[1]))
-    d2_buf, row_buf, xx_buf = np.empty((chunk, c)), np.empty((chunk, 1)), np.empty(chunk)
-    blocks = []
-    for start in starts:
-        xb = x[start:start + chunk]
-        b = xb.shape[0]
-        w, rows, xx = d2_buf[:b], row_buf[:b], xx_buf[:b]
-        np.dot(xb, vt, out=w)                      # w = ‖x‖² − 2x·v + ‖v‖²  (squared distances)
-        w *= -2.0
-        np.einsum("ij,ij->i", xb, xb, out=xx)
-        w += xx[:, None]
-        w += vv
-        np.maximum(w, _TINY, out=w)
-        if m == 2.0:                               # w = d^{-2/(m-1)}, then normalise -> mu
-            np.reciprocal(w, out=w)
-        else:
-            w /= w.min(axis=1, keepdims=True)
-            np.power(w, -1.0 / (m - 1.0), out=w)
-        np.sum(w, axis=1, keepdims=True, out=rows)
-        w /= rows
-        if m == 2.0:                               # w = mu^m
-            np.square(w, out=w)
-        else:
-            np.power(w, m, out=w)
-        u_b, ws_b = w.sum(axis=0), w.T @ xb
-        blocks.append((start, u_b, ws_b))
-        u_sum += u_b
-        ws_sum += ws_b
-    return u_sum, ws_sum, blocks
+    x, centers = _inputs(x, centers)
+    res = _checked(fcm_pass(x, centers, m, n_threads=n_threads, block=chunk_size), x)
+    assert res.u is not None and res.ws is not None
+    return res.u, res.ws
 
 
 def update_centers(u_sum: Float, ws_sum: Float, previous: Float) -> Float:
@@ -215,11 +162,10 @@ def kmeans_plusplus_centers(x: ArrayLike, n_clusters: int,
 
 
 def objective(x: ArrayLike, centers: ArrayLike, m: float = 2.0) -> float:
-    r"""FCM objective :math:`J_m = \sum_j \sum_c \mu_{c,j}^m \|x_j - v_c\|^2`."""
-    x, centers = _as_2d(x), _as_2d(centers, "centers")
-    d2 = squared_distances(x, centers)
-    u = _memberships_from_d2(d2.copy(), m)
-    return float(np.sum(u**m * d2))
+    r"""FCM objective :math:`J_m = \sum_j \sum_c \mu_{c,j}^m \|x_j - v_c\|^2`
+    (computed as :math:`\sum_j d^2_{\min,j} S_j^{1-m}`, see :mod:`fedclust.fcm.kernel`)."""
+    x, centers = _inputs(x, centers)
+    return _checked(fcm_pass(x, centers, m, sums=False), x).objective
 
 
 @dataclass
@@ -239,10 +185,11 @@ def fcm_from_centers(x: ArrayLike, centers: ArrayLike, m: float = 2.0, tol: floa
     """
     x = _as_2d(x)
     v = _as_2d(centers, "centers").copy()
+    xa = augment(x)                     # prepared once for all iterations
     shifts: list[float] = []
     for it in range(1, max_iter + 1):
-        u, ws = local_sums(x, v, m)
-        new = update_centers(u, ws, v)
+        res = fcm_pass(xa, v, m, augmented=True)
+        new = update_centers(res.u, res.ws, v)
         shifts.append(float(np.linalg.norm(new - v)))
         v = new
         if shifts[-1] < tol:
@@ -255,6 +202,9 @@ def fcm_until_stable(x: ArrayLike, centers: ArrayLike, m: float = 2.0, tol: floa
     r"""Local FCM as in paper 003 §2.1.2: memberships from the given centers, then alternate
     eq. 6 / eq. 5 until :math:`\|U^{t+1}-U^{t}\|_F \le \epsilon` or ``max_iter``.
 
+    Each iteration is one pass: the memberships at the new centers and the sums that give the
+    next centers come from the same pass.
+
     Returns
     -------
     centers : ndarray (C, F)
@@ -263,19 +213,18 @@ def fcm_until_stable(x: ArrayLike, centers: ArrayLike, m: float = 2.0, tol: floa
     """
     x = _as_2d(x)
     v = _as_2d(centers, "centers").copy()
-    u = _memberships_from_d2(squared_distances(x, v), m)
+    xa = augment(x)
+    res = fcm_pass(xa, v, m, augmented=True, memberships=True)
     n_iter = 0
     while n_iter < max_iter:
         n_iter += 1
-        w = u**m
-        mass = w.sum(axis=0)
-        v = update_centers(mass, w.T @ x, v)
-        u_new = _memberships_from_d2(squared_distances(x, v), m)
-        delta = float(np.linalg.norm(u_new - u))
-        u = u_new
+        v = update_centers(res.u, res.ws, v)
+        new = fcm_pass(xa, v, m, augmented=True, memberships=True)
+        delta = float(np.linalg.norm(new.memberships - res.memberships))
+        res = new
         if delta <= tol:
             break
-    return v, u, n_iter
+    return v, res.memberships, n_iter
 
 
 def __getattr__(name: str) -> object:

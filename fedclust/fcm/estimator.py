@@ -38,6 +38,7 @@ from fedclust.fcm import (
     random_centers,
     squared_distances,
 )
+from fedclust.fcm.kernel import fcm_pass
 
 __all__ = ["FuzzyCMeans"]
 
@@ -167,10 +168,11 @@ default="uniform"
         res = fcm_from_centers(x, self._initial_centers(x), self.m, self.tol, self.max_iter)
         self.cluster_centers_, self.n_iter_ = res.centers, res.n_iter
         self.converged_, self.shifts_ = res.converged, res.shifts
-        d2 = squared_distances(x, res.centers)
-        self.labels_ = d2.argmin(axis=1)
-        self.memberships_ = memberships(x, res.centers, self.m)
-        self.objective_ = objective(x, res.centers, self.m)
+        final = fcm_pass(np.ascontiguousarray(x), res.centers, self.m, sums=False,
+                         memberships=True)      # one pass: memberships and objective
+        self.memberships_ = final.memberships
+        self.labels_ = final.memberships.argmax(axis=1)   # highest membership = nearest center
+        self.objective_ = final.objective
         self._n_features_out = self.cluster_centers_.shape[0]
         return self
 
