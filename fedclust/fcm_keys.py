@@ -24,6 +24,10 @@ FCM_KEYS: list[Key] = [
         "objective or evaluation table (paper 004 §4.2)"),
     Key("fcm.secure-aggregation", bool, False,
         "sum U and WS with SecAgg+ so the server sees only the totals (deployment issue)"),
+    Key("fcm.incremental", bool, False,
+        "keep every client's latest U and WS on the server and update from all of them "
+        "(incremental EM): with fcm.fraction < 1 the fixed point is centralized FCM's; "
+        "not with fcm.secure-aggregation"),
 ]
 
 FEDFCM_KEYS: list[Key] = [
@@ -56,6 +60,14 @@ def check_fcm(cfg: dict[str, Any]) -> None:
             "an int >= 2", "set fcm.n-clusters to the number of clusters you expect")
     _check_m(cfg, "fcm.m", cfg["fcm.n-clusters"], "fcm.n-clusters",
              secure=cfg["fcm.secure-aggregation"])
+    require(not (cfg["fcm.incremental"] and cfg["fcm.secure-aggregation"]), "fcm.incremental",
+            cfg["fcm.incremental"], "false when fcm.secure-aggregation=true: the incremental "
+            "rule keeps each client's latest U and WS on the server and replaces only the "
+            "answering clients' part, but SecAgg+ reveals only the round's sum over the "
+            "sampled clients, so no client's part can be replaced",
+            "set fcm.incremental=false to keep SecAgg+ (paper 004's rule), or "
+            "fcm.secure-aggregation=false to use the incremental rule on plain sums, or "
+            "fcm.fraction=1 (every client in every round: SecAgg+ alone is then exact)")
 
 
 def _check_m(cfg: dict[str, Any], key: str, clusters: int, clusters_key: str,

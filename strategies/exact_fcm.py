@@ -4,6 +4,12 @@ Round t: sample ⌈γM⌉ clients, send V(t); each returns ``U = Σ u^m`` and ``
 (or withholds them under the privacy guard); ``V(t+1) = ΣWS / ΣU`` (a cluster with zero mass
 keeps its center); stop when ``‖V(t+1) − V(t)‖_F < ε`` or after ``max-rounds``.
 With γ = 1 the centers equal centralized FCM from the same initialisation.
+
+``fcm.incremental=true`` (plain sums only): the server keeps every client's latest ``(U, WS)``
+(:class:`fedclust.fcm.incremental.LatestSums`), replaces the answering clients' entries and
+updates from the sum over all of them; it stops when every client that can answer has answered
+and the centers moved less than ε since the oldest stored sums were computed (the drift).
+A client that drops keeps its latest sums in the total.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from flwr.app import RecordDict
 from flwr.serverapp import Grid
 
 from fedclust import fcm
+from fedclust.fcm import incremental
 from fedclust.results import Progress, RunRecorder
 from strategies.common import (
     all_of,
@@ -32,6 +39,10 @@ LOG = logging.getLogger("fedclust")
 
 
 def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any]:
+    if cfg["fcm.incremental"] and cfg["fcm.secure-aggregation"]:
+        from fedclust.fcm_keys import check_fcm
+
+        check_fcm(cfg)   # refuses the pair (a run config that skipped validation)
     nodes = connected_clients(grid, cfg)
     rng = np.random.default_rng(cfg["seed"])
     sc = federated_scaling(grid, nodes, cfg)
@@ -46,6 +57,9 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
 
         check_secure_round(min(n_sample, len(nodes)))
         bound = secure_bound(sc.low, sc.high)
+    store = incremental.LatestSums(c, f) if cfg["fcm.incremental"] else None
+    silent: set[int] = set()
+    down: set[int] = set(sc.exchange.failed)
     progress = Progress(cfg["fcm.max-rounds"], "exact-fcm round")
     totals = {"bytes_sent": sc.exchange.bytes_sent, "bytes_received": sc.exchange.bytes_received}
     dropped_all: set[int] = set(sc.exchange.failed)
@@ -68,26 +82,48 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
             sums = [r.array_records["sums"] for r in ex.replies.values()
                     if "sums" in r.array_records]
             withheld = len(ex.replies) - len(sums)
+            silent |= {nid for nid, r in ex.replies.items() if "sums" not in r.array_records}
             u = np.sum([s["U"].numpy() for s in sums], axis=0) if sums else np.zeros(c)
             ws = np.sum([s["WS"].numpy() for s in sums], axis=0) if sums else np.zeros((c, f))
+            if store is not None:
+                store.replace(rnd, centers, {
+                    nid: (r.array_records["sums"]["U"].numpy(),
+                          r.array_records["sums"]["WS"].numpy())
+                    for nid, r in ex.replies.items() if "sums" in r.array_records})
         # Every contributing client adds Σ_c u^m > 0 to ΣU: ΣU = 0 means nobody contributed (also
         # under SecAgg+, where a client withheld by the privacy guard sends zeros).
         someone = float(np.sum(u)) > 0
         rounds_with_contributions += int(someone)
+        if store is not None:
+            u, ws = store.totals()
         new = fcm.update_centers(u, ws, centers)
         shift = float(np.linalg.norm(new - centers))
         centers = new
         totals["bytes_sent"] += ex.bytes_sent
         totals["bytes_received"] += ex.bytes_received
         dropped_all |= set(ex.failed)
-        recorder.log_round({"round": rnd, "shift": shift, "sampled": len(sampled),
-                            "contributed": len(sums), "withheld": withheld,
-                            "dropped_nodes": {str(k): v for k, v in ex.failed.items()},
-                            "empty_clusters": int((u <= 0).sum()), "seconds": ex.seconds})
+        entry = {"round": rnd, "shift": shift, "sampled": len(sampled),
+                 "contributed": len(sums), "withheld": withheld,
+                 "dropped_nodes": {str(k): v for k, v in ex.failed.items()},
+                 "empty_clusters": int((u <= 0).sum()), "seconds": ex.seconds}
+        if store is not None:
+            # the clients that can answer: not kept silent by the privacy guard (it depends
+            # only on N) and not down (dropped when last asked; their latest sums stay)
+            down = (down - set(ex.replies)) | set(ex.failed)
+            required = set(nodes) - silent - down
+            drift = store.drift(centers, required)
+            entry.update({"clients_with_sums": len(store),
+                          "oldest_sums_age": store.oldest_age(rnd),
+                          "drift": drift if math.isfinite(drift) else None})
+        recorder.log_round(entry)
         progress.step(rnd, f"shift {shift:.3g} | {len(sums)}/{len(sampled)} clients")
         if not someone:
             _no_contribution(rnd, len(sampled), len(nodes), ex.failed, withheld, c, f, cfg)
-        if shift < cfg["fcm.epsilon"] and sums:   # a round nobody contributed to proves nothing
+        if store is not None:
+            if incremental.converged(store, required, centers, cfg["fcm.epsilon"]):
+                converged = True
+                break
+        elif shift < cfg["fcm.epsilon"] and sums:   # a round nobody contributed to proves nothing
             converged = True
             break
     if rounds_with_contributions == 0:
@@ -99,7 +135,11 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     metrics: dict[str, Any] = {"rounds": rnd, "converged": converged, "final_shift": shift,
                                "rounds_with_contributions": rounds_with_contributions,
                                "scaling_withheld_clients": sc.withheld,
-                               "n_clients": len(nodes), **totals}
+                               "n_clients": len(nodes), "incremental": store is not None,
+                               **totals}
+    if store is not None:
+        metrics.update({"clients_with_sums": len(store),
+                        "oldest_sums_age": store.oldest_age(rnd)})
     # The final centers reach every node in this message; each keeps its owner's results.
     final = RecordDict({"centers": arrays(centers=centers), "scaling": sc.record(),
                         "result": result_record(recorder.dir)})

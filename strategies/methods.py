@@ -261,6 +261,11 @@ class ExactFCM(FedclustStrategy):
         A client with ``N ≤ C(F+1)/F`` rows sends no statistic (paper 004 §4.2).
     secure_aggregation : bool, default False
         Sum the statistics with SecAgg+ (the server sees only totals).
+    incremental : bool, default False
+        Keep every client's latest ``U, WS`` on the server and update from the sum over all
+        clients, replacing only the answering clients' sums (incremental EM): with
+        ``fraction < 1`` the fixed point is centralized FCM's. Plain sums only (refused with
+        ``secure_aggregation``).
     scaling : {"minmax", "standard", "none"}, default "minmax"
         Federated feature scaling before clustering.
 
@@ -274,10 +279,12 @@ class ExactFCM(FedclustStrategy):
 
     def __init__(self, n_clusters: int = 4, m: float = 2.0, epsilon: float = 0.005,
                  max_rounds: int = 30, fraction: float = 1.0, privacy_guard: bool = True,
-                 secure_aggregation: bool = False, scaling: str = "minmax") -> None:
+                 secure_aggregation: bool = False, incremental: bool = False,
+                 scaling: str = "minmax") -> None:
         super().__init__(n_clusters=n_clusters, m=m, epsilon=epsilon, max_rounds=max_rounds,
                          fraction=fraction, privacy_guard=privacy_guard,
-                         secure_aggregation=secure_aggregation, scaling=scaling)
+                         secure_aggregation=secure_aggregation, incremental=incremental,
+                         scaling=scaling)
 
 
 class FedFCM(FedclustStrategy):

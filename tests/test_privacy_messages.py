@@ -165,6 +165,8 @@ def _emdcfl_data(ctx: Context, cfg: dict) -> list[tuple[np.ndarray, np.ndarray |
 FCM = {"num-clients": 3, "seed": 4, "plots": False}
 METHODS: dict[str, tuple[dict[str, Any], Callable, str]] = {
     "exact-fcm": ({**FCM, "method": "exact-fcm", "fcm.max-rounds": 3}, _fcm_data, ""),
+    "exact-fcm-incremental": ({**FCM, "method": "exact-fcm", "fcm.max-rounds": 3,
+                               "fcm.fraction": 0.6, "fcm.incremental": True}, _fcm_data, ""),
     "exact-fcm-secagg": ({**FCM, "method": "exact-fcm", "fcm.max-rounds": 2,
                           "fcm.secure-aggregation": True}, _fcm_data, ""),
     "fedfcm": ({**FCM, "method": "fedfcm", "fedfcm.k-min": 2, "fedfcm.k-max": 3,
@@ -255,3 +257,59 @@ def test_the_detector_catches_a_leak():
     assert leaks(values[:1], x, y)                                           # "0.1,0.7,…"
     assert leaks(values[1:], x, y)                                           # labels in text
     assert not leaks(record_values(ConfigRecord({"note": "round 3 of 10, 2 clients"})), x, y)
+
+
+def test_what_the_incremental_mode_keeps_on_the_server(tmp_path, monkeypatch):
+    """``fcm.incremental`` stores, per client, its latest ``U`` (C) and ``WS`` (C × F) — exactly
+    the sums that client sent in the last round it answered, which the plain mode sees too —
+    and the round they came from, plus the centers the server itself broadcast; nothing with a
+    row per sample, and no sample row or label window of any client."""
+    from fedclust.fcm import incremental
+
+    stores: list[incremental.LatestSums] = []
+
+    class Recording(incremental.LatestSums):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            stores.append(self)
+
+    monkeypatch.setattr(incremental, "LatestSums", Recording)
+    cfg = {**FCM, "method": "exact-fcm", "num-clients": 4, "fcm.fraction": 0.5,
+           "fcm.max-rounds": 6, "fcm.epsilon": 0.0, "fcm.incremental": True,
+           "output-dir": str(tmp_path)}
+    latest: dict[int, tuple[int, np.ndarray, np.ndarray]] = {}
+
+    def inspect(msg: Message, rep: Message) -> None:
+        if msg.metadata.message_type == "query.fcm_sums" and "sums" in rep.content.array_records:
+            rnd = int(msg.metadata.group_id.split("-")[1])
+            sums = rep.content.array_records["sums"]
+            latest[msg.metadata.dst_node_id] = (rnd, sums["U"].numpy(), sums["WS"].numpy())
+
+    _, grid = run_server(cfg, inspect=inspect, keep_sent=True)
+    assert len(stores) == 1 and latest
+    store = stores[0]
+    c, f = 4, 2
+    assert set(vars(store)) == {"n_clusters", "n_features", "_u", "_ws", "_round", "_sent"}
+    kept = store.arrays()
+    assert set(kept) == ({f"{k}/{nid}" for nid in latest for k in ("U", "WS", "round")}
+                         | {f"sent/{r}" for r in {rnd for rnd, _, _ in latest.values()}})
+    for nid, (rnd, u, ws) in latest.items():
+        np.testing.assert_array_equal(kept[f"U/{nid}"], u)      # what the node sent, no more
+        np.testing.assert_array_equal(kept[f"WS/{nid}"], ws)
+        assert kept[f"round/{nid}"].tolist() == [rnd]
+    broadcast = {int(m.metadata.group_id.split("-")[1]): m.content.array_records["centers"][
+        "centers"].numpy() for m in grid.sent if m.metadata.message_type == "query.fcm_sums"}
+    for key, arr in kept.items():
+        if key.startswith("sent/"):
+            np.testing.assert_array_equal(arr, broadcast[int(key.split("/")[1])])
+        assert arr.shape in {(c,), (c, f), (1,)}, f"{key}: shape {arr.shape} is per row"
+    from fedclust.config import validate
+
+    full = validate(cfg)
+    transforms = [(rec["shift"].numpy(), rec["scale"].numpy()) for m in grid.sent
+                  if m.has_content() and "scaling" in m.content.array_records
+                  for rec in [m.content.array_records["scaling"]]]
+    assert transforms
+    for nid, ctx in grid.contexts.items():
+        for x, y in _fcm_data(ctx, full):
+            assert not leaks(list(kept.values()), x, y, transforms), nid
