@@ -256,3 +256,40 @@ def test_flower_run_with_reused_communities(root: Path, tmp_path: Path) -> None:
     summary, _ = run_server({**FIXED, "data-dir": str(root), "output-dir": str(tmp_path),
                              "fedcref.reuse-communities": True, "fedcref.tau": 0.999})
     assert summary["metrics"]["eval_acc_end"] >= 0.95
+
+
+def test_a_changed_community_starts_from_the_nearest_model_with_fewer_rounds() -> None:
+    class Recording(Scripted):
+        def __init__(self, *a) -> None:
+            super().__init__(*a)
+            self.starts: list[tuple[int, int, float]] = []   # (iteration, round, weight)
+
+        def community_round(self, t, rnd, params, members, seed):
+            self.starts.append((t, rnd, float(params[0].flatten()[0])))
+            return super().community_round(t, rnd, params, members, seed)
+
+        def refine(self, t, targets, params):
+            self.refined_with.append(params)
+            return {i: algorithm.RefineReply(0.5) for i in targets}   # labels changed
+
+    warm = Recording({0: True, 1: True}, {0: 1.0, 1: 3.0}, {0: 1, 1: 3})
+    s = algorithm.Settings(max_iterations=2, fl_rounds=4, tau=2.0, warm_start=True,
+                           warm_rounds=2)
+    algorithm.run(warm, s)
+    # iteration 1: fresh (keras init: weight 0 is not 2.5), 4 rounds; iteration 2: the labels
+    # changed, so the community is retrained, starting from iteration 1's model (2.5), 2 rounds
+    assert [(t, r) for t, r, _ in warm.starts] == [(1, 1), (1, 2), (1, 3), (1, 4), (2, 1),
+                                                  (2, 2)]
+    assert warm.starts[0][2] != 2.5 and warm.starts[4][2] == 2.5
+    cold = Recording({0: True, 1: True}, {0: 1.0, 1: 3.0}, {0: 1, 1: 3})
+    algorithm.run(cold, algorithm.Settings(max_iterations=2, fl_rounds=4, tau=2.0))
+    assert len(cold.starts) == 8 and cold.starts[4][2] != 2.5
+
+
+def test_nearest_model_is_the_one_with_most_members_in_common() -> None:
+    reuse = algorithm._Reuse()
+    a, b = [torch.zeros(1)], [torch.ones(1)]
+    reuse.remember(1, [[(0, 0), (1, 0)], [(2, 0), (3, 0), (4, 1)]], [torch.stack([a[0], b[0]])])
+    assert reuse.nearest([(2, 0), (3, 0), (0, 0)])[0].item() == 1.0     # 2 in common vs 1
+    assert reuse.nearest([(0, 0), (2, 0)])[0].item() == 0.0             # tie 1-1: Jaccard 1/3
+    assert reuse.nearest([(5, 0), (6, 0)]) is None

@@ -135,6 +135,8 @@ class Settings:
     ae_init: str = "keras"
     evaluate: bool = False
     reuse_communities: bool = False      # keep a community's model while nothing changed
+    warm_start: bool = False             # start a changed community from its nearest model
+    warm_rounds: int = 5                 # FedAvg rounds of a warm-started community
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> Settings:
@@ -144,7 +146,9 @@ class Settings:
                    stop_change=float(cfg["fedcref.stop-change"]),
                    association=str(cfg["fedcref.association"]),
                    ae_init=str(cfg["fedcref.ae-init"]), evaluate=bool(cfg["evaluate"]),
-                   reuse_communities=bool(cfg["fedcref.reuse-communities"]))
+                   reuse_communities=bool(cfg["fedcref.reuse-communities"]),
+                   warm_start=bool(cfg["fedcref.warm-start"]),
+                   warm_rounds=int(cfg["fedcref.warm-rounds"]))
 
 
 @dataclass
@@ -181,25 +185,32 @@ def community_members(groups: list[list[Node]]) -> dict[int, list[tuple[int, lis
 
 
 def train_communities(clients: Clients, t: int, groups: list[list[Node]], layer: list[int],
-                      s: Settings, kept: list[ae.Params | None] | None = None) -> ae.Params:
+                      s: Settings, kept: list[ae.Params | None] | None = None,
+                      warm: list[ae.Params | None] | None = None) -> ae.Params:
     """Lines 21–24: ``fl-rounds`` rounds of FedAvg for all communities at once.
 
     Each round the members return their trained copy and sample count per community; the new
     community model is the count-weighted mean of the copies (a community nobody trained in a
     round keeps its model). ``kept[g]``, when given and not None, is community g's model from
-    an earlier iteration: it is used as is and not trained.
+    an earlier iteration: it is used as is and not trained. ``warm[g]``, when not None, is
+    the model community g starts from instead of a fresh initialisation; it is trained for
+    ``s.warm_rounds`` rounds (at most ``fl-rounds``) instead of ``fl-rounds``.
     """
     params = ae.init_params(len(groups), layer, derive_seed(s.seed, 7, t, 2), s.ae_init)
-    skip = {g for g, k in enumerate(kept or []) if k is not None}
-    if skip:
-        params = ae.concat([kept[g] if g in skip else [p[g:g + 1] for p in params]
+    kept = kept or [None] * len(groups)
+    warm = warm or [None] * len(groups)
+    start = [k if k is not None else w for k, w in zip(kept, warm, strict=True)]
+    if any(p is not None for p in start):
+        params = ae.concat([start[g] if start[g] is not None else [p[g:g + 1] for p in params]
                             for g in range(len(groups))])
-    members = {ci: [(g, qs) for g, qs in m if g not in skip]
-               for ci, m in community_members(groups).items()}
-    members = {ci: m for ci, m in members.items() if m}
-    if not members:
-        return params
-    for rnd in range(1, s.fl_rounds + 1):
+    rounds = [0 if kept[g] is not None else min(s.warm_rounds, s.fl_rounds)
+              if warm[g] is not None else s.fl_rounds for g in range(len(groups))]
+    for rnd in range(1, max(rounds, default=0) + 1):
+        members = {ci: [(g, qs) for g, qs in m if rnd <= rounds[g]]
+                   for ci, m in community_members(groups).items()}
+        members = {ci: m for ci, m in members.items() if m}
+        if not members:
+            break
         seed = derive_seed(s.seed, t, 100 + rnd)
         replies = clients.community_round(t, rnd, params, members, seed)
         got: dict[int, list[tuple[ae.Params, float]]] = {}
@@ -242,6 +253,23 @@ class _Reuse:
         self.models = {frozenset(g): (t, [p[i:i + 1] for p in params])
                        for i, g in enumerate(groups)}
 
+    def nearest(self, group: list[Node]) -> ae.Params | None:
+        """The last iteration's community model with the most member clusters in common with
+        ``group`` (ties: the larger Jaccard overlap, then the smallest sorted member list), or
+        None when no member was in any community."""
+        members = frozenset(group)
+        best: tuple[int, float, tuple[Node, ...]] | None = None
+        model = None
+        for old, (_, params) in self.models.items():
+            common = len(members & old)
+            if not common:
+                continue
+            rank = (common, common / len(members | old), tuple(sorted(old)))
+            if best is None or rank[:2] > best[:2] or (rank[:2] == best[:2] and
+                                                        rank[2] < best[2]):
+                best, model = rank, params
+        return model
+
     def refined(self, t: int, client: int, agreement: float) -> None:
         if agreement < 1.0:
             self.changed[client] = t
@@ -250,9 +278,12 @@ class _Reuse:
 def community_models(clients: Clients, t: int, groups: list[list[Node]], layer: list[int],
                      s: Settings, reuse: _Reuse) -> ae.Params:
     """Lines 21–24; with ``reuse-communities``, only the communities whose members or data
-    changed are trained, the others keep their model."""
+    changed are trained, the others keep their model; with ``warm-start``, a trained community
+    starts from the nearest model of the last iteration (:meth:`_Reuse.nearest`)."""
     kept = [reuse.kept(g) if s.reuse_communities else None for g in groups]
-    params = train_communities(clients, t, groups, layer, s, kept)
+    warm = [reuse.nearest(g) if s.warm_start and k is None else None
+            for g, k in zip(groups, kept, strict=True)]
+    params = train_communities(clients, t, groups, layer, s, kept, warm)
     if any(k is not None for k in kept):
         notes = {ci: [(g, qs) for g, qs in m if kept[g] is not None]
                  for ci, m in community_members(groups).items()}
