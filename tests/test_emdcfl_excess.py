@@ -1,7 +1,8 @@
 """EMD-CFL's clustering step (fedclust.emdcfl.excess), its solver and the baselines' server steps.
 
 - the excess subtracts client c's own reference, never the peer's;
-- the lazy AND gives the same clusters as the full matrix with fewer solves;
+- the lazy AND and the dual lower bound give the same clusters as the full matrix with fewer
+  solves; the bound never exceeds the exact cost;
 - the assignment solver equals ``ot.emd2`` on equal-size uniform clouds; workers read one
   memory-mapped store instead of pickled clouds;
 - same-distribution excess is unbiased at the cloud sizes every dataset produces (and biased
@@ -68,6 +69,41 @@ def test_lazy_and_gives_the_same_clusters_with_fewer_solves():
     assert adjusted_rand(truth, full.labels) == 1.0
     solved = np.isfinite(lazy.distance)
     np.testing.assert_allclose(lazy.distance[solved], full.distance[solved], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("metric", ["cosine", "euclidean", "sqeuclidean"])
+def test_the_dual_bound_never_exceeds_the_exact_cost(metric):
+    import ot
+
+    from fedclust.emdcfl.distance import dual_lower_bound
+
+    rng = np.random.default_rng(4)
+    for n, k in [(30, 30), (25, 40), (60, 60)]:
+        for shift in (0.0, 0.3, 2.0):
+            p = np.abs(rng.normal(size=(n, 8)))
+            q = np.abs(rng.normal(size=(k, 8))) + shift
+            m = ot.dist(p, q, metric=metric)
+            exact = ot.emd2(np.full(n, 1 / n), np.full(k, 1 / k), m)
+            bound = dual_lower_bound(m)
+            assert bound <= exact + 1e-12
+            assert bound >= max(m.min(1).mean(), m.min(0).mean()) - 1e-15   # the simple one
+
+
+def test_the_bound_skips_solves_but_not_a_single_decision():
+    # three far-apart groups: every cross-group direction is decided by its bound alone
+    rng = np.random.default_rng(5)
+    members, pairs, truth = _groups(rng, shift=6.0)
+    solver = Solver(metric="euclidean")
+    eps = 1.0
+    full = cluster_clients(members, pairs, eps, solver, lazy=False)
+    lazy = cluster_clients(members, pairs, eps, solver, lazy=True)
+    np.testing.assert_array_equal(lazy.adjacency, full.adjacency)
+    np.testing.assert_array_equal(lazy.labels, full.labels)
+    same = sum(truth[members.index(c)] == truth[members.index(o)] for c, o in pairs)
+    assert full.solves == len(pairs) and lazy.solves == same      # only same-group directions
+    # an ε so large that every pair passes: the bound may skip nothing, all are solved
+    wide = cluster_clients(members, pairs, 1e6, solver, lazy=True)
+    assert wide.solves == len(pairs) and wide.labels.tolist() == [0] * len(members)
 
 
 def test_a_missing_pair_is_no_edge_and_a_lone_client_a_singleton():

@@ -15,16 +15,23 @@ The step:
 3. ``A[c, o] = (excess[c, o] < ε) AND (excess[o, c] < ε)``, ``A[c, c] = True``;
 4. clients with identical closed neighbourhoods form a cluster (:mod:`.cluster`).
 
-With ``lazy=True`` (default) the direction ``(o, c)`` of a pair is not solved once ``(c, o)``
-has failed the test: the AND rule cannot make that pair an edge any more, so the clusters are
-the same (tested); the skipped entries of ``W`` and ``excess`` are NaN. ``lazy=False`` solves
-every direction (the full matrix that heatmaps and ε sweeps need).
+With ``lazy=True`` (default) only what the decision needs is solved, and the clusters are
+the same (tested):
+
+- the direction ``(o, c)`` of a pair is not solved once ``(c, o)`` has failed the test (the
+  AND rule cannot make that pair an edge any more);
+- a direction is not solved when a lower bound of its ``W`` (the dual bound of
+  :func:`~fedclust.emdcfl.distance.dual_lower_bound`, from the ground-cost matrix alone)
+  already gives ``excess ≥ ε``.
+
+The skipped entries of ``W`` and ``excess`` are NaN. ``lazy=False`` solves every direction
+(the full matrix that heatmaps and ε sweeps need).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,9 +70,11 @@ class Solver:
                    float(cfg["emdcfl.sinkhorn-reg"]), int(cfg["emdcfl.workers"]),
                    int(cfg["seed"]))
 
-    def many(self, pairs: Sequence[tuple[NDArray, NDArray]]) -> NDArray[np.float64]:
+    def many(self, pairs: Sequence[tuple[NDArray, NDArray]],
+             at_least: Sequence[float | None] | None = None) -> NDArray[np.float64]:
         return pairwise_wasserstein(pairs, self.metric, self.solver, self.num_itermax,
-                                    self.reg, self.workers, equalize_seed=self.seed)
+                                    self.reg, self.workers, equalize_seed=self.seed,
+                                    at_least=at_least)
 
 
 @dataclass
@@ -103,7 +112,14 @@ def excess_matrix(members: Sequence[int], pairs: Mapping[tuple[int, int], PairCl
     epsilon : float
         ε of the AND rule (only used by ``lazy`` to skip second directions).
     lazy : bool
-        Skip ``(o, c)`` once ``(c, o)`` failed (``excess ≥ ε`` or not measured).
+        Skip ``(o, c)`` once ``(c, o)`` failed (``excess ≥ ε`` or not measured), and any
+        direction whose lower bound already gives ``excess ≥ ε``.
+
+    Returns
+    -------
+    W, excess : ndarray (n, n)
+    solves : int
+        Exact OT problems solved (a direction decided by its lower bound is not counted).
     """
     index = {n: i for i, n in enumerate(members)}
     n = len(members)
@@ -118,11 +134,12 @@ def excess_matrix(members: Sequence[int], pairs: Mapping[tuple[int, int], PairCl
         later = [(c, o) for c, o in wanted if index[c] > index[o]]
     else:
         first, later = wanted, []
-    solves = _solve(first, pairs, index, w, solver)
+    limit = (lambda c, o: ref[index[c], index[o]] + epsilon) if lazy else (lambda c, o: None)
+    solves = _solve(first, pairs, index, w, solver, limit)
     if later:
         passed = w - ref < epsilon         # NaN compares False: an unmeasured pair fails
         later = [(c, o) for c, o in later if passed[index[o], index[c]]]
-        solves += _solve(later, pairs, index, w, solver)
+        solves += _solve(later, pairs, index, w, solver, limit)
     excess = w - ref
     np.fill_diagonal(excess, 0.0)
     rows = [ref[i][np.isfinite(ref[i])] for i in range(n)]
@@ -131,11 +148,16 @@ def excess_matrix(members: Sequence[int], pairs: Mapping[tuple[int, int], PairCl
 
 
 def _solve(todo: list[tuple[int, int]], pairs: Mapping[tuple[int, int], PairClouds],
-           index: Mapping[int, int], w: NDArray, solver: Solver) -> int:
-    values = solver.many([(pairs[k].source, pairs[k].target) for k in todo])
+           index: Mapping[int, int], w: NDArray, solver: Solver,
+           limit: Callable[[int, int], float | None]) -> int:
+    """Solve ``todo`` into ``w``; a direction whose bound reached ``limit`` stays NaN. Returns
+    the number of exact solves."""
+    limits = [limit(c, o) for c, o in todo]
+    limits = [v if v is not None and np.isfinite(v) else None for v in limits]
+    values = solver.many([(pairs[k].source, pairs[k].target) for k in todo], limits)
     for (c, o), v in zip(todo, values):
         w[index[c], index[o]] = v
-    return len(todo)
+    return int(np.sum(np.isfinite(values)))
 
 
 def cluster_clients(members: Sequence[int], pairs: Mapping[tuple[int, int], PairClouds],

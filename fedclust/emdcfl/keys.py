@@ -57,7 +57,8 @@ KEYS: list[Key] = [
     Key("emdcfl.workers", int, 2, "server processes computing the EMD matrix", low=1),
     Key("emdcfl.full-matrix", bool, False, "solve both directions of every pair (the full "
         "EMD matrix for heatmaps and ε sweeps above the run's ε); false skips a pair's second "
-        "direction once the first failed ε (same clusters, fewer solves)"),
+        "direction once the first failed ε, and any direction whose dual lower bound already "
+        "fails ε (same clusters, fewer solves)"),
     Key("emdcfl.recluster", str, "on-join", "when to recompute the clusters: on-join (when "
         "clients take part for the first time; one-shot under full participation, the paper's "
         "Alg. 1) or every-round (every round among all clients seen so far, as the authors' "

@@ -13,7 +13,8 @@ def emd_heatmap(path: str | Path, emd: NDArray, clusters: NDArray | None = None,
     """Save ``emd[c, o] = W(train_c, val_o)`` as a PNG (rows: source model/client c).
 
     Clients are ordered by found cluster (if given) so that blocks are visible. Entries not
-    solved (NaN: the lazy AND skipped them; ``emdcfl.full-matrix=true`` solves all) are grey.
+    solved (NaN: the lazy AND or the lower bound decided them without a solve;
+    ``emdcfl.full-matrix=true`` solves all) are grey.
     """
     import matplotlib
 
