@@ -1,13 +1,14 @@
-"""Association probe (eq. 2 or the ratio test) on image clusters, outside the Flower loop.
+"""Association probe (eq. 2, the ratio or the calibrated test) on image clusters, outside the Flower loop.
 
 Trains the cluster autoencoders of the first ``--clients`` clients of the 25-client system of
 ``--dataset`` on dirty clusters (``--dirtiness``), then reports for same-class and
 different-class cluster pairs the one-direction acceptance rate, the mutual (both directions)
 rate and the distribution of the test's statistic (eq. 2: the 75th percentile of the
-normalised error gap; ratio: the quantile of the held-out log error ratio); and, with
+normalised error gap; ratio: the quantile of the held-out log error ratio; calibrated: that quantile
+divided by the one of the client's closest other cluster model); and, with
 ``--graph``, the iteration-1 graph (edges, wrong edges, communities, isolated) with all pairs
 vs best match per client. ``--theta`` / ``--alpha`` take several values: the autoencoders are
-trained once and every (θ, α) pair — or, with ``--rule ratio``, every ``--epsilon`` — is
+trained once and every (θ, α) pair — or, with ``--rule ratio``, every ``--epsilon``, with ``calibrated`` every ``--lam`` — is
 evaluated on the same errors (one JSON line each)::
 
     python bench/fedcref_assoc_probe.py --clients 12 --dirtiness 0.0 \\
@@ -15,6 +16,7 @@ evaluated on the same errors (one JSON line each)::
     python bench/fedcref_assoc_probe.py --dataset fashion-mnist --clients 25 --graph \\
         --theta 0.05 0.1 0.15 0.2 --alpha 0.75 0.9
     python bench/fedcref_assoc_probe.py --rule ratio --epsilon 0.1 0.2 0.3 --seed 100 --graph
+    python bench/fedcref_assoc_probe.py --rule calibrated --lam 0.3 0.5 0.7 --seed 100 --graph
 """
 
 from __future__ import annotations
@@ -42,10 +44,14 @@ def main() -> None:
                     help="θ values to evaluate (default: the config's fedcref.theta)")
     ap.add_argument("--alpha", type=float, nargs="*", default=None,
                     help="α values to evaluate (default: the config's fedcref.alpha)")
-    ap.add_argument("--rule", default="eq2", choices=("eq2", "ratio"),
-                    help="association test (fedcref.assoc-rule); 'ratio' reads --epsilon")
+    ap.add_argument("--rule", default="eq2", choices=("eq2", "ratio", "calibrated"),
+                    help="association test (fedcref.assoc-rule); 'ratio' reads --epsilon, "
+                    "'calibrated' --lam")
     ap.add_argument("--epsilon", type=float, nargs="*", default=None,
                     help="ε values of the ratio test (default: the config's fedcref.epsilon)")
+    ap.add_argument("--lam", type=float, nargs="*", default=None,
+                    help="λ values of the calibrated test (default: the config's "
+                    "fedcref.lambda)")
     ap.add_argument("--graph", action="store_true")
     ap.add_argument("--set", nargs="*", default=[])
     args = ap.parse_args()
@@ -89,7 +95,8 @@ def main() -> None:
                 gaps[(i, q, j, p)] = normalized_gap(own, errs[i][row[(j, p)]][mask])
     q75 = {k: float(np.quantile(d, 0.75)) for k, d in gaps.items()}
     ratio: dict[tuple, float] = {}     # ratio test statistic per ordered pair
-    if args.rule == "ratio":
+    anchor: dict[tuple, float] = {}    # calibrated test: s_d of the client's other clusters
+    if args.rule in ("ratio", "calibrated"):
         for i, q in owner:
             mask = (sts[i].labels == q) & sts[i].held_out
             own = errs[i][row[(i, q)]][mask]
@@ -97,9 +104,15 @@ def main() -> None:
                 if j != i:
                     ratio[(i, q, j, p)] = float(log_ratio_quantile(
                         own, errs[i][row[(j, p)]][mask], cfg["fedcref.ratio-quantile"]))
+            others = [row[(i, int(r))] for r in sts[i].model_clusters if int(r) != q]
+            anchor[(i, q)] = float(log_ratio_quantile(own, errs[i][others][:, mask],
+                                                      cfg["fedcref.ratio-quantile"]).min()
+                                   ) if others else float("nan")
     base = out
     if args.rule == "ratio":
         grid = [(None, None, eps) for eps in args.epsilon or [cfg["fedcref.epsilon"]]]
+    elif args.rule == "calibrated":
+        grid = [(None, None, ("lam", lam)) for lam in args.lam or [cfg["fedcref.lambda"]]]
     else:
         grid = [(theta, alpha, None) for theta in args.theta or [cfg["fedcref.theta"]]
                 for alpha in args.alpha or [cfg["fedcref.alpha"]]]
@@ -108,6 +121,13 @@ def main() -> None:
             ok = {k: float((d <= theta).mean()) >= alpha for k, d in gaps.items()}
             stat = q75
             params = {"theta": theta, "alpha": alpha}
+        elif isinstance(eps, tuple):
+            lam = eps[1]
+            ok = {k: r <= lam * anchor[k[:2]] for k, r in ratio.items()}   # NaN anchor: False
+            stat = {k: r / anchor[k[:2]] for k, r in ratio.items()
+                    if np.isfinite(anchor[k[:2]]) and anchor[k[:2]] > 0}
+            params = {"lambda": lam}
+            eps = None
         else:
             ok = {k: r <= eps for k, r in ratio.items()}
             stat = ratio
@@ -125,7 +145,8 @@ def main() -> None:
         if args.graph:
             c = {**cfg, "fedcref.theta": theta or cfg["fedcref.theta"],
                  "fedcref.alpha": alpha or cfg["fedcref.alpha"],
-                 "fedcref.epsilon": cfg["fedcref.epsilon"] if eps is None else eps}
+                 "fedcref.epsilon": cfg["fedcref.epsilon"] if eps is None else eps,
+                 "fedcref.lambda": params.get("lambda", cfg["fedcref.lambda"])}
             for mode in ("all_pairs", "best_per_client"):
                 out[mode] = _graph(sts, xs, owner, row, errs, major, hist, c,
                                    per_client=mode == "best_per_client")
@@ -146,7 +167,8 @@ def _graph(sts, xs, owner, row, errs, major, hist, cfg, per_client) -> dict:
         acc = accept_matrix(sts[i].labels, own, errs[i][fk], cfg["fedcref.theta"],
                             cfg["fedcref.alpha"], cfg["fedcref.min-cluster-size"], groups,
                             cfg["fedcref.assoc-rule"], cfg["fedcref.epsilon"],
-                            cfg["fedcref.ratio-quantile"], sts[i].held_out)
+                            cfg["fedcref.ratio-quantile"], sts[i].held_out,
+                            cfg["fedcref.lambda"])
         for q in range(sts[i].k):
             accept[(i, q)] = {owner[fk[c]] for c in np.flatnonzero(acc[q])}
     edges = mutual_edges(accept)

@@ -169,6 +169,35 @@ def test_ratio_test_uses_the_quantile_of_held_out_samples_only() -> None:
         accept_matrix(labels, own, foreign, 0.2, 0.75, rule="eq2-preference")
 
 
+def test_calibrated_test_takes_its_scale_from_the_clients_other_cluster() -> None:
+    # cluster 0's own model errs 1.0 on its held-out samples, the client's other model 4.0
+    # (log ratio log 4): with λ = 0.5 a foreign model passes below e^{0.5 log 4} = 2x
+    labels = np.r_[np.zeros(50, int), np.ones(50, int)]
+    held = np.zeros(100, bool)
+    held[::5] = True
+    own = np.stack([np.ones(100), np.full(100, 4.0)])
+    own[1, labels == 1] = 1.0                        # model 1 is good on its own cluster
+    foreign = np.stack([np.full(100, 1.9), np.full(100, 2.1)])
+    acc = accept_matrix(labels, own, foreign, 0.2, 0.75, rule="calibrated", held_out=held,
+                        lam=0.5)
+    assert acc[0].tolist() == [True, False]
+    # the same foreign errors against a closer "different" anchor (2x): only e^{0.5 log 2}
+    own[1, labels == 0] = 2.0
+    acc = accept_matrix(labels, own, foreign, 0.2, 0.75, rule="calibrated", held_out=held,
+                        lam=0.5)
+    assert acc[0].tolist() == [False, False]
+    # scale-free in the errors as a whole, unlike ε: multiplying everything changes nothing
+    acc10 = accept_matrix(labels, 10 * own, 10 * foreign, 0.2, 0.75, rule="calibrated",
+                          held_out=held, lam=0.5)
+    np.testing.assert_array_equal(acc10, acc)
+    # no other modelled cluster: no anchor, nothing accepted
+    lone = accept_matrix(np.zeros(100, int), own[:1], foreign, 0.2, 0.75, rule="calibrated",
+                         held_out=held, lam=0.99)
+    assert not lone.any()
+    with pytest.raises(ValueError, match="held_out"):
+        accept_matrix(labels, own, foreign, 0.2, 0.75, rule="calibrated")
+
+
 def test_hold_out_takes_a_share_of_every_cluster() -> None:
     labels = np.r_[np.zeros(100, int), np.ones(7, int), [2]]
     held = core.hold_out(labels, 0.15, seed=3)

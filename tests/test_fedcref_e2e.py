@@ -100,13 +100,15 @@ def test_clients_send_only_models_bits_counts(main_run) -> None:
     assert seen and all(set(names) <= allowed for names in seen)
 
 
-def test_ratio_rule_sends_only_bits_and_models(data_root: Path, tmp_path: Path) -> None:
-    # assoc-rule=ratio: the held-out samples and the per-sample errors stay on the client;
-    # replies hold models, the list of modelled clusters, accept bits (0/1) and counts, and
-    # scalar metrics only
+@pytest.mark.parametrize("rule", ["ratio", "calibrated"])
+def test_held_out_rules_send_only_bits_and_models(data_root: Path, tmp_path: Path,
+                                                  rule: str) -> None:
+    # assoc-rule=ratio / calibrated: the held-out samples, the per-sample errors and the
+    # calibrated test's anchors stay on the client; replies hold models, the list of modelled
+    # clusters, accept bits (0/1) and counts, and scalar metrics only
     replies: list = []
     summary, _ = run_server(_cfg(data_root, tmp_path, evaluate=False,
-                                 **{"fedcref.assoc-rule": "ratio"}),
+                                 **{"fedcref.assoc-rule": rule}),
                             inspect=lambda m, r: replies.append(r)
                             if "fedcref" in m.metadata.message_type else None)
     assert summary["metrics"]["iterations"] >= 1 and replies

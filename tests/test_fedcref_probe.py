@@ -35,3 +35,15 @@ def test_probe_ratio_rule_on_digits() -> None:
     acc = [r["same_class"]["accept_one_direction"] for r in rows]
     assert acc[0] <= acc[1]            # a larger ε accepts no fewer pairs
     assert rows[0]["all_pairs"]["edges"] <= rows[1]["all_pairs"]["edges"]
+
+
+def test_probe_calibrated_rule_on_digits() -> None:
+    cmd = [sys.executable, str(ROOT / "bench" / "fedcref_assoc_probe.py"), "--dataset", "digits",
+           "--clients", "3", "--graph", "--rule", "calibrated", "--lam", "0.2", "0.8",
+           "--set", "num-clients=5", "fedcref.ae-epochs=2"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300).stdout
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [(r["rule"], r["lambda"]) for r in rows] == [("calibrated", 0.2), ("calibrated", 0.8)]
+    acc = [r["different_class"]["accept_one_direction"] for r in rows]
+    assert acc[0] <= acc[1]            # a larger λ accepts no fewer pairs
+    assert rows[0]["all_pairs"]["edges"] <= rows[1]["all_pairs"]["edges"]

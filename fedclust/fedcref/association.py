@@ -19,6 +19,19 @@ with ``H_q`` the samples of cluster q held out from the training of ``AE_iq`` (s
 model's in-sample optimism does not set the scale), ``Q_a`` the ``a``-quantile (median by
 default): the foreign model is accepted when it reconstructs the typical held-out sample within
 a factor ``e^ε`` of the own model.
+
+Calibrated test (not in the paper; ``fedcref.assoc-rule=calibrated``): the same statistic
+``s_m = Q_a over x ∈ H_q of [ log E_m(x) − log E_iq(x) ]``, compared with two anchors the client
+has without labels — "same" is 0 (its own model on held-out samples) and "different" is
+``s_d = min over q' ≠ q of s_iq'``, the statistic of the client's own closest *other* cluster
+model on the same samples::
+
+    accept  ⇔  s_m ≤ λ · s_d
+
+so a foreign model is accepted when it is closer to the own model than a fraction λ of the way
+to the client's nearest other cluster. There is no ε to set per dataset: the scale comes from
+the client's own clusters. A cluster whose client has no other modelled cluster (no
+"different" anchor) accepts nothing.
 """
 
 from __future__ import annotations
@@ -77,14 +90,16 @@ def log_ratio_quantile(e_own: NDArray, e_foreign: NDArray, quantile: float
     return np.quantile(gap, quantile, axis=-1)
 
 
-RULES = ("eq2", "ratio")
+RULES = ("eq2", "ratio", "calibrated")
+HELD_OUT_RULES = ("ratio", "calibrated")     # rules measured on samples held out from training
 
 
 def accept_matrix(labels: NDArray[np.int64], own_errors: NDArray, foreign_errors: NDArray,
                   theta: float, alpha: float, min_size: int = 2,
                   groups: NDArray[np.int64] | None = None, rule: str = "eq2",
                   epsilon: float = 0.15, quantile: float = 0.5,
-                  held_out: NDArray[np.bool_] | None = None) -> NDArray[np.bool_]:
+                  held_out: NDArray[np.bool_] | None = None, lam: float = 0.5
+                  ) -> NDArray[np.bool_]:
     """Client-side association: which foreign models each local cluster accepts.
 
     Parameters
@@ -102,10 +117,11 @@ def accept_matrix(labels: NDArray[np.int64], own_errors: NDArray, foreign_errors
         choice does not depend on the order of the models). ``None`` tests all pairs as the
         paper does; the run config turns this on by default
         (``fedcref.assoc-best-per-client``, a named deviation, docs/fedcref.md).
-    rule : ``"eq2"`` (the paper) or ``"ratio"`` (the ratio test, module docstring)
-    epsilon, quantile : ``ε`` and ``a`` of the ratio test
-    held_out : (n,) samples held out from the own models' training (``"ratio"`` only: the
-        statistic runs over the held-out samples of each cluster)
+    rule : ``"eq2"`` (the paper), ``"ratio"`` or ``"calibrated"`` (module docstring)
+    epsilon, quantile : ``ε`` and ``a`` of the ratio test (``a`` also of the calibrated one)
+    held_out : (n,) samples held out from the own models' training (``"ratio"`` and
+        ``"calibrated"`` only: the statistic runs over the held-out samples of each cluster)
+    lam : ``λ`` of the calibrated test
 
     Returns
     -------
@@ -113,23 +129,30 @@ def accept_matrix(labels: NDArray[np.int64], own_errors: NDArray, foreign_errors
     """
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
-    if rule == "ratio" and held_out is None:
-        raise ValueError("rule 'ratio' needs the held-out samples (held_out)")
+    if rule in HELD_OUT_RULES and held_out is None:
+        raise ValueError(f"rule {rule!r} needs the held-out samples (held_out)")
     k = own_errors.shape[0]
     out = np.zeros((k, foreign_errors.shape[0]), dtype=bool)
     for q in range(k):
         mask = labels == q
         if mask.sum() < min_size:
             continue
-        if rule == "ratio":
+        if rule in HELD_OUT_RULES:
             mask = mask & held_out
         if not mask.any() or not np.all(np.isfinite(own_errors[q, mask])):
             continue
         if foreign_errors.shape[0] == 0:
             continue
         ratio = log_ratio_quantile(own_errors[q, mask], foreign_errors[:, mask],
-                                   quantile if rule == "ratio" else 0.5)
-        if rule == "ratio":
+                                   quantile if rule in HELD_OUT_RULES else 0.5)
+        if rule == "calibrated":
+            others = [r for r in range(k) if r != q and np.all(np.isfinite(own_errors[r, mask]))]
+            if not others:
+                continue                                  # no "different" anchor
+            different = float(log_ratio_quantile(own_errors[q, mask], own_errors[others][:, mask],
+                                                 quantile).min())
+            ok, score = ratio <= lam * different, -ratio
+        elif rule == "ratio":
             ok, score = ratio <= epsilon, -ratio
         else:
             score = accept_score(own_errors[q, mask], foreign_errors[:, mask], theta)

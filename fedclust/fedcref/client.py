@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedclust.fedcref import autoencoder as ae
-from fedclust.fedcref.association import accept_matrix
+from fedclust.fedcref.association import HELD_OUT_RULES, accept_matrix
 from fedclust.fedcref.refine import cluster_refine, label_agreement
 from fedclust.fedcref.system import ClientSlice, generate_system
 
@@ -146,7 +146,7 @@ def train_local(state: ClientState, x: NDArray, cfg: dict[str, Any], seed: int) 
     params = ae.init_params(len(clusters), layer, seed, cfg["fedcref.ae-init"])
     train_on = np.ones(len(x), dtype=bool)
     state.held_out = None
-    if cfg["fedcref.assoc-rule"] == "ratio":
+    if cfg["fedcref.assoc-rule"] in HELD_OUT_RULES:
         state.held_out = hold_out(state.labels, cfg["fedcref.holdout"], derive_seed(seed, 3))
         train_on = ~state.held_out
     if len(clusters):
@@ -220,11 +220,12 @@ def associate(state: ClientState, x: NDArray, keys: list[str], new_models: dict[
               if cfg["fedcref.assoc-best-per-client"] else None)
     rule = cfg["fedcref.assoc-rule"]
     held_out = state.held_out
-    if rule == "ratio" and held_out is None:   # models trained on every sample: none held out
+    if rule in HELD_OUT_RULES and held_out is None:  # models trained on every sample: none
         held_out = np.zeros(len(x), dtype=bool)
     acc = accept_matrix(state.labels, state.own_errors, foreign, cfg["fedcref.theta"],
                         cfg["fedcref.alpha"], cfg["fedcref.min-cluster-size"], groups, rule,
-                        cfg["fedcref.epsilon"], cfg["fedcref.ratio-quantile"], held_out)
+                        cfg["fedcref.epsilon"], cfg["fedcref.ratio-quantile"], held_out,
+                        cfg["fedcref.lambda"])
     return acc, [], time.perf_counter() - t0
 
 

@@ -50,15 +50,22 @@ KEYS: list[Key] = [
     Key("fedcref.theta", float, 0.2, "theta: association threshold on the normalised error gap",
         low=0.0, high=1.0),
     Key("fedcref.assoc-rule", str, "eq2", "association test: 'eq2' (the paper: "
-        "Pr{normalised error gap <= theta} >= alpha) or 'ratio' (not in the paper: the "
+        "Pr{normalised error gap <= theta} >= alpha), 'ratio' (not in the paper: the "
         "ratio-quantile of log e_foreign - log e_own over the cluster's held-out samples <= "
-        "epsilon)", choices=("eq2", "ratio")),
+        "epsilon) or 'calibrated' (not in the paper: the same statistic <= lambda times the "
+        "statistic of the client's own closest other cluster model; no epsilon)",
+        choices=("eq2", "ratio", "calibrated")),
+    Key("fedcref.lambda", float, 0.5, "assoc-rule=calibrated: accept a foreign model closer "
+        "to the own model than this fraction of the way to the client's own closest other "
+        "cluster model (log error ratio over the held-out samples)", low=0.0, high=1.0,
+        low_open=True, high_open=True),
     Key("fedcref.epsilon", float, 0.15, "epsilon of assoc-rule=ratio: accept a foreign model "
         "within a factor e^epsilon of the own model's held-out error", low=0.0),
     Key("fedcref.ratio-quantile", float, 0.5, "quantile of the log error ratio that "
-        "assoc-rule=ratio compares with epsilon (0.5 = median)", low=0.0, high=1.0,
+        "assoc-rule=ratio and calibrated use (0.5 = median)", low=0.0, high=1.0,
         low_open=True, high_open=True),
-    Key("fedcref.holdout", float, 0.15, "assoc-rule=ratio: share of each cluster held out "
+    Key("fedcref.holdout", float, 0.15, "assoc-rule=ratio or calibrated: share of each "
+        "cluster held out "
         "from its own autoencoder's training, on which the ratio is measured", low=0.0,
         high=1.0, low_open=True, high_open=True),
     Key("fedcref.tau", float, 0.8, "tau: a client whose labels agree (ACC) >= tau with the "
