@@ -258,7 +258,7 @@ def test_flower_run_with_reused_communities(root: Path, tmp_path: Path) -> None:
     assert summary["metrics"]["eval_acc_end"] >= 0.95
 
 
-def test_a_changed_community_starts_from_the_nearest_model_with_fewer_rounds() -> None:
+def test_a_community_starts_from_the_nearest_model_with_fewer_rounds() -> None:
     class Recording(Scripted):
         def __init__(self, *a) -> None:
             super().__init__(*a)
@@ -276,14 +276,15 @@ def test_a_changed_community_starts_from_the_nearest_model_with_fewer_rounds() -
     s = algorithm.Settings(max_iterations=2, fl_rounds=4, tau=2.0, warm_start=True,
                            warm_rounds=2)
     algorithm.run(warm, s)
-    # iteration 1: fresh (keras init: weight 0 is not 2.5), 4 rounds; iteration 2: the labels
-    # changed, so the community is retrained, starting from iteration 1's model (2.5), 2 rounds
-    assert [(t, r) for t, r, _ in warm.starts] == [(1, 1), (1, 2), (1, 3), (1, 4), (2, 1),
-                                                  (2, 2)]
-    assert warm.starts[0][2] != 2.5 and warm.starts[4][2] == 2.5
+    # iteration 1: no earlier community, so it starts from its first member's cluster model
+    # (all weights 0), 2 rounds; iteration 2: the labels changed, so the community is
+    # retrained, starting from iteration 1's model (2.5), 2 rounds
+    assert [(t, r) for t, r, _ in warm.starts] == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert warm.starts[0][2] == 0.0 and warm.starts[2][2] == 2.5
     cold = Recording({0: True, 1: True}, {0: 1.0, 1: 3.0}, {0: 1, 1: 3})
     algorithm.run(cold, algorithm.Settings(max_iterations=2, fl_rounds=4, tau=2.0))
-    assert len(cold.starts) == 8 and cold.starts[4][2] != 2.5
+    # without warm starts: a fresh initialisation (keras: weight 0 is not 0) and 4 rounds
+    assert len(cold.starts) == 8 and cold.starts[0][2] != 0.0 and cold.starts[4][2] != 2.5
 
 
 def test_nearest_model_is_the_one_with_most_members_in_common() -> None:

@@ -276,13 +276,20 @@ class _Reuse:
 
 
 def community_models(clients: Clients, t: int, groups: list[list[Node]], layer: list[int],
-                     s: Settings, reuse: _Reuse) -> ae.Params:
+                     s: Settings, reuse: _Reuse,
+                     members: Mapping[Node, tuple[int, Model]] | None = None) -> ae.Params:
     """Lines 21–24; with ``reuse-communities``, only the communities whose members or data
     changed are trained, the others keep their model; with ``warm-start``, a trained community
-    starts from the nearest model of the last iteration (:meth:`_Reuse.nearest`)."""
+    starts from the nearest community model of the last iteration (:meth:`_Reuse.nearest`),
+    or, when none of its clusters was in a community, from the cluster model of its first
+    member (``members``: the current cluster models, which the server already holds)."""
     kept = [reuse.kept(g) if s.reuse_communities else None for g in groups]
-    warm = [reuse.nearest(g) if s.warm_start and k is None else None
-            for g, k in zip(groups, kept, strict=True)]
+    warm: list[ae.Params | None] = []
+    for g, k in zip(groups, kept, strict=True):
+        start = reuse.nearest(g) if s.warm_start and k is None else None
+        if s.warm_start and k is None and start is None and members and g[0] in members:
+            start = ae.from_numpy(members[g[0]][1])
+        warm.append(start)
     params = train_communities(clients, t, groups, layer, s, kept, warm)
     if any(k is not None for k in kept):
         notes = {ci: [(g, qs) for g, qs in m if kept[g] is not None]
@@ -392,7 +399,7 @@ def run(clients: Clients, s: Settings,
             rec.update(ev.groups(groups))
 
         # 4. community models (lines 21-24) ------------------------------------------------
-        comm_params = (community_models(clients, t, groups, layer, s, reuse)
+        comm_params = (community_models(clients, t, groups, layer, s, reuse, store)
                        if groups and layer is not None else [])
 
         # 5. refinement on the active clients (lines 25-31) ---------------------------------

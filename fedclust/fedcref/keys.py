@@ -84,9 +84,10 @@ KEYS: list[Key] = [
     Key("fedcref.reuse-communities", bool, False, "keep a community's model, untrained, "
         "while its member clusters and their clients' labels are unchanged since it was "
         "trained (not in the paper: it retrains every community every iteration)"),
-    Key("fedcref.warm-start", bool, False, "start a community that changed from the "
-        "previous iteration's community model with the most members in common, trained for "
-        "warm-rounds FedAvg rounds (not in the paper: it starts every community afresh)"),
+    Key("fedcref.warm-start", bool, False, "start a community from the previous "
+        "iteration's community model with the most members in common (or, if none, from its "
+        "first member's cluster model), trained for warm-rounds FedAvg rounds (not in the "
+        "paper: it starts every community afresh)"),
     Key("fedcref.warm-rounds", int, 5, "warm-start: FedAvg rounds of a warm-started "
         "community (a fresh one gets fl-rounds)", low=1),
     Key("fedcref.fl-local-epochs", int, 3, "local epochs per FedAvg round (not in the paper; "
