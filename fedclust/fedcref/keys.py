@@ -55,7 +55,7 @@ KEYS: list[Key] = [
         "epsilon) or 'calibrated' (not in the paper: the same statistic <= lambda times the "
         "statistic of the client's own closest other cluster model; no epsilon)",
         choices=("eq2", "ratio", "calibrated")),
-    Key("fedcref.lambda", float, 0.5, "assoc-rule=calibrated: accept a foreign model closer "
+    Key("fedcref.lambda", float, 0.9, "assoc-rule=calibrated: accept a foreign model closer "
         "to the own model than this fraction of the way to the client's own closest other "
         "cluster model (log error ratio over the held-out samples)", low=0.0, high=1.0,
         low_open=True, high_open=True),
