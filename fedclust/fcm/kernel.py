@@ -57,6 +57,7 @@ class Pass(NamedTuple):
 
 
 _controller = None
+_pool: ThreadPoolExecutor | None = None
 
 
 def _blas_one_thread():
@@ -126,11 +127,14 @@ def fcm_pass(x: Float, centers: Float, m: float, *, augmented: bool = False,
     if workers == 1:
         parts = run(starts)
     else:
-        with _blas_one_thread(), ThreadPoolExecutor(workers) as pool:
-            parts = [p for res in pool.map(run, [starts[i::workers] for i in range(workers)])
+        global _pool
+        if _pool is None or _pool._max_workers < workers:
+            _pool = ThreadPoolExecutor(workers, thread_name_prefix="fedclust-fcm")
+        with _blas_one_thread():
+            parts = [p for res in _pool.map(run, [starts[i::workers] for i in range(workers)])
                      for p in res]
         parts.sort(key=lambda p: p[0])
-    acc = np.zeros((c, f + 2)) if sums else None
+    acc = np.zeros((f + 2, c)) if sums else None
     objective = 0.0
     for _, j_b, s_b in parts:            # block order: independent of the thread count
         objective += j_b
@@ -138,7 +142,7 @@ def fcm_pass(x: Float, centers: Float, m: float, *, augmented: bool = False,
             acc += s_b
     if acc is None:
         return Pass(None, None, objective, out)
-    return Pass(acc[:, f + 1].copy(), acc[:, :f].copy(), objective, out)
+    return Pass(acc[f + 1].copy(), np.ascontiguousarray(acc[:f].T), objective, out)
 
 
 def _blocks(x: Float, augmented: bool, centers: Float, va: Float, m: float, starts: list[int],
@@ -202,5 +206,7 @@ def _blocks(x: Float, augmented: bool, centers: Float, va: Float, m: float, star
         else:
             w *= s[:, None]                              # μ² = (r / Σ r)²
             np.square(w, out=w)
-        res.append((start, j_b, w.T @ xa))               # [WS | Σ μ^m ‖x‖² | U]
+        # [WS | Σ μ^m ‖x‖² | U]ᵀ; np.dot, not ``w.T @ xa``: the matmul of this shape does not
+        # run in parallel with the other thread (measured), the dot does
+        res.append((start, j_b, np.dot(xa.T, w)))
     return res
