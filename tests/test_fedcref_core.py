@@ -445,3 +445,27 @@ def test_dec_estimates_k_by_silhouette() -> None:
                                           "update_interval": 10})
     assert np.unique(lab).size == 3                 # given K = 2 is ignored, K = 3 found
     assert label_agreement(y, lab) >= 0.95
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_warm_start_begins_a_cluster_model_at_its_previous_model(warm: bool) -> None:
+    from fedclust.config import validate
+
+    torch.set_num_threads(1)
+    cfg = validate({"method": "fedcref", "dataset": "digits", "output-dir": "unused",
+                    "fedcref.ae-hidden": "8,4", "fedcref.lr": 1e-12, "fedcref.ae-epochs": 2,
+                    "fedcref.warm-epochs": 1, "fedcref.warm-start": warm})
+    rng = np.random.default_rng(0)
+    x = rng.random((60, 16)).astype(np.float32)
+    st = core.ClientState(labels=np.repeat([0, 1, 2], 20), k=3)
+    core.train_local(st, x, cfg, seed=1)                   # iteration 1: all fresh
+    first = [p.clone() for p in st.models]
+    st.models = [p[:2] for p in st.models]                 # cluster 2 lost its model
+    st.model_clusters = np.array([0, 1])
+    core.train_local(st, x, cfg, seed=2)                   # iteration 2, another init seed
+    fresh = ae.init_params(3, ae.layer_sizes(16, [8, 4]), 2, "keras")
+    for p, old, new in zip(st.models, first, fresh, strict=True):
+        # lr ~ 0: every model stays where it started
+        torch.testing.assert_close(p[2], new[2], rtol=0, atol=1e-6)         # no previous model
+        start = old[:2] if warm else new[:2]
+        torch.testing.assert_close(p[:2], start, rtol=0, atol=1e-6)

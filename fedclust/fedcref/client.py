@@ -138,7 +138,12 @@ def own_error_matrix(state: ClientState, x: NDArray) -> NDArray[np.float32]:
 
 
 def train_local(state: ClientState, x: NDArray, cfg: dict[str, Any], seed: int) -> dict:
-    """Algorithm 1 lines 6–8: one fresh autoencoder per local cluster, trained together."""
+    """Algorithm 1 lines 6–8: one fresh autoencoder per local cluster, trained together.
+
+    With ``fedcref.warm-start`` (and a rule that holds out no samples: a warm model has seen
+    the samples a new hold-out would take), a cluster that had a model starts from it and
+    trains ``warm-epochs`` epochs; the others start fresh as in the paper.
+    """
     t0 = time.perf_counter()
     sizes = np.bincount(state.labels, minlength=state.k)
     clusters = np.flatnonzero(sizes >= cfg["fedcref.min-cluster-size"])
@@ -149,10 +154,25 @@ def train_local(state: ClientState, x: NDArray, cfg: dict[str, Any], seed: int) 
     if cfg["fedcref.assoc-rule"] in HELD_OUT_RULES:
         state.held_out = hold_out(state.labels, cfg["fedcref.holdout"], derive_seed(seed, 3))
         train_on = ~state.held_out
+    previous = {int(q): r for r, q in enumerate(state.model_clusters)}
+    warm = [previous.get(int(q)) if cfg["fedcref.warm-start"] and state.held_out is None
+            else None for q in clusters]
     if len(clusters):
-        params, _ = ae.train(params, [x[(state.labels == q) & train_on] for q in clusters],
-                             cfg["fedcref.ae-epochs"], cfg["fedcref.batch-size"], cfg["fedcref.lr"],
-                             cfg["fedcref.ae-patience"], seed)
+        data = [x[(state.labels == q) & train_on] for q in clusters]
+        parts: dict[int, ae.Params] = {}
+        for rows, epochs in (([j for j, r in enumerate(warm) if r is None],
+                              cfg["fedcref.ae-epochs"]),
+                             ([j for j, r in enumerate(warm) if r is not None],
+                              cfg["fedcref.warm-epochs"])):
+            if not rows:
+                continue
+            start = (ae.select(params, rows) if warm[rows[0]] is None
+                     else ae.select(state.models, [warm[j] for j in rows]))
+            trained, _ = ae.train(start, [data[j] for j in rows], epochs,
+                                  cfg["fedcref.batch-size"], cfg["fedcref.lr"],
+                                  cfg["fedcref.ae-patience"], seed)
+            parts.update({j: ae.select(trained, [i]) for i, j in enumerate(rows)})
+        params = ae.concat([parts[j] for j in range(len(clusters))])
     state.models, state.model_clusters = params, clusters.astype(np.int64)
     state.version += 1
     state.own_errors = own_error_matrix(state, x)

@@ -86,10 +86,15 @@ KEYS: list[Key] = [
         "trained (not in the paper: it retrains every community every iteration)"),
     Key("fedcref.warm-start", bool, False, "start a community from the previous "
         "iteration's community model with the most members in common (or, if none, from its "
-        "first member's cluster model), trained for warm-rounds FedAvg rounds (not in the "
-        "paper: it starts every community afresh)"),
+        "first member's cluster model), trained for warm-rounds FedAvg rounds, and a local "
+        "cluster model from the cluster's previous model, trained for warm-epochs epochs (not "
+        "in the paper: it starts every model afresh)"),
     Key("fedcref.warm-rounds", int, 5, "warm-start: FedAvg rounds of a warm-started "
         "community (a fresh one gets fl-rounds)", low=1),
+    Key("fedcref.warm-epochs", int, 5, "warm-start: epochs of a local cluster model that "
+        "starts from the cluster's previous model (a fresh one gets ae-epochs; not with "
+        "assoc-rule=ratio or calibrated, whose held-out samples the previous model has seen)",
+        low=1),
     Key("fedcref.fl-local-epochs", int, 3, "local epochs per FedAvg round (not in the paper; "
         "the reference code used 2 then 7; 3 measured better than 1, docs/fedcref.md)", low=1),
     Key("fedcref.ae-hidden", str, "100,64,32", "autoencoder encoder sizes (decoder mirrored)",
