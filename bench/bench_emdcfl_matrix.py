@@ -106,7 +106,8 @@ def main() -> None:
     print(f"same clusters: {np.array_equal(old_labels, new_labels)} "
           f"({len(set(new_labels.tolist()))} clusters; groups {args.groups})")
     print(f"before: server {2 * n * (n - 1)} network-simplex solves: {old_s:.2f} s")
-    print(f"after:  server {solves} assignment solves ({skipped} directions decided without a solve: lazy AND or lower bound): "
+    print(f"after:  server {solves} assignment solves ({skipped} directions decided without "
+          "a solve: lazy AND or lower bound): "
           f"{new_s:.2f} s; clients' references {n * (n - 1)} solves: {client_s:.2f} s in total, "
           f"{client_s / n:.2f} s per client (in parallel on the clients)")
     print(f"server EMD-matrix time after/before: {new_s / old_s:.3f} "

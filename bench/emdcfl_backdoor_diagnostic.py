@@ -8,6 +8,7 @@ embedding distance can tell the label-shaded set from the uniform-green targets,
 Prints both accuracies for each palette and seed.
 
 Run: python bench/emdcfl_backdoor_diagnostic.py --data-dir "$FEDCLUST_DATA_DIR" [--seeds 0 1 2]
+     [--epochs 6] [--conv 64 128] [--palettes authors]
 """
 
 from __future__ import annotations
@@ -24,10 +25,20 @@ def main() -> None:
     p.add_argument("--data-dir", default="")
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--test", type=int, default=1000)
+    p.add_argument("--epochs", type=int, default=0, help="round-0 epochs (0: the preset's)")
+    p.add_argument("--conv", type=int, nargs=2, default=None, metavar=("CONV1", "CONV2"),
+                   help="conv channels (default: the preset's 8 16; the paper's 64 128)")
+    p.add_argument("--palettes", nargs="+", default=["authors", "wide"])
     args = p.parse_args()
     cfg = {**CPU_BACKDOOR, "dataset": "backdoor-mnist"}
+    if args.epochs:
+        cfg["emdcfl.local-epochs"] = args.epochs
+    if args.conv:
+        cfg["emdcfl.conv1"], cfg["emdcfl.conv2"] = args.conv
     spec = M.spec_from_config(cfg)
-    for palette in ("authors", "wide"):
+    print(f"round 0: {cfg['emdcfl.local-epochs']} epochs, conv {cfg['emdcfl.conv1']}/"
+          f"{cfg['emdcfl.conv2']} channels", flush=True)
+    for palette in args.palettes:
         for seed in args.seeds:
             # client 1 is in set 1 (client % 3): the label-shaded set
             d = D.client_split("backdoor-mnist", "max", 1, 30, cfg["emdcfl.samples"], args.test,

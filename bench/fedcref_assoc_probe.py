@@ -1,4 +1,4 @@
-"""Association probe (eq. 2, the ratio or the calibrated test) on image clusters, outside the Flower loop.
+"""Association probe (eq. 2, the ratio or the calibrated test) on image clusters, without Flower.
 
 Trains the cluster autoencoders of the first ``--clients`` clients of the 25-client system of
 ``--dataset`` on dirty clusters (``--dirtiness``), then reports for same-class and
@@ -8,8 +8,8 @@ normalised error gap; ratio: the quantile of the held-out log error ratio; calib
 divided by the one of the client's closest other cluster model); and, with
 ``--graph``, the iteration-1 graph (edges, wrong edges, communities, isolated) with all pairs
 vs best match per client. ``--theta`` / ``--alpha`` take several values: the autoencoders are
-trained once and every (θ, α) pair — or, with ``--rule ratio``, every ``--epsilon``, with ``calibrated`` every ``--lam`` — is
-evaluated on the same errors (one JSON line each)::
+trained once and every (θ, α) pair — or, with ``--rule ratio``, every ``--epsilon``, with
+``calibrated`` every ``--lam`` — is evaluated on the same errors (one JSON line each)::
 
     python bench/fedcref_assoc_probe.py --clients 12 --dirtiness 0.0 \\
         --set fedcref.ae-init=torch fedcref.batch-size=64

@@ -134,8 +134,10 @@ def _train(cfg, context, weights, rnd, device="cpu"):
     from fedclust.emdcfl.model import train_local
 
     data = client_data(context, cfg)
-    return train_local(model_spec(cfg), weights, data.x_train, data.y_train,
-                       cfg["emdcfl.local-epochs"], cfg["emdcfl.lr"], cfg["emdcfl.batch-size"],
+    epochs = (cfg["emdcfl.round0-epochs"] or cfg["emdcfl.local-epochs"]) if rnd == 0 \
+        else cfg["emdcfl.local-epochs"]
+    return train_local(model_spec(cfg), weights, data.x_train, data.y_train, epochs,
+                       cfg["emdcfl.lr"], cfg["emdcfl.batch-size"],
                        _train_seed(cfg, context, rnd), device=device), len(data.y_train)
 
 

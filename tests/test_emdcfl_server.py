@@ -213,6 +213,23 @@ def test_baselines_run_on_the_same_data_and_model(algorithm, tmp_path):
         assert m["num_clusters"] <= 2                 # k = 2 ground-truth groups
 
 
+def test_round0_epochs_train_round_zero_only(tmp_path, monkeypatch):
+    from fedclust.emdcfl import model
+
+    seen: list[int] = []
+    real = model.train_local
+
+    def spy(spec, weights, x, y, epochs, *args, **kwargs):
+        seen.append(epochs)
+        return real(spec, weights, x, y, epochs, *args, **kwargs)
+
+    monkeypatch.setattr(model, "train_local", spy)
+    cfg = {**TINY, "emdcfl.local-epochs": 1, "emdcfl.round0-epochs": 3, "emdcfl.rounds": 2,
+           "emdcfl.rotation": "two", "emdcfl.samples": 60, "output-dir": str(tmp_path)}
+    run_server(cfg)
+    assert seen == [3] * 4 + [1] * 4                    # 4 clients, round 0 then round 1
+
+
 def test_end_to_end_with_sinkhorn_separates_two_planted_groups(tmp_path):
     cfg = {**TINY, "emdcfl.solver": "sinkhorn", "emdcfl.sinkhorn-reg": 0.01,
            "emdcfl.full-matrix": True, "output-dir": str(tmp_path / "out")}

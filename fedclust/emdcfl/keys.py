@@ -32,6 +32,9 @@ KEYS: list[Key] = [
     Key("emdcfl.rounds", int, 3, "global rounds (epochs) including round 0 (local training "
         "before clustering)", low=1),
     Key("emdcfl.local-epochs", int, 1, "local epochs per round", low=1),
+    Key("emdcfl.round0-epochs", int, 0, "local epochs of round 0, whose models EMD-CFL "
+        "compares (every algorithm trains round 0 with it, so budgets stay equal); 0 = "
+        "local-epochs", low=0),
     Key("emdcfl.lr", float, 0.01, "SGD learning rate (momentum 0.9, weight decay 1e-6)",
         low=0.0, low_open=True),
     Key("emdcfl.batch-size", int, 32, "local minibatch size", low=1),
