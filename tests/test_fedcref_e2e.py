@@ -187,7 +187,7 @@ def test_client_cache_reports_missing_models() -> None:
     st.own_errors = np.random.default_rng(0).random((2, 4)).astype(np.float32)
     cfg = {"fedcref.theta": 0.2, "fedcref.alpha": 0.75, "fedcref.min-cluster-size": 1,
            "fedcref.assoc-best-per-client": True, "fedcref.assoc-rule": "eq2",
-           "fedcref.epsilon": 0.2, "fedcref.ratio-quantile": 0.5}
+           "fedcref.epsilon": 0.2, "fedcref.ratio-quantile": 0.5, "fedcref.lambda": 0.9}
     acc, missing, _ = core.associate(st, np.zeros((4, 3), np.float32), ["1:0:1"], {}, cfg)
     assert missing == ["1:0:1"]
     st.cache["1:0:1"] = st.own_errors[0]
