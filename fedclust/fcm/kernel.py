@@ -44,7 +44,6 @@ Float = NDArray[np.float64]
 TINY = float(np.finfo(np.float64).tiny) ** 0.5
 
 BLOCK = 4096            # rows per block: the block's temporaries stay in the L2 cache
-_MIN_ROWS_PER_THREAD = 2 * BLOCK
 
 
 class Pass(NamedTuple):
@@ -57,7 +56,7 @@ class Pass(NamedTuple):
 
 
 _controller = None
-_pool: ThreadPoolExecutor | None = None
+_pool: tuple[int, ThreadPoolExecutor] | None = None     # (workers, pool), made on first use
 
 
 def _blas_one_thread():
@@ -128,11 +127,11 @@ def fcm_pass(x: Float, centers: Float, m: float, *, augmented: bool = False,
         parts = run(starts)
     else:
         global _pool
-        if _pool is None or _pool._max_workers < workers:
-            _pool = ThreadPoolExecutor(workers, thread_name_prefix="fedclust-fcm")
+        if _pool is None or _pool[0] < workers:
+            _pool = (workers, ThreadPoolExecutor(workers, thread_name_prefix="fedclust-fcm"))
         with _blas_one_thread():
-            parts = [p for res in _pool.map(run, [starts[i::workers] for i in range(workers)])
-                     for p in res]
+            groups = [starts[i::workers] for i in range(workers)]
+            parts = [p for res in _pool[1].map(run, groups) for p in res]
         parts.sort(key=lambda p: p[0])
     acc = np.zeros((f + 2, c)) if sums else None
     objective = 0.0
