@@ -39,10 +39,6 @@ LOG = logging.getLogger("fedclust")
 
 
 def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any]:
-    if cfg["fcm.incremental"] and cfg["fcm.secure-aggregation"]:
-        from fedclust.fcm_keys import check_fcm
-
-        check_fcm(cfg)   # refuses the pair (a run config that skipped validation)
     nodes = connected_clients(grid, cfg)
     rng = np.random.default_rng(cfg["seed"])
     sc = federated_scaling(grid, nodes, cfg)
@@ -79,17 +75,16 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         else:
             ex = send_and_collect(grid, sampled, content, "query.fcm_sums", f"round-{rnd}",
                                   cfg["timeout"], validate=_sums_ok(c, f))
-            sums = [r.array_records["sums"] for r in ex.replies.values()
-                    if "sums" in r.array_records]
+            by_node = {nid: (r.array_records["sums"]["U"].numpy(),
+                             r.array_records["sums"]["WS"].numpy())
+                       for nid, r in ex.replies.items() if "sums" in r.array_records}
+            sums = list(by_node.values())
             withheld = len(ex.replies) - len(sums)
-            silent |= {nid for nid, r in ex.replies.items() if "sums" not in r.array_records}
-            u = np.sum([s["U"].numpy() for s in sums], axis=0) if sums else np.zeros(c)
-            ws = np.sum([s["WS"].numpy() for s in sums], axis=0) if sums else np.zeros((c, f))
+            silent |= set(ex.replies) - set(by_node)
+            u = np.sum([s[0] for s in sums], axis=0) if sums else np.zeros(c)
+            ws = np.sum([s[1] for s in sums], axis=0) if sums else np.zeros((c, f))
             if store is not None:
-                store.replace(rnd, centers, {
-                    nid: (r.array_records["sums"]["U"].numpy(),
-                          r.array_records["sums"]["WS"].numpy())
-                    for nid, r in ex.replies.items() if "sums" in r.array_records})
+                store.replace(rnd, centers, by_node)
         # Every contributing client adds Σ_c u^m > 0 to ΣU: ΣU = 0 means nobody contributed (also
         # under SecAgg+, where a client withheld by the privacy guard sends zeros).
         someone = float(np.sum(u)) > 0

@@ -10,12 +10,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_probe_grid_on_digits() -> None:
+def _probe(*args: str) -> list[dict]:
+    """The probe's JSON rows for 3 digits clients (2 autoencoder epochs) and ``args``."""
     cmd = [sys.executable, str(ROOT / "bench" / "fedcref_assoc_probe.py"), "--dataset", "digits",
-           "--clients", "3", "--graph", "--theta", "0.1", "0.2", "--alpha", "0.75", "0.9",
-           "--set", "num-clients=5", "fedcref.ae-epochs=2"]
+           "--clients", "3", "--graph", *args, "--set", "num-clients=5", "fedcref.ae-epochs=2"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300).stdout
-    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def test_probe_grid_on_digits() -> None:
+    rows = _probe("--theta", "0.1", "0.2", "--alpha", "0.75", "0.9")
     assert [(r["theta"], r["alpha"]) for r in rows] == [(0.1, 0.75), (0.1, 0.9), (0.2, 0.75),
                                                          (0.2, 0.9)]
     assert all(r["dataset"] == "digits" for r in rows)
@@ -26,11 +30,7 @@ def test_probe_grid_on_digits() -> None:
 
 
 def test_probe_ratio_rule_on_digits() -> None:
-    cmd = [sys.executable, str(ROOT / "bench" / "fedcref_assoc_probe.py"), "--dataset", "digits",
-           "--clients", "3", "--graph", "--rule", "ratio", "--epsilon", "0.1", "0.5",
-           "--set", "num-clients=5", "fedcref.ae-epochs=2"]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300).stdout
-    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    rows = _probe("--rule", "ratio", "--epsilon", "0.1", "0.5")
     assert [(r["rule"], r["epsilon"]) for r in rows] == [("ratio", 0.1), ("ratio", 0.5)]
     acc = [r["same_class"]["accept_one_direction"] for r in rows]
     assert acc[0] <= acc[1]            # a larger ε accepts no fewer pairs
@@ -38,11 +38,7 @@ def test_probe_ratio_rule_on_digits() -> None:
 
 
 def test_probe_calibrated_rule_on_digits() -> None:
-    cmd = [sys.executable, str(ROOT / "bench" / "fedcref_assoc_probe.py"), "--dataset", "digits",
-           "--clients", "3", "--graph", "--rule", "calibrated", "--lam", "0.2", "0.8",
-           "--set", "num-clients=5", "fedcref.ae-epochs=2"]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300).stdout
-    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    rows = _probe("--rule", "calibrated", "--lam", "0.2", "0.8")
     assert [(r["rule"], r["lambda"]) for r in rows] == [("calibrated", 0.2), ("calibrated", 0.8)]
     acc = [r["different_class"]["accept_one_direction"] for r in rows]
     assert acc[0] <= acc[1]            # a larger λ accepts no fewer pairs

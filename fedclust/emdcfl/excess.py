@@ -31,7 +31,7 @@ The skipped entries of ``W`` and ``excess`` are NaN. ``lazy=False`` solves every
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,7 +134,7 @@ def excess_matrix(members: Sequence[int], pairs: Mapping[tuple[int, int], PairCl
         later = [(c, o) for c, o in wanted if index[c] > index[o]]
     else:
         first, later = wanted, []
-    limit = (lambda c, o: ref[index[c], index[o]] + epsilon) if lazy else (lambda c, o: None)
+    limit = ref + epsilon if lazy else None  # W ≥ limit fails the test: no exact W needed
     solves = _solve(first, pairs, index, w, solver, limit)
     if later:
         passed = w - ref < epsilon         # NaN compares False: an unmeasured pair fails
@@ -148,12 +148,11 @@ def excess_matrix(members: Sequence[int], pairs: Mapping[tuple[int, int], PairCl
 
 
 def _solve(todo: list[tuple[int, int]], pairs: Mapping[tuple[int, int], PairClouds],
-           index: Mapping[int, int], w: NDArray, solver: Solver,
-           limit: Callable[[int, int], float | None]) -> int:
-    """Solve ``todo`` into ``w``; a direction whose bound reached ``limit`` stays NaN. Returns
-    the number of exact solves."""
-    limits = [limit(c, o) for c, o in todo]
-    limits = [v if v is not None and np.isfinite(v) else None for v in limits]
+           index: Mapping[int, int], w: NDArray, solver: Solver, limit: NDArray | None) -> int:
+    """Solve ``todo`` into ``w``; a direction whose lower bound reached ``limit`` (a matrix
+    like ``w``; None or NaN: solve) stays NaN. Returns the number of exact solves."""
+    at = [None if limit is None else float(limit[index[c], index[o]]) for c, o in todo]
+    limits = [v if v is not None and np.isfinite(v) else None for v in at]
     values = solver.many([(pairs[k].source, pairs[k].target) for k in todo], limits)
     for (c, o), v in zip(todo, values):
         w[index[c], index[o]] = v

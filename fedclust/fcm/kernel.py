@@ -151,11 +151,12 @@ def _blocks(x: Float, augmented: bool, centers: Float, va: Float, m: float, star
     if not augmented:
         xa_buf = np.empty((block, f + 2))
         xa_buf[:, f + 1] = 1.0
-    w_buf, a_buf = np.empty((block, c)), np.empty((block, c))
+    generic = m != 2.0
+    w_buf = np.empty((block, c))
+    a_buf = np.empty((block, c)) if generic else None
     s_buf, t_buf = np.empty(block), np.empty(block)
     ones = np.ones(c)
     vv_max = float(va[f + 1].max())
-    generic = m != 2.0
     res = []
     for start in starts:
         stop = min(start + block, x.shape[0])

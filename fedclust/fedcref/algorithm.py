@@ -135,7 +135,7 @@ class Settings:
     ae_init: str = "keras"
     evaluate: bool = False
     reuse_communities: bool = False      # keep a community's model while nothing changed
-    warm_start: bool = False             # start a changed community from its nearest model
+    warm_start: bool = False             # start a community from an earlier model
     warm_rounds: int = 5                 # FedAvg rounds of a warm-started community
 
     @classmethod
@@ -258,17 +258,10 @@ class _Reuse:
         ``group`` (ties: the larger Jaccard overlap, then the smallest sorted member list), or
         None when no member was in any community."""
         members = frozenset(group)
-        best: tuple[int, float, tuple[Node, ...]] | None = None
-        model = None
-        for old, (_, params) in self.models.items():
-            common = len(members & old)
-            if not common:
-                continue
-            rank = (common, common / len(members | old), tuple(sorted(old)))
-            if best is None or rank[:2] > best[:2] or (rank[:2] == best[:2] and
-                                                        rank[2] < best[2]):
-                best, model = rank, params
-        return model
+        ranked = [((-len(members & old), -len(members & old) / len(members | old),
+                    tuple(sorted(old))), params)
+                  for old, (_, params) in self.models.items() if members & old]
+        return min(ranked, key=lambda r: r[0])[1] if ranked else None
 
     def refined(self, t: int, client: int, agreement: float) -> None:
         if agreement < 1.0:
@@ -284,12 +277,12 @@ def community_models(clients: Clients, t: int, groups: list[list[Node]], layer: 
     or, when none of its clusters was in a community, from the cluster model of its first
     member (``members``: the current cluster models, which the server already holds)."""
     kept = [reuse.kept(g) if s.reuse_communities else None for g in groups]
-    warm: list[ae.Params | None] = []
-    for g, k in zip(groups, kept, strict=True):
-        start = reuse.nearest(g) if s.warm_start and k is None else None
-        if s.warm_start and k is None and start is None and members and g[0] in members:
-            start = ae.from_numpy(members[g[0]][1])
-        warm.append(start)
+    warm: list[ae.Params | None] = [None] * len(groups)
+    for i, g in enumerate(groups):
+        if s.warm_start and kept[i] is None:
+            warm[i] = reuse.nearest(g)
+            if warm[i] is None and members and g[0] in members:
+                warm[i] = ae.from_numpy(members[g[0]][1])
     params = train_communities(clients, t, groups, layer, s, kept, warm)
     if any(k is not None for k in kept):
         notes = {ci: [(g, qs) for g, qs in m if kept[g] is not None]

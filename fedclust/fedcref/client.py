@@ -159,19 +159,18 @@ def train_local(state: ClientState, x: NDArray, cfg: dict[str, Any], seed: int) 
             else None for q in clusters]
     if len(clusters):
         data = [x[(state.labels == q) & train_on] for q in clusters]
+        fresh = [j for j, r in enumerate(warm) if r is None]
+        again = [j for j, r in enumerate(warm) if r is not None]
         parts: dict[int, ae.Params] = {}
-        for rows, epochs in (([j for j, r in enumerate(warm) if r is None],
-                              cfg["fedcref.ae-epochs"]),
-                             ([j for j, r in enumerate(warm) if r is not None],
-                              cfg["fedcref.warm-epochs"])):
-            if not rows:
-                continue
-            start = (ae.select(params, rows) if warm[rows[0]] is None
-                     else ae.select(state.models, [warm[j] for j in rows]))
-            trained, _ = ae.train(start, [data[j] for j in rows], epochs,
-                                  cfg["fedcref.batch-size"], cfg["fedcref.lr"],
-                                  cfg["fedcref.ae-patience"], seed)
-            parts.update({j: ae.select(trained, [i]) for i, j in enumerate(rows)})
+        for rows, start, epochs in (
+                (fresh, ae.select(params, fresh), cfg["fedcref.ae-epochs"]),
+                (again, ae.select(state.models, [warm[j] for j in again]),
+                 cfg["fedcref.warm-epochs"])):
+            if rows:
+                trained, _ = ae.train(start, [data[j] for j in rows], epochs,
+                                      cfg["fedcref.batch-size"], cfg["fedcref.lr"],
+                                      cfg["fedcref.ae-patience"], seed)
+                parts.update({j: ae.select(trained, [i]) for i, j in enumerate(rows)})
         params = ae.concat([parts[j] for j in range(len(clusters))])
     state.models, state.model_clusters = params, clusters.astype(np.int64)
     state.version += 1
