@@ -7,6 +7,8 @@ records wall time and peak memory (ru_maxrss) next to each run's summary.json::
         --set dataset=mnist data-dir=$FEDCLUST_DATA_DIR fedcref.dirtiness=0.3
 
     python bench/fedcref_experiments.py --table runs/fedcref   # markdown table of all runs
+    python bench/fedcref_experiments.py --table runs/fedcref --paired mnist-ratio mnist-local
+        # ACC end of the first minus the second, seed by seed, on the seeds both ran
 """
 
 from __future__ import annotations
@@ -107,6 +109,22 @@ def table(root: Path) -> str:
     return "\n".join(rows) + "\n\n" + "\n".join(seeds)
 
 
+def paired(root: Path, a: str, b: str) -> str:
+    """ACC end of experiment ``a`` minus ``b`` on the seeds both finished: mean ± 95% CI."""
+    from fedclust.metrics import format_ci
+
+    def acc(name: str) -> dict[str, float]:
+        return {p.parent.name: json.loads(p.read_text())["metrics"]["eval_acc_end"]
+                for p in (root / name).glob("seed*/summary.json")}
+
+    ea, eb = acc(a), acc(b)
+    seeds = sorted(set(ea) & set(eb), key=lambda s: int(s[4:]))
+    diffs = [ea[s] - eb[s] for s in seeds]
+    per_seed = " / ".join(f"{d:+.3f}" for d in diffs)
+    return (f"{a} − {b}: {format_ci(diffs)} over seeds {', '.join(s[4:] for s in seeds)} "
+            f"({per_seed})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--name")
@@ -114,9 +132,10 @@ def main() -> None:
     ap.add_argument("--set", nargs="*", default=[])
     ap.add_argument("--out", default=str(ROOT / "runs" / "fedcref"))
     ap.add_argument("--table")
+    ap.add_argument("--paired", nargs=2, metavar=("A", "B"))
     args = ap.parse_args()
     if args.table:
-        print(table(Path(args.table)))
+        print(paired(Path(args.table), *args.paired) if args.paired else table(Path(args.table)))
         return
     run(args.name, args.seeds, _parse(args.set), Path(args.out))
 

@@ -11,7 +11,9 @@ its own cluster models and under all community models, and reports:
 - the ACC that re-runs of Algorithm 2 on the same errors give with each model's errors divided
   by its typical error on its own data (``scaled``), by its median error on the client's data
   (``localmed``), with only the communities the client is a member of (``members``), or with
-  the community model in place of the own model of each member cluster (``replace``).
+  the community model in place of the own model of each member cluster (``replace``), or with
+  each sample offered only the communities of the cluster whose own model reconstructs it best
+  (``gated``: a sample whose best own model is an isolated cluster's stays with the own models).
 
     python bench/fedcref_refine_probe.py --data-dir "$FEDCLUST_DATA_DIR" --seed 100 \\
         --samples-per-cluster 150 --clients 25
@@ -74,9 +76,9 @@ def main() -> None:
         records.append((own, com, before, state.labels.copy()))
         return agreement
 
-    def spy_communities(clients_, t, groups, layer, s, reuse):
+    def spy_communities(clients_, t, groups, *args):
         groups_seen.append([list(g) for g in groups])
-        return community_models(clients_, t, groups, layer, s, reuse)
+        return community_models(clients_, t, groups, *args)
 
     core.refine, algorithm.community_models = spy_refine, spy_communities
     try:
@@ -95,7 +97,7 @@ def main() -> None:
         [records[ci][1][g][records[ci][2] == q] for ci, q in members]))
         for g, members in enumerate(groups)])
     res: dict[str, list[float]] = {k: [] for k in ("start", "own only", "paper", "scaled",
-                                                   "localmed", "members", "replace")}
+                                                   "localmed", "members", "replace", "gated")}
     won = won_other = total = 0
     for i, (own, com, before, after) in enumerate(records):
         y, k = clients.ys[i], clients.states[i].k
@@ -128,6 +130,11 @@ def main() -> None:
             errors / np.median(errors, axis=1, keepdims=True), k)[0]))
         res["members"].append(acc(cluster_refine(np.concatenate([own, com[mine]]), k)[0]))
         res["replace"].append(acc(cluster_refine(replaced, k)[0]))
+        best_own = np.asarray(mc)[np.argmin(own, axis=0)]
+        allowed = np.array([[(i, q) in {tuple(m) for m in groups[g]} for q in best_own]
+                            for g in range(len(groups))]).reshape(len(groups), -1)
+        res["gated"].append(acc(cluster_refine(np.concatenate(
+            [own, np.where(allowed, com, np.inf)]), k)[0]))
     print(f"samples whose best model is a community model: {won / total:.3f}; of those, not of "
           f"that model's majority class: {won_other / max(won, 1):.3f}")
     print("iteration-1 ACC by refinement variant: "

@@ -208,7 +208,7 @@ def embed_handler(msg: Message, context: Context) -> Message:
     for peer, e_peer in zip(others, e_vals[1:]):
         peer_in_pair = key_id(pub_of[peer]) if simulated else peer
         pair = PairContext(private, me_in_pair, peer_in_pair, pub_of[peer], spec.embed_dim,
-                           ratio)
+                           ratio, cfg["emdcfl.projection"])
         src[str(peer)] = pair.project(e_train, cap)        # W(train_me, ·) source cloud
         own_val = pair.project(e_val, cap)                 # never sent
         tgt[str(peer)] = pair.project(e_peer, cap)         # val_me under peer's model

@@ -194,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["run", "table", "eps-sweep"])
     parser.add_argument("--run-dir", default="", help="eps-sweep: a finished emdcfl run")
+    parser.add_argument("--eps", nargs="+", type=float, default=None,
+                        help="eps-sweep: the ε values (default 0 … 0.3, for the cosine cost)")
     parser.add_argument("--preset", choices=list(PRESETS), default="cpu")
     parser.add_argument("--dataset", default="rotmnist")
     parser.add_argument("--rotation", default="max")
@@ -208,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.command == "eps-sweep":
-        grid = [0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3]
+        grid = args.eps or [0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3]
         print(epsilon_sweep(Path(args.run_dir), grid))
         return 0
     if args.command == "table":

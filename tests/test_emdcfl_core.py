@@ -215,6 +215,26 @@ def test_pair_members_derive_the_same_projection_and_the_seed_needs_a_private_ke
             projection_matrix(np.random.default_rng(0), 10, bad)
 
 
+def test_orthogonal_projection_is_an_isometry_onto_the_gaussian_draws_span():
+    a_priv, a_pub = generate_keypair()
+    b_priv, b_pub = generate_keypair()
+    qa = PairContext(a_priv, 5, 9, b_pub, 64, 0.5, "orthogonal").R
+    qb = PairContext(b_priv, 9, 5, a_pub, 64, 0.5, "orthogonal").R
+    np.testing.assert_array_equal(qa, qb)                   # both members draw the same
+    np.testing.assert_allclose(qa.T @ qa, np.eye(32), atol=1e-5)
+    g = projection_matrix(np.random.default_rng(3), 64, 0.5)
+    q = projection_matrix(np.random.default_rng(3), 64, 0.5, "orthogonal")
+    raw = np.random.default_rng(3).standard_normal((64, 32))
+    np.testing.assert_allclose(q @ (q.T @ raw), raw, atol=1e-4)   # same span as the draw
+    assert not np.allclose(np.abs(g), np.abs(q), atol=1e-3)
+    x = np.random.default_rng(4).standard_normal((5, 64)).astype(np.float32)
+    inside = x @ q @ q.T                                    # points in the subspace
+    np.testing.assert_allclose(np.linalg.norm(inside @ q, axis=1),
+                               np.linalg.norm(inside, axis=1), rtol=1e-4)
+    with pytest.raises(ValueError, match="projection must be one of"):
+        projection_matrix(np.random.default_rng(0), 10, 0.5, "sparse")
+
+
 def test_rotations_are_exact_for_quarter_turns_and_nearest_neighbour_otherwise():
     img = np.zeros((1, 28, 28), np.uint8)
     img[0, 2, 5] = 255

@@ -8,8 +8,11 @@
 - same-distribution excess is unbiased at the cloud sizes every dataset produces (and biased
   with the old Backdoor split, which the test detects);
 - references computed on the client give the numbers of the former server-side references;
-- IFCA and CFL server steps: right assignment, right split rule.
+- IFCA and CFL server steps: right assignment, right split rule;
+- the ε sweep re-clusters a finished run's excess matrix at the values asked for.
 """
+
+import json
 
 import numpy as np
 import pytest
@@ -339,3 +342,18 @@ def test_pacfl_baseline_runs_end_to_end_and_sends_only_subspaces(tmp_path):
     assert angles.shape == (4, 4)
     assert m["eval_ari"] == 1.0 and m["num_clusters"] == 2, (m, angles)
     assert len(sent) == 4 and all(v == {"subspace": ["u"], "metrics": []} for v in sent.values())
+
+
+def test_epsilon_sweep_reclusters_a_runs_excess_at_the_given_values(tmp_path, capsys):
+    from server_app.emdcfl_experiments import main
+
+    truth = [0, 0, 1, 1]
+    excess = np.array([[0.0, 0.4, 1.6, 1.7], [0.5, 0.0, 1.8, 1.5],
+                       [1.9, 1.6, 0.0, 0.3], [1.5, 2.0, 0.6, 0.0]])
+    np.save(tmp_path / "emd_excess.npy", excess)
+    (tmp_path / "summary.json").write_text(json.dumps(
+        {"metrics": {"eval_truth": truth}, "config": {"emdcfl.epsilon": 1.0}}))
+    assert main(["eps-sweep", "--run-dir", str(tmp_path), "--eps", "0.2", "1.0", "2.5",
+                 "--out", str(tmp_path / "out")]) == 0
+    rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| ")][1:]
+    assert rows == ["| 0.2 | 4 | 0.000 |", "| 1 | 2 | 1.000 |", "| 2.5 | 1 | 0.000 |"]

@@ -45,6 +45,9 @@ KEYS: list[Key] = [
         "W(train_c,val_c) < ε", low=0.0),
     Key("emdcfl.proj-ratio", float, 0.9, "random projection dimension / embedding dimension",
         low=0.0, high=1.0, low_open=True),
+    Key("emdcfl.projection", str, "gaussian", "random projection R of each pair: gaussian (the "
+        "authors': randn / sqrt(d), rows normalised) or orthogonal (an orthonormal basis of the "
+        "same draw: keeps lengths and angles in the subspace)", choices=("gaussian", "orthogonal")),
     Key("emdcfl.max-samples", int, 512, "points per embedding cloud (subsample)", low=2),
     Key("emdcfl.metric", str, "cosine", "ground cost of the EMD",
         choices=("cosine", "euclidean", "sqeuclidean")),

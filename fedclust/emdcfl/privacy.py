@@ -11,6 +11,10 @@ of scope: the keys would then need authentication.
 The projection follows the authors' code: ``R = randn(d, k) / sqrt(d)`` with ``k = int(ratio·d)``,
 then each *row* scaled to unit norm (``F.normalize(R, dim=1)``). One matrix per pair is used for
 both the pair distance and the source client's reference distance (unlike the authors' code).
+``kind="orthogonal"`` (a deviation, key ``emdcfl.projection``) replaces the columns of the same
+Gaussian draw by an orthonormal basis of their span (``Q`` of its QR decomposition), so that
+``R`` is an isometry onto a random ``k``-dimensional subspace: lengths and angles inside it are
+kept, where the Gaussian matrix also distorts them.
 
 Reproducible simulation: a *simulated* node (node config with ``partition-id`` and no
 ``data-path``) derives its key pair from the run seed and its partition id
@@ -111,12 +115,26 @@ def projection_dim(dim: int, ratio: float) -> int:
     return max(1, int(ratio * dim))
 
 
-def projection_matrix(rng: np.random.Generator, dim: int, ratio: float) -> NDArray[np.float32]:
-    """``R`` of shape ``(dim, int(ratio·dim))``: Gaussian / sqrt(dim), rows scaled to unit norm."""
+PROJECTIONS = ("gaussian", "orthogonal")
+
+
+def projection_matrix(rng: np.random.Generator, dim: int, ratio: float,
+                      kind: str = "gaussian") -> NDArray[np.float32]:
+    """``R`` of shape ``(dim, k)``, ``k = int(ratio·dim)``.
+
+    ``gaussian`` (the authors'): ``randn(dim, k) / sqrt(dim)``, rows scaled to unit norm.
+    ``orthogonal``: ``Q`` of the QR decomposition of the same draw (``QᵀQ = I_k``), column
+    signs fixed by ``diag(R) > 0`` so that the draw determines ``Q``.
+    """
     if not 0.0 < ratio <= 1.0:
         raise ValueError(f"projection ratio must be in (0, 1], got {ratio}")
+    if kind not in PROJECTIONS:
+        raise ValueError(f"projection must be one of {PROJECTIONS}, got {kind!r}")
     k = projection_dim(dim, ratio)
     r = rng.standard_normal((dim, k)) / np.sqrt(dim)
+    if kind == "orthogonal":
+        q, tri = np.linalg.qr(r)
+        return (q * np.where(np.diag(tri) < 0, -1.0, 1.0)).astype(np.float32)
     r /= np.maximum(np.linalg.norm(r, axis=1, keepdims=True), 1e-12)
     return r.astype(np.float32)
 
@@ -132,10 +150,10 @@ class PairContext:
     """What one client derives for its pair with ``peer``: ``R`` and its own subsample rng."""
 
     def __init__(self, private: bytes, own_id: int, peer_id: int, peer_public: bytes,
-                 dim: int, ratio: float) -> None:
+                 dim: int, ratio: float, kind: str = "gaussian") -> None:
         seed = pair_seed(shared_secret(private, peer_public), own_id, peer_id)
         gens = pair_generators(seed)
-        self.R = projection_matrix(gens["projection"], dim, ratio)
+        self.R = projection_matrix(gens["projection"], dim, ratio, kind)
         self.rng = gens["sub-a"] if int(own_id) < int(peer_id) else gens["sub-b"]
 
     def project(self, emb: NDArray, max_samples: int) -> NDArray[np.float32]:
