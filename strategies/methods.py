@@ -347,10 +347,16 @@ class FedCRef(FedclustStrategy):
 
     Parameters
     ----------
+    assoc_rule : str, default "ratio"
+        The association test: ``"ratio"`` (accept a foreign model whose median log error
+        ratio over the cluster's held-out samples is ≤ ``epsilon``; one setting for every
+        dataset) or ``"eq2"`` (the paper's eq. 2, with ``theta`` and ``alpha``).
+    epsilon : float, default 0.15
+        ``ε`` of the ratio test: "within a factor ``e^ε`` of the own model's error".
     theta : float, default 0.2
-        ``θ``: association threshold on the normalised reconstruction-error gap (eq. 2).
+        ``θ`` of eq. (2): threshold on the normalised reconstruction-error gap.
     alpha : float, default 0.75
-        ``α``: required ``Pr{D ≤ θ}``.
+        ``α`` of eq. (2): required ``Pr{D ≤ θ}``.
     tau : float, default 0.8
         ``τ``: a client whose labels agree (ACC) ≥ ``τ`` with the previous iteration becomes
         inactive.
@@ -373,11 +379,12 @@ class FedCRef(FedclustStrategy):
     method = "fedcref"
     prefixes = ("fedcref.",)
 
-    def __init__(self, theta: float = 0.2, alpha: float = 0.75, tau: float = 0.8,
-                 max_iterations: int = 10, fl_rounds: int = 15, init: str = "auto",
-                 **options: Any) -> None:
-        super().__init__(theta=theta, alpha=alpha, tau=tau, max_iterations=max_iterations,
-                         fl_rounds=fl_rounds, init=init, **options)
+    def __init__(self, assoc_rule: str = "ratio", epsilon: float = 0.15, theta: float = 0.2,
+                 alpha: float = 0.75, tau: float = 0.8, max_iterations: int = 10,
+                 fl_rounds: int = 15, init: str = "auto", **options: Any) -> None:
+        super().__init__(assoc_rule=assoc_rule, epsilon=epsilon, theta=theta, alpha=alpha,
+                         tau=tau, max_iterations=max_iterations, fl_rounds=fl_rounds,
+                         init=init, **options)
 
 
 class EMDCFL(FedclustStrategy):

@@ -454,7 +454,8 @@ def test_warm_start_begins_a_cluster_model_at_its_previous_model(warm: bool) -> 
     torch.set_num_threads(1)
     cfg = validate({"method": "fedcref", "dataset": "digits", "output-dir": "unused",
                     "fedcref.ae-hidden": "8,4", "fedcref.lr": 1e-12, "fedcref.ae-epochs": 2,
-                    "fedcref.warm-epochs": 1, "fedcref.warm-start": warm})
+                    "fedcref.warm-epochs": 1, "fedcref.warm-start": warm,
+                    "fedcref.assoc-rule": "eq2"})   # held-out rules start local models fresh
     rng = np.random.default_rng(0)
     x = rng.random((60, 16)).astype(np.float32)
     st = core.ClientState(labels=np.repeat([0, 1, 2], 20), k=3)

@@ -49,11 +49,12 @@ KEYS: list[Key] = [
         low=0.0, high=1.0, low_open=True),
     Key("fedcref.theta", float, 0.2, "theta: association threshold on the normalised error gap",
         low=0.0, high=1.0),
-    Key("fedcref.assoc-rule", str, "eq2", "association test: 'eq2' (the paper: "
-        "Pr{normalised error gap <= theta} >= alpha), 'ratio' (not in the paper: the "
-        "ratio-quantile of log e_foreign - log e_own over the cluster's held-out samples <= "
-        "epsilon) or 'calibrated' (not in the paper: the same statistic <= lambda times the "
-        "statistic of the client's own closest other cluster model; no epsilon)",
+    Key("fedcref.assoc-rule", str, "ratio", "association test: 'ratio' (not in the paper; "
+        "one epsilon for every dataset: the ratio-quantile of log e_foreign - log e_own over "
+        "the cluster's held-out samples <= epsilon), 'eq2' (the paper: Pr{normalised error "
+        "gap <= theta} >= alpha; theta depends on the dataset) or 'calibrated' (not in the "
+        "paper, not recommended: the same statistic <= lambda times the statistic of the "
+        "client's own closest other cluster model)",
         choices=("eq2", "ratio", "calibrated")),
     Key("fedcref.lambda", float, 0.9, "assoc-rule=calibrated: accept a foreign model closer "
         "to the own model than this fraction of the way to the client's own closest other "
