@@ -77,7 +77,7 @@ def main() -> None:
     cfg = {"method": "fedcref", "dataset": "mnist", "fedcref.split": "all",
            "data-dir": os.environ.get("FEDCLUST_DATA_DIR", "data"), "num-clients": 10,
            "fedcref.samples-per-cluster": 100, "seed": 100, "fedcref.max-iterations": 4,
-           "plots": False, **extra}
+           "plots": False, "fedcref.assoc-rule": "eq2", **extra}   # the measured rule
     validate(dict(cfg))
     saved = _former(handlers)
     try:
