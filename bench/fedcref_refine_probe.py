@@ -131,8 +131,8 @@ def main() -> None:
         res["members"].append(acc(cluster_refine(np.concatenate([own, com[mine]]), k)[0]))
         res["replace"].append(acc(cluster_refine(replaced, k)[0]))
         best_own = np.asarray(mc)[np.argmin(own, axis=0)]
-        allowed = np.array([[(i, q) in {tuple(m) for m in groups[g]} for q in best_own]
-                            for g in range(len(groups))]).reshape(len(groups), -1)
+        allowed = np.array([np.isin(best_own, [q for ci, q in m if ci == i]) for m in groups]
+                           ).reshape(len(groups), -1)
         res["gated"].append(acc(cluster_refine(np.concatenate(
             [own, np.where(allowed, com, np.inf)]), k)[0]))
     print(f"samples whose best model is a community model: {won / total:.3f}; of those, not of "
