@@ -292,7 +292,8 @@ def _keep_owner_results(msg: Message, context: Context, cfg: dict, st: core.Clie
     if refined:
         results.write_assignments(folder, st.labels)
         if ae.n_models(st.used_models):
-            save_models(folder / MODELS, st.used_models, st.used_clusters)
+            save_models(folder / MODELS, st.used_models, st.used_clusters, st.gate_models,
+                        st.gate_allow)
         else:
             (folder / MODELS).unlink(missing_ok=True)
         results.write_predict_info(folder, "fedcref",
@@ -395,7 +396,14 @@ def fedcref_refine(msg: Message, context: Context) -> Message:
     t0 = time.perf_counter()
     comm = ae.from_numpy({k: v.numpy() for k, v in msg.content.array_records["models"].items()}) \
         if "models" in msg.content.array_records else []
-    agreement = core.refine(st, x, comm)
+    ids = np.asarray(conf.get("communities", list(range(ae.n_models(comm)))), dtype=np.int64)
+    lens = [int(v) for v in conf.get("members-len", [0] * len(ids))]
+    flat = np.asarray(conf.get("members-flat", []), dtype=np.int64)
+    members = [[int(q) for q in qs] for qs in np.split(flat, np.cumsum(lens)[:-1])] \
+        if lens else []
+    mode = cfg["fedcref.refine"]
+    outcome = core.refine(st, x, comm, mode, members, cfg["fedcref.epsilon"],
+                          cfg["fedcref.beta"], ids)
     _save_state(context, st)
     own = _owner_state(context, st.k)
     refined = bool(len(st.model_clusters)) or bool(ae.n_models(comm))   # else: no candidates
@@ -408,6 +416,10 @@ def fedcref_refine(msg: Message, context: Context) -> Message:
         LOG.warning("fedcref: %d rows' labels differ from the argmin of the models that "
                     "define them (ties)", st.used_mismatch)
     _keep_owner_results(msg, context, cfg, st, own, len(x), refined=refined)
-    return reply(msg, arrays=_eval(st, y, cfg),
-                 metrics={"agreement": agreement, "seconds": time.perf_counter() - t0})
-
+    arrays = _eval(st, y, cfg)
+    if mode == "covered":
+        arrays["confirmed"] = {"confirmed": outcome.confirmed.astype(np.uint8)}
+    return reply(msg, arrays=arrays,
+                 metrics={"agreement": outcome.agreement,
+                          "community-share": outcome.community_share,
+                          "seconds": time.perf_counter() - t0})

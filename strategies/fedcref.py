@@ -45,6 +45,7 @@ from fedclust.fedcref import algorithm
 from fedclust.fedcref import autoencoder as ae
 from fedclust.fedcref.algorithm import Contribution, LocalReply, Model, Node, RefineReply
 from fedclust.fedcref.client import hidden_sizes
+from fedclust.fedcref.client import refine_inputs as core_refine_inputs
 from fedclust.results import Progress, RunRecorder
 from strategies.common import (
     Exchange,
@@ -193,10 +194,22 @@ def _check_comm(content: RecordDict, shapes: dict[str, tuple[int, ...]]) -> str 
     return None
 
 
-def _check_refine(content: RecordDict) -> str | None:
+def _check_refine(content: RecordDict, n_confirmed: int | None = None) -> str | None:
+    """Reply of ``train.fedcref_refine``: the agreement in [0, 1], the community share in
+    [0, 1] when sent, and with ``refine=covered`` one confirmation bit per community sent."""
     problem = _metrics(content, "agreement")
     if problem:
         return problem
+    met = content.metric_records["metrics"]
+    for name in ("agreement", "community-share"):
+        if name in met and not 0.0 <= float(met[name]) <= 1.0:
+            return f"metric '{name}' = {met[name]} outside [0, 1]"
+    if n_confirmed is not None:
+        if "confirmed" not in content.array_records:
+            return "missing array record 'confirmed'"
+        bits = content.array_records["confirmed"]["confirmed"].numpy()
+        if bits.shape != (n_confirmed,) or not np.isin(bits, (0, 1)).all():
+            return f"'confirmed' must be {n_confirmed} bits, got shape {bits.shape}"
     if "eval" in content.array_records and content.array_records["eval"]["hist"].numpy().ndim != 2:
         return "'eval.hist' must be 2-D"
     return None
@@ -432,20 +445,42 @@ class FlowerClients:
         return out
 
     # -- lines 26-30 --------------------------------------------------------------------------
-    def refine(self, t: int, targets: list[int], params: ae.Params) -> dict[int, RefineReply]:
+    def refine(self, t: int, targets: list[int], params: ae.Params,
+               members: dict[int, list[tuple[int, list[int]]]]) -> dict[int, RefineReply]:
         LOG.info("iteration %d: %d communities trained", t, ae.n_models(params))
-        content = RecordDict({"config": ConfigRecord({"iteration": t}),
-                              "result": result_record(self.result)})
-        if ae.n_models(params):
-            content["models"] = _arrays(ae.to_numpy(params))
+        mode = self.cfg["fedcref.refine"]
+        np_params = ae.to_numpy(params) if ae.n_models(params) else {}
+        sent: dict[int, int] = {}
+
+        def content(nid: int) -> RecordDict:
+            i = self.index[nid]
+            _, mine, ids = core_refine_inputs(params, members.get(i, []), mode)
+            sent[nid] = len(ids)
+            c = RecordDict({"config": ConfigRecord({
+                "iteration": t, "communities": [int(g) for g in ids],
+                "members-len": [len(qs) for qs in mine],
+                "members-flat": [q for qs in mine for q in qs]}),
+                "result": result_record(self.result)})
+            if len(ids):
+                c["models"] = _arrays({k: v[ids] for k, v in np_params.items()})
+            return c
+
+        def check(nid: int, c: RecordDict) -> str | None:
+            return _check_refine(c, sent[nid] if mode == "covered" else None)
+
         ex = send_and_collect(self.grid, [self.nodes[i] for i in targets], content,
-                              "train.fedcref_refine", f"refine-{t}", self.timeout,
-                              validate=_check_refine)
+                              "train.fedcref_refine", f"refine-{t}", self.timeout)
+        check_each(ex, check, f"refine-{t}")
         self._account("refinement", ex, "refine")
         out = {}
         for nid, c in ex.replies.items():
             i = self.index[nid]
-            out[i] = RefineReply(float(c.metric_records["metrics"]["agreement"]), _hist(c))
+            met = c.metric_records["metrics"]
+            confirmed = ([bool(b) for b in c.array_records["confirmed"]["confirmed"].numpy()]
+                         if "confirmed" in c.array_records else None)
+            out[i] = RefineReply(float(met["agreement"]), _hist(c), confirmed,
+                                 float(met["community-share"]) if "community-share" in met
+                                 else None)
             if out[i].hist is not None:
                 self.hists[i] = out[i].hist
         return out

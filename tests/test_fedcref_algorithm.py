@@ -152,7 +152,7 @@ class Scripted:
                                                for p in params], self.counts[i])
                     for g, _ in members[i]] for i in members}
 
-    def refine(self, t, targets, params):
+    def refine(self, t, targets, params, members):
         self.refined_with.append(params)
         return {i: algorithm.RefineReply(1.0) for i in targets}
 
@@ -220,7 +220,7 @@ def test_a_cluster_emptied_by_refinement_leaves_the_graph() -> None:
         def associate(self, t, models, asked):
             return {i: np.zeros((2, sum(n[0] != i for n in models)), bool) for i in asked}
 
-        def refine(self, t, targets, params):
+        def refine(self, t, targets, params, members):
             return {i: algorithm.RefineReply(0.0) for i in targets}
 
     out = algorithm.run(Shrinking({}, {}, {}), algorithm.Settings(max_iterations=2))
@@ -234,7 +234,7 @@ def test_an_unchanged_community_keeps_its_model_with_reuse(agreement: float) -> 
     class Noting(Scripted):
         notes: list = []
 
-        def refine(self, t, targets, params):
+        def refine(self, t, targets, params, members):
             self.refined_with.append(params)
             return {i: algorithm.RefineReply(agreement) for i in targets}
 
@@ -268,7 +268,7 @@ def test_a_community_starts_from_the_nearest_model_with_fewer_rounds() -> None:
             self.starts.append((t, rnd, float(params[0].flatten()[0])))
             return super().community_round(t, rnd, params, members, seed)
 
-        def refine(self, t, targets, params):
+        def refine(self, t, targets, params, members):
             self.refined_with.append(params)
             return {i: algorithm.RefineReply(0.5) for i in targets}   # labels changed
 

@@ -75,8 +75,8 @@ def test_each_client_keeps_its_assignments_models_and_result(run) -> None:
             assert (c["community"] is not None) == (c["status"] == "community")
             assert c["isolated"] == (c["status"] == "isolated")
         # the labels are the final models applied to the client's rows
-        params, model_labels = load_models(folder / MODELS)
-        assert np.array_equal(assign(params, model_labels, x, threads=1), labels)
+        params, model_labels, gate, allow = load_models(folder / MODELS)
+        assert np.array_equal(assign(params, model_labels, x, 1, gate, allow), labels)
         assert sorted(m["label"] for m in result["models"]) == sorted(model_labels.tolist())
         assert {c["model"] for c in result["clusters"].values() if c["rows"]} \
             == set(range(len(model_labels)))
@@ -122,7 +122,7 @@ def test_result_json_names_the_final_communities(run) -> None:
     members = np.zeros(last["communities"], dtype=np.int64)
     isolated = 0
     labels_iterations = set()
-    server_params, server_ids = load_models(out / COMMUNITY_MODELS)
+    server_params, server_ids, _, _ = load_models(out / COMMUNITY_MODELS)
     assert np.array_equal(server_ids, np.arange(last["communities"]))
     for i in range(N_CLIENTS):
         folder = out / "clients" / str(i)
@@ -134,7 +134,7 @@ def test_result_json_names_the_final_communities(run) -> None:
         labels_iterations.add(result["labels_iteration"])
         if result["labels_iteration"] == last["iteration"]:
             # refined in the last iteration: its community models are the server's final ones
-            params, _ = load_models(folder / MODELS)
+            params, *_ = load_models(folder / MODELS)
             for j, m in enumerate(result["models"]):
                 if m["source"] == "community":
                     for mine, final in zip(params, server_params, strict=True):

@@ -42,7 +42,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedclust.fedcref import autoencoder as ae
-from fedclust.fedcref.association import communities, mutual_edges, perfect_edges
+from fedclust.fedcref.association import (
+    communities,
+    mutual_edges,
+    perfect_edges,
+    split_conflicts,
+)
 from fedclust.fedcref.client import derive_seed
 from fedclust.fedcref.evaluation import majority_classes, mean_accuracy, wrong_associations
 from fedclust.fedcref.stopping import StabilityStop
@@ -83,10 +88,14 @@ class Contribution:
 
 @dataclass
 class RefineReply:
-    """A client's answer to the refinement phase: ``ACC(previous, new labels)`` (eq. 4)."""
+    """A client's answer to the refinement phase: ``ACC(previous, new labels)`` (eq. 4); with
+    ``fedcref.refine=covered``, one bit per community it is in (confirmed or not, in the order
+    of ``members``) and the share of its samples that community models label."""
 
     agreement: float
     hist: NDArray[np.int64] | None = None
+    confirmed: list[bool] | None = None
+    community_share: float | None = None
 
 
 class Clients(Protocol):
@@ -111,8 +120,11 @@ class Clients(Protocol):
         """Line 22, one FedAvg round: client ``i`` trains community ``g`` (row g of the stacked
         ``params``) on its clusters ``qs`` for every ``(g, qs)`` in ``members[i]``."""
 
-    def refine(self, t: int, targets: list[int], params: ae.Params) -> dict[int, RefineReply]:
-        """Lines 26–30: Algorithm 2 on each target client with the community ``params``."""
+    def refine(self, t: int, targets: list[int], params: ae.Params,
+               members: dict[int, list[tuple[int, list[int]]]]) -> dict[int, RefineReply]:
+        """Lines 26–30: Algorithm 2 on each target client with the community ``params``;
+        ``members[i]`` lists client i's communities and its clusters in each (as for
+        :meth:`community_round`)."""
 
     def note_communities(self, t: int, members: dict[int, list[tuple[int, list[int]]]]
                          ) -> None:
@@ -134,6 +146,7 @@ class Settings:
     association: str = "mutual"          # "mutual", "perfect" (ground truth), "none"
     ae_init: str = "keras"
     evaluate: bool = False
+    cannot_link: bool = True             # no community holds two clusters of one client
     reuse_communities: bool = False      # keep a community's model while nothing changed
     warm_start: bool = False             # start a community from an earlier model
     warm_rounds: int = 5                 # FedAvg rounds of a warm-started community
@@ -146,6 +159,7 @@ class Settings:
                    stop_change=float(cfg["fedcref.stop-change"]),
                    association=str(cfg["fedcref.association"]),
                    ae_init=str(cfg["fedcref.ae-init"]), evaluate=bool(cfg["evaluate"]),
+                   cannot_link=bool(cfg["fedcref.cannot-link"]),
                    reuse_communities=bool(cfg["fedcref.reuse-communities"]),
                    warm_start=bool(cfg["fedcref.warm-start"]),
                    warm_rounds=int(cfg["fedcref.warm-rounds"]))
@@ -377,6 +391,10 @@ def run(clients: Clients, s: Settings,
                         accept[(ci, q)] = {foreign[j] for j in np.flatnonzero(mat[q])}
             graph_nodes = [key for key in graph_nodes if key[0] in answers]
             edges = mutual_edges(accept)                               # line 13: both ways
+            if s.cannot_link:
+                kept = split_conflicts(graph_nodes, edges)
+                rec["cut_edges"] = len(edges) - len(kept)
+                edges = kept
         elif s.association == "perfect":
             nh = ev.node_hist()
             edges = perfect_edges(majority_classes({k: nh[k] for k in graph_nodes if k in nh}))
@@ -396,10 +414,18 @@ def run(clients: Clients, s: Settings,
                        if groups and layer is not None else [])
 
         # 5. refinement on the active clients (lines 25-31) ---------------------------------
-        replies = clients.refine(t, sorted(active), comm_params)
+        by_client = community_members(groups) if len(comm_params) else {}
+        replies = clients.refine(t, sorted(active), comm_params, by_client)
         agreements = {}
+        confirmed = unconfirmed = 0
+        shares = []
         for ci, r in sorted(replies.items()):
             agreements[ci] = r.agreement
+            if r.confirmed is not None:
+                confirmed += sum(r.confirmed)
+                unconfirmed += len(r.confirmed) - sum(r.confirmed)
+            if r.community_share is not None:
+                shares.append(r.community_share)
             reuse.refined(t, ci, r.agreement)
             if r.agreement >= s.tau:
                 active.discard(ci)
@@ -411,6 +437,11 @@ def run(clients: Clients, s: Settings,
         rec["mean_agreement"] = (float(np.mean(list(agreements.values()))) if agreements
                                  else None)
         rec["sizes"] = [len(g) for g in groups]
+        if confirmed + unconfirmed:
+            rec["unconfirmed_memberships"] = unconfirmed
+            rec["unconfirmed_pct"] = 100.0 * unconfirmed / (confirmed + unconfirmed)
+        if shares:
+            rec["community_share"] = float(np.mean(shares))
         if on_iteration is not None:
             on_iteration(rec)
         history.append(rec)

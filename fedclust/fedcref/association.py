@@ -42,6 +42,7 @@ import networkx as nx
 import numpy as np
 from numpy.typing import NDArray
 
+Node = tuple[int, int]           # (client, local cluster)
 
 def normalized_gap(e_own: NDArray, e_foreign: NDArray) -> NDArray[np.float64]:
     """``Normalize_[0,1] |e_own − e_foreign|`` along the last axis (all zeros if constant)."""
@@ -90,16 +91,76 @@ def log_ratio_quantile(e_own: NDArray, e_foreign: NDArray, quantile: float
     return np.quantile(gap, quantile, axis=-1)
 
 
-RULES = ("eq2", "ratio", "calibrated")
-HELD_OUT_RULES = ("ratio", "calibrated")     # rules measured on samples held out from training
+RULES = ("eq2", "ratio", "calibrated", "confident")
+# rules measured on samples held out from training
+HELD_OUT_RULES = ("ratio", "calibrated", "confident")
+
+
+def sign_test_p(successes: NDArray, trials: int | NDArray) -> NDArray[np.float64]:
+    """One-sided sign test: ``P(Bin(trials, ½) ≥ successes)`` (1 when there are no trials)."""
+    from scipy.stats import binom
+
+    successes = np.asarray(successes)
+    trials = np.broadcast_to(np.asarray(trials), successes.shape)
+    return np.where(trials > 0, binom.sf(successes - 1, trials, 0.5), 1.0)
+
+
+def confident_accepts(own: NDArray, foreign: NDArray, others: NDArray, held: NDArray[np.bool_],
+                      epsilon: float, beta: float, delta: float | None = None
+                      ) -> NDArray[np.bool_]:
+    """The confident test for one cluster q: which foreign models are interchangeable with the
+    own model, shown with confidence ``1 − β`` by two one-sided sign tests.
+
+    Parameters
+    ----------
+    own : (n,) errors of the cluster's own model ``AE_q`` on the cluster's n samples
+    foreign : (F, n) errors of F foreign models on the same samples
+    others : (R, n) errors of the client's own *other* cluster models on the same samples
+        (R ≥ 1; with none the client cannot tell "same" from "different" and accepts nothing)
+    held : (n,) samples held out from ``AE_q``'s training
+    epsilon, beta : ε and β below
+
+    A foreign model f is accepted when both hold at level β:
+
+    - **as good as the own model** (equivalence, on the h held-out samples ``H_q``): the
+      median of ``log E_f(x) − log E_q(x)`` over ``H_q`` is below ε, i.e. the sign test
+      ``#{x ∈ H_q : log E_f(x) − log E_q(x) ≤ ε}`` rejects "median > ε":
+      ``P(Bin(h, ½) ≥ count) ≤ β``;
+    - **better than every other cluster's own model** (on all n samples of q, which no model
+      of the comparison has seen): for each own other cluster q', ``#{x : E_f(x) < E_q'(x)}``
+      rejects "f wins at most half the samples": ``P(Bin(n, ½) ≥ count) ≤ β``.
+
+    Both bounds widen as the sample counts shrink, so with few samples the test abstains
+    (with h < 5 held-out samples no count reaches β = 0.05). The second part anchors
+    "different" in the client's own clusters: a model that cannot beat them on most samples
+    is no evidence of the same distribution, however close its errors are to the own ones.
+    """
+    held = np.asarray(held, dtype=bool)
+    f = np.log(np.maximum(np.asarray(foreign, np.float64), _TINY))
+    o = np.log(np.maximum(np.asarray(own, np.float64), _TINY))
+    if f.shape[0] == 0 or len(others) == 0:
+        return np.zeros(f.shape[0], dtype=bool)
+    close = (f[:, held] - o[held] <= epsilon).sum(axis=1)
+    ok = sign_test_p(close, int(held.sum())) <= beta
+    r = np.log(np.maximum(np.asarray(others, np.float64), _TINY))
+    wins = (f[:, None, :] < r[None, :, :]).sum(axis=2)              # (F, R)
+    ok &= (sign_test_p(wins, f.shape[1]) <= beta).all(axis=1)
+    if delta is not None:
+        best = int(np.argmin(f.mean(axis=1)))
+        worse = (f - f[best] > delta).sum(axis=1)
+        ok &= sign_test_p(worse, f.shape[1]) > beta
+    return ok
+
+
+_TINY = float(np.finfo(np.float32).tiny)
 
 
 def accept_matrix(labels: NDArray[np.int64], own_errors: NDArray, foreign_errors: NDArray,
                   theta: float, alpha: float, min_size: int = 2,
                   groups: NDArray[np.int64] | None = None, rule: str = "eq2",
                   epsilon: float = 0.15, quantile: float = 0.5,
-                  held_out: NDArray[np.bool_] | None = None, lam: float = 0.5
-                  ) -> NDArray[np.bool_]:
+                  held_out: NDArray[np.bool_] | None = None, lam: float = 0.5,
+                  beta: float = 0.05, delta: float | None = None) -> NDArray[np.bool_]:
     """Client-side association: which foreign models each local cluster accepts.
 
     Parameters
@@ -117,11 +178,14 @@ def accept_matrix(labels: NDArray[np.int64], own_errors: NDArray, foreign_errors
         choice does not depend on the order of the models). ``None`` tests all pairs as the
         paper does; the run config turns this on by default
         (``fedcref.assoc-best-per-client``, a named deviation, docs/fedcref.md).
-    rule : ``"eq2"`` (the paper), ``"ratio"`` or ``"calibrated"`` (module docstring)
-    epsilon, quantile : ``ε`` and ``a`` of the ratio test (``a`` also of the calibrated one)
+    rule : ``"eq2"`` (the paper), ``"ratio"``, ``"calibrated"`` or ``"confident"`` (module
+        docstring)
+    epsilon, quantile : ``ε`` and ``a`` of the ratio test (``a`` also of the calibrated one;
+        ``ε`` also of the confident one)
     held_out : (n,) samples held out from the own models' training (``"ratio"`` and
         ``"calibrated"`` only: the statistic runs over the held-out samples of each cluster)
     lam : ``λ`` of the calibrated test
+    beta : ``β`` of the confident test (:func:`confident_accepts`)
 
     Returns
     -------
@@ -143,6 +207,18 @@ def accept_matrix(labels: NDArray[np.int64], own_errors: NDArray, foreign_errors
             continue
         if foreign_errors.shape[0] == 0:
             continue
+        if rule == "confident":
+            whole = labels == q
+            others = [r for r in range(k) if r != q and np.all(np.isfinite(own_errors[r, whole]))]
+            ok = confident_accepts(own_errors[q, whole], foreign_errors[:, whole],
+                                   own_errors[others][:, whole], held_out[whole], epsilon, beta,
+                                   delta)
+            ratio = log_ratio_quantile(own_errors[q, mask], foreign_errors[:, mask], 0.5)
+            score = -ratio
+            if groups is not None:
+                _best_per_group(ok, groups, score, ratio)
+            out[q] = ok
+            continue
         ratio = log_ratio_quantile(own_errors[q, mask], foreign_errors[:, mask],
                                    quantile if rule in HELD_OUT_RULES else 0.5)
         if rule == "calibrated":
@@ -158,13 +234,19 @@ def accept_matrix(labels: NDArray[np.int64], own_errors: NDArray, foreign_errors
             score = accept_score(own_errors[q, mask], foreign_errors[:, mask], theta)
             ok = score >= alpha
         if groups is not None:
-            for g in np.unique(groups[ok]):
-                cand = np.flatnonzero(ok & (groups == g))
-                ok[cand] = False
-                # best score; among equal scores the lowest median log ratio
-                ok[cand[np.lexsort((ratio[cand], -score[cand]))[0]]] = True
+            _best_per_group(ok, groups, score, ratio)
         out[q] = ok
     return out
+
+
+def _best_per_group(ok: NDArray[np.bool_], groups: NDArray, score: NDArray, ratio: NDArray
+                    ) -> None:
+    """Keep, in place, one accepted model per group: the best score; among equal scores the
+    lowest median log ratio."""
+    for g in np.unique(groups[ok]):
+        cand = np.flatnonzero(ok & (groups == g))
+        ok[cand] = False
+        ok[cand[np.lexsort((ratio[cand], -score[cand]))[0]]] = True
 
 
 def mutual_edges(accept: dict[Hashable, set[Hashable]]) -> list[tuple[Hashable, Hashable]]:
@@ -193,6 +275,41 @@ def communities(nodes: Iterable[Hashable], edges: Iterable[tuple[Hashable, Hasha
     groups = sorted([c for c in comps if len(c) >= 2], key=lambda c: c[0])
     isolated = sorted(c[0] for c in comps if len(c) == 1)
     return groups, isolated
+
+
+def split_conflicts(nodes: Iterable[Node], edges: Iterable[tuple[Node, Node]]
+                    ) -> list[tuple[Node, Node]]:
+    """Cut the cluster graph so that no component holds two clusters of one client.
+
+    A client's clusters are, by its own clustering, different groups; a component that joins
+    two of them joins two groups through other clients' clusters, the mark of a wrong
+    association somewhere on the path. While a component holds two clusters ``u``, ``v`` of
+    one client, a minimum set of edges separating them is removed (networkx
+    ``minimum_edge_cut``): a wrong link between two well-connected communities is a thin
+    bridge, so the cut takes it and leaves the communities. Deterministic: components,
+    conflicting pairs and cuts are visited in sorted order. Nodes are ``(client, cluster)``.
+
+    Returns the edges kept, in the input order.
+    """
+    g = nx.Graph()
+    g.add_nodes_from(nodes)
+    edges = list(edges)
+    g.add_edges_from(edges)
+    while True:
+        pair = None
+        for comp in sorted((sorted(c) for c in nx.connected_components(g)), key=lambda c: c[0]):
+            by_client: dict[Hashable, list[Node]] = {}
+            for n in comp:
+                by_client.setdefault(n[0], []).append(n)
+            clash = [m for m in by_client.values() if len(m) > 1]
+            if clash:
+                pair = (clash[0][0], clash[0][1])
+                break
+        if pair is None:
+            break
+        cut = nx.minimum_edge_cut(g, *pair)
+        g.remove_edges_from(sorted(tuple(sorted(e)) for e in cut))
+    return [e for e in edges if g.has_edge(*e)]
 
 
 def perfect_edges(majority: dict[Hashable, int]) -> list[tuple[Hashable, Hashable]]:

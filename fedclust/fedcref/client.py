@@ -124,6 +124,10 @@ class ClientState:
     used_ref: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, np.int64))
     used_models: ae.Params = field(default_factory=list)
     used_mismatch: int = 0     # rows whose label differs from the argmin over the used models
+    # the gate of refine modes "gated"/"covered": the own models, and per own-best model which
+    # used models a row may go to (empty: every used model, the paper's step)
+    gate_models: ae.Params = field(default_factory=list)
+    gate_allow: NDArray[np.bool_] = field(default_factory=lambda: np.zeros((0, 0), bool))
 
 
 USED_OWN, USED_COMMUNITY = 0, 1
@@ -244,7 +248,7 @@ def associate(state: ClientState, x: NDArray, keys: list[str], new_models: dict[
     acc = accept_matrix(state.labels, state.own_errors, foreign, cfg["fedcref.theta"],
                         cfg["fedcref.alpha"], cfg["fedcref.min-cluster-size"], groups, rule,
                         cfg["fedcref.epsilon"], cfg["fedcref.ratio-quantile"], held_out,
-                        cfg["fedcref.lambda"])
+                        cfg["fedcref.lambda"], cfg["fedcref.beta"])
     return acc, [], time.perf_counter() - t0
 
 
@@ -262,40 +266,170 @@ def train_communities(x: NDArray, labels: NDArray, params: ae.Params,
     return out, np.array([len(d) for d in data], dtype=np.int64)
 
 
-def refine(state: ClientState, x: NDArray, community_models: ae.Params) -> float:
-    """Algorithm 2 with the client's own models and all community models; returns ACC between
-    the previous and the new labeling (eq. 4), used for the stability test.
+REFINE_MODES = ("paper", "gated", "covered")
 
-    Also records the selected models (``state.used_*``): every new label is the argmin of the
-    selected models' errors (the greedy picks take exactly the samples whose best remaining
-    model is the pick, and every earlier pick was worse for them), so applying these models to
-    the client's rows (:func:`fedclust.fedcref.predict.assign`) gives its labels back.
+
+def refine(state: ClientState, x: NDArray, community_models: ae.Params, mode: str = "paper",
+           members: list[list[int]] | None = None, epsilon: float = 0.15,
+           beta: float = 0.05, ids: NDArray[np.int64] | None = None) -> RefineOutcome:
+    """Algorithm 2 with the client's own models and community models; returns ACC between
+    the previous and the new labeling (eq. 4, the stability test) and what the client found.
+
+    ``members[g]`` lists the client's clusters in community g (row g of ``community_models``;
+    empty for a community it is not in); ``ids[g]`` is that community's number in the run
+    (default: g), for the record of the models used. ``mode`` (``fedcref.refine``) chooses
+    which models a sample may go to; ``q*(x)`` is the cluster whose *own* model reconstructs
+    x best:
+
+    - ``"paper"``: every own and every community model, the paper's step.
+    - ``"gated"``: the own models, and the communities that hold ``q*(x)``: a sample never
+      goes to a community whose member clusters its own models do not favour.
+    - ``"covered"``: the client first *confirms* each community it is in with the confident
+      test (:func:`fedclust.fedcref.association.confident_accepts`) on its member cluster's
+      samples (:func:`confirm_communities`).
+      A sample whose ``q*(x)`` is in a confirmed community goes to the best of the client's
+      confirmed community models (models trained on comparable amounts of data compete);
+      any other sample keeps its own models. A community model never wins a sample of a
+      cluster that no confirmed community covers.
+
+    Samples are then assigned by Algorithm 2's greedy picks among the models each sample may
+    go to (:func:`fedclust.fedcref.refine.cluster_refine` on errors masked to +inf).
+
+    Also records the selected models (``state.used_*``) and the gate that masks them (the
+    own models and, per own-best cluster, which selected models are allowed): every new label
+    is the argmin over the allowed selected models (the greedy picks take exactly the samples
+    whose best remaining allowed model is the pick), so applying them to the client's rows
+    (:func:`fedclust.fedcref.predict.assign`) gives its labels back.
     """
+    if mode not in REFINE_MODES:
+        raise ValueError(f"refine mode must be one of {REFINE_MODES}, got {mode!r}")
     own = state.own_errors if state.own_errors is not None else own_error_matrix(state, x)
-    rows = [own[state.model_clusters]] if len(state.model_clusters) else []
-    if ae.n_models(community_models):
-        rows.append(ae.errors(community_models, x))
+    n_own = len(state.model_clusters)
+    rows = [own[state.model_clusters]] if n_own else []
+    n_com = ae.n_models(community_models)
+    com = ae.errors(community_models, x) if n_com else np.zeros((0, len(x)), np.float32)
+    if n_com:
+        rows.append(com)
+    outcome = RefineOutcome(agreement=1.0, confirmed=np.zeros(n_com, dtype=bool))
     if not rows:
-        return 1.0
+        return outcome
     errors = np.concatenate(rows)
-    labels, sel = cluster_refine(errors, state.k)
-    mapping = label_mapping(state.labels, labels, state.k)
-    labels = mapping[labels]
-    agreement = label_agreement(state.labels, labels)
+    members = members if members is not None else [[] for _ in range(n_com)]
+    allow_by_own = np.ones((n_own, len(errors)), dtype=bool)   # gate: own-best row -> rows
+    if mode != "paper" and n_own:
+        allow_by_own[:] = False
+        allow_by_own[:, :n_own] = True
+        if mode == "gated":
+            for g in range(n_com):
+                for q in members[g]:
+                    j = np.flatnonzero(state.model_clusters == q)
+                    allow_by_own[j, n_own + g] = True
+        else:
+            outcome.confirmed = confirm_communities(state, own, com, members, epsilon, beta)
+            covered = [r for r, q in enumerate(state.model_clusters)
+                       if any(q in members[g] for g in np.flatnonzero(outcome.confirmed))]
+            for r in covered:
+                allow_by_own[r, :n_own] = False
+                allow_by_own[r, n_own + np.flatnonzero(outcome.confirmed)] = True
+    gate = np.argmin(own[state.model_clusters], axis=0) if n_own else None
+    masked = errors if gate is None else np.where(allow_by_own[gate].T, errors, np.inf)
+    raw, sel = cluster_refine(masked, state.k)
+    mapping = label_mapping(state.labels, raw, state.k)
+    labels = mapping[raw]
+    outcome.agreement = label_agreement(state.labels, labels)
+    outcome.community_share = float(np.mean(sel[raw] >= n_own)) if sel.size else 0.0
     state.labels = labels
     # the selected models in candidate order (ties in the greedy picks go to the lower index)
     order = np.argsort(sel, kind="stable")
     cand = sel[order]
-    n_own = len(state.model_clusters)
     state.used_clusters = mapping[order].astype(np.int64)
     state.used_kind = np.where(cand < n_own, USED_OWN, USED_COMMUNITY).astype(np.int64)
+    ids = np.arange(n_com) if ids is None else np.asarray(ids, dtype=np.int64)
     state.used_ref = np.where(cand < n_own, state.model_clusters[np.minimum(cand, n_own - 1)]
-                              if n_own else 0, cand - n_own).astype(np.int64)
+                              if n_own else 0,
+                              ids[np.clip(cand - n_own, 0, max(n_com - 1, 0))]
+                              if n_com else 0).astype(np.int64)
     candidates = ae.concat([p for p in (state.models, community_models) if ae.n_models(p)])
     state.used_models = ae.select(candidates, cand)
-    check = state.used_clusters[np.argmin(errors[cand], axis=0)]
-    state.used_mismatch = int(np.sum(check != labels))
-    return agreement
+    if mode == "paper" or not n_own:
+        state.gate_models, state.gate_allow = [], np.zeros((0, len(cand)), dtype=bool)
+    else:
+        state.gate_models = state.models
+        state.gate_allow = allow_by_own[:, cand]
+    check = _gated_argmin(errors[cand], state.gate_allow, gate)
+    state.used_mismatch = int(np.sum(state.used_clusters[check] != labels))
+    return outcome
+
+
+def refine_inputs(params: ae.Params, members: list[tuple[int, list[int]]], mode: str
+                  ) -> tuple[ae.Params, list[list[int]], NDArray[np.int64]]:
+    """What a client's refinement takes from the run's community models: every model with
+    ``mode="paper"`` (any may win a sample), else only the client's own communities (no other
+    may); with the client's clusters in each model and the models' community numbers."""
+    mine = {int(g): [int(q) for q in qs] for g, qs in members}
+    ids = (np.arange(ae.n_models(params), dtype=np.int64) if mode == "paper"
+           else np.array(sorted(mine), dtype=np.int64))
+    models = ae.select(params, ids) if len(ids) and ae.n_models(params) else []
+    return models, [mine.get(int(g), []) for g in ids], ids
+
+
+def _gated_argmin(errors: NDArray, allow: NDArray[np.bool_], gate: NDArray | None
+                  ) -> NDArray[np.int64]:
+    """Per sample, the best of the models (rows of ``errors``) that its own-best model's row
+    of ``allow`` permits (every model when ``allow`` is empty)."""
+    if not len(allow) or gate is None:
+        return np.argmin(errors, axis=0)
+    return np.argmin(np.where(allow[gate].T, errors, np.inf), axis=0)
+
+
+def confirm_communities(state: ClientState, own: NDArray, com: NDArray,
+                        members: list[list[int]], epsilon: float, beta: float
+                        ) -> NDArray[np.bool_]:
+    """Which of its communities the client confirms (``fedcref.refine=covered``).
+
+    Community g is confirmed when, for each of the client's clusters q in it, the community
+    model passes the confident test against q's own model (on q's samples, q's held-out
+    samples for the equivalence part, the client's other cluster models as the "different"
+    anchor). A community the client is not in is never confirmed. Without held-out samples
+    (``assoc-rule=eq2`` trains the own models on every sample) there is nothing to test on,
+    and every community the client is in counts as confirmed.
+
+    The converse check — that g passes the test for none of the client's clusters outside g
+    — is not made: a community model is trained on several clients' data, and against own
+    models trained on one client's it passes for other classes too (on MNIST, 10 clients ×
+    150 per cluster, it rejected every community of the first iteration).
+    """
+    from fedclust.fedcref.association import confident_accepts
+
+    if state.held_out is None:
+        return np.array([bool(qs) for qs in members], dtype=bool)
+    held = state.held_out
+    modelled = [int(q) for q in state.model_clusters]
+
+    def passes(q: int, g: int) -> bool:
+        whole = state.labels == q
+        others = [r for r in modelled if r != q]
+        if whole.sum() < 2 or not others:
+            return False
+        return bool(confident_accepts(own[q, whole], com[g:g + 1, whole],
+                                      own[others][:, whole], held[whole], epsilon, beta)[0])
+
+    out = np.zeros(len(members), dtype=bool)
+    for g, qs in enumerate(members):
+        qs = [int(q) for q in qs if int(q) in modelled]
+        if not qs:
+            continue
+        out[g] = all(passes(q, g) for q in qs)
+    return out
+
+
+@dataclass
+class RefineOutcome:
+    """What one refinement found on a client (only aggregates leave it)."""
+
+    agreement: float                       # ACC(previous, new labels), eq. (4)
+    confirmed: NDArray[np.bool_]           # per community model: confirmed (mode covered)
+    community_share: float = 0.0           # share of samples labelled by a community model
 
 
 def label_mapping(old: NDArray, new: NDArray, k: int) -> NDArray[np.int64]:

@@ -104,11 +104,18 @@ class InMemoryClients:
                       for j, g in enumerate(gs)]
         return out
 
-    def refine(self, t: int, targets: list[int], params: ae.Params) -> dict[int, RefineReply]:
+    def refine(self, t: int, targets: list[int], params: ae.Params,
+               members: dict[int, list[tuple[int, list[int]]]]) -> dict[int, RefineReply]:
         out = {}
         for i in targets:
-            agreement = core.refine(self.states[i], self.xs[i], params)
-            out[i] = RefineReply(agreement, self._hist(i))
+            models, mine, ids = core.refine_inputs(params, members.get(i, []),
+                                                   self.cfg["fedcref.refine"])
+            r = core.refine(self.states[i], self.xs[i], models, self.cfg["fedcref.refine"],
+                            mine, self.cfg["fedcref.epsilon"], self.cfg["fedcref.beta"], ids)
+            covered = self.cfg["fedcref.refine"] == "covered"
+            out[i] = RefineReply(r.agreement, self._hist(i),
+                                 [bool(b) for b in r.confirmed] if covered else None,
+                                 r.community_share)
         return out
 
     def note_communities(self, t: int, members: dict[int, list[tuple[int, list[int]]]]

@@ -49,13 +49,27 @@ KEYS: list[Key] = [
         low=0.0, high=1.0, low_open=True),
     Key("fedcref.theta", float, 0.2, "theta: association threshold on the normalised error gap",
         low=0.0, high=1.0),
-    Key("fedcref.assoc-rule", str, "ratio", "association test: 'ratio' (not in the paper; "
-        "one epsilon for every dataset: the ratio-quantile of log e_foreign - log e_own over "
-        "the cluster's held-out samples <= epsilon), 'eq2' (the paper: Pr{normalised error "
-        "gap <= theta} >= alpha; theta depends on the dataset) or 'calibrated' (not in the "
-        "paper, not recommended: the same statistic <= lambda times the statistic of the "
-        "client's own closest other cluster model)",
-        choices=("eq2", "ratio", "calibrated")),
+    Key("fedcref.assoc-rule", str, "ratio", "association test: 'confident' (not in the "
+        "paper: two sign tests at level beta on the cluster's own samples: the foreign model's "
+        "held-out log error ratio is below epsilon, and it beats each of the client's other "
+        "cluster models; abstains when the samples are too few to tell), 'ratio' (not in the "
+        "paper: the ratio-quantile of log e_foreign - log e_own over the cluster's held-out "
+        "samples <= epsilon), 'eq2' (the paper: Pr{normalised error gap <= theta} >= alpha; "
+        "theta depends on the dataset) or 'calibrated' (not in the paper, not recommended: "
+        "the same statistic <= lambda times the statistic of the client's own closest other "
+        "cluster model)",
+        choices=("eq2", "ratio", "calibrated", "confident")),
+    Key("fedcref.beta", float, 0.05, "assoc-rule=confident: level of its two sign tests "
+        "(the chance that a pair is accepted on evidence no stronger than a coin's)",
+        low=0.0, high=1.0, low_open=True, high_open=True),
+    Key("fedcref.cannot-link", bool, True, "cut the cluster graph so that no community holds "
+        "two clusters of one client (a minimum edge cut between them; not in the paper)"),
+    Key("fedcref.refine", str, "paper", "refinement (Algorithm 2): 'paper' (every sample may "
+        "go to any community model), 'gated' (a sample is offered only the communities of "
+        "the cluster whose own model reconstructs it best) or 'covered' (a sample whose best "
+        "own model belongs to a community the client confirms is reassigned among the "
+        "client's confirmed community models; any other sample keeps its own models)",
+        choices=("paper", "gated", "covered")),
     Key("fedcref.lambda", float, 0.9, "assoc-rule=calibrated: accept a foreign model closer "
         "to the own model than this fraction of the way to the client's own closest other "
         "cluster model (log error ratio over the held-out samples)", low=0.0, high=1.0,

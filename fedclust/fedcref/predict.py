@@ -16,6 +16,11 @@ b<L−1>`` (model i: ``h ← relu(h @ W_l[i] + b_l[i])``, sigmoid on the last la
 ``labels`` (the label model i gives). A row's error is the mean squared difference between
 the row and its reconstruction; the lowest error wins (the lower model index on a tie).
 
+A client that refined with ``fedcref.refine=gated`` or ``covered`` also saves its gate: its
+own cluster models (``gate.W0 …``) and ``gate.allow`` (one row per own model, one column per
+model above). A row first finds its best own model; it may then go only to the models that
+row of ``allow`` permits.
+
 Rows are used as the clients' models saw them: float32 in [0, 1]; rows with any value above 1
 are taken as 8-bit pixels and divided by 255, as a node does with its own file. Errors are
 computed with the clients' torch thread count (``fedcref.torch-threads``): the same rows on
@@ -46,21 +51,37 @@ def unit_rows(x: NDArray) -> NDArray[np.float32]:
     return x.astype(np.float32, copy=False)
 
 
-def save_models(path: Path, params: ae.Params, labels: NDArray) -> Path:
-    """Write stacked models and the label each one gives (atomically)."""
+GATE = "gate."
+
+
+def save_models(path: Path, params: ae.Params, labels: NDArray, gate: ae.Params | None = None,
+                allow: NDArray | None = None) -> Path:
+    """Write stacked models, the label each one gives and the optional gate (atomically)."""
     labels = np.asarray(labels, dtype=np.int64)
     assert len(labels) == ae.n_models(params), "one label per model"
+    extra: dict[str, NDArray] = {}
+    if gate is not None and ae.n_models(gate):
+        allow = np.asarray(allow, dtype=bool)
+        assert allow.shape == (ae.n_models(gate), len(labels)), "one gate row per own model"
+        extra = {GATE + k: v for k, v in ae.to_numpy(gate).items()}
+        extra[GATE + "allow"] = allow
     tmp = path.with_name(path.name + ".part.npz")
-    np.savez(tmp, labels=labels, **ae.to_numpy(params))
+    np.savez(tmp, labels=labels, **ae.to_numpy(params), **extra)
     os.replace(tmp, path)
     return path
 
 
-def load_models(path: Path) -> tuple[ae.Params, NDArray[np.int64]]:
+def load_models(path: Path) -> tuple[ae.Params, NDArray[np.int64], ae.Params,
+                                     NDArray[np.bool_] | None]:
+    """(models, labels, gate models (empty: no gate), gate.allow or None)."""
     with np.load(path) as z:
         labels = np.asarray(z["labels"], dtype=np.int64)
-        params = ae.from_numpy({k: z[k] for k in z.files if k != "labels"})
-    return params, labels
+        params = ae.from_numpy({k: z[k] for k in z.files
+                                if k != "labels" and not k.startswith(GATE)})
+        gate = ae.from_numpy({k[len(GATE):]: z[k] for k in z.files
+                              if k.startswith(GATE) and k != GATE + "allow"})
+        allow = np.asarray(z[GATE + "allow"], dtype=bool) if GATE + "allow" in z.files else None
+    return params, labels, gate, allow
 
 
 def threads_of(summary: dict[str, Any]) -> int:
@@ -68,10 +89,11 @@ def threads_of(summary: dict[str, Any]) -> int:
     return int(summary.get("config", {}).get("fedcref.torch-threads", 1))
 
 
-def assign(params: ae.Params, labels: NDArray, x: NDArray, threads: int | None = None
-           ) -> NDArray[np.int64]:
+def assign(params: ae.Params, labels: NDArray, x: NDArray, threads: int | None = None,
+           gate: ae.Params | None = None, allow: NDArray | None = None) -> NDArray[np.int64]:
     """The label of the model with the lowest reconstruction error, for every row of ``x``
-    (already in [0, 1]).
+    (already in [0, 1]); with a gate, the lowest among the models that the row of ``allow``
+    of the row's best gate model permits.
 
     ``threads``: compute the errors with this many torch threads (restored after). The
     matrix products round differently with another thread count, which can move a row whose
@@ -84,6 +106,9 @@ def assign(params: ae.Params, labels: NDArray, x: NDArray, threads: int | None =
         torch.set_num_threads(int(threads))
     try:
         errors = ae.errors(params, x)
+        if gate is not None and ae.n_models(gate) and allow is not None:
+            best_own = np.argmin(ae.errors(gate, x), axis=0)
+            errors = np.where(np.asarray(allow, dtype=bool)[best_own].T, errors, np.inf)
     finally:
         if torch.get_num_threads() != before:
             torch.set_num_threads(before)
@@ -107,12 +132,12 @@ def predict_rows(run_dir: Path, summary: dict[str, Any], x: np.ndarray,
             f"{path} does not exist: the run ended without any community (or was made by an "
             f"older fedclust), so the server holds no models. Predict with a client's owner "
             f"folder instead (<run dir>/clients/<i>/ in simulation)")
-    params, labels = load_models(path)
+    params, labels, gate, allow = load_models(path)
     if not ae.n_models(params):
         raise PredictError(f"{path} holds no models")
     check_width(x, int(params[0].shape[1]), "models take")
     rows = unit_rows(x)
-    out = assign(params, labels, rows, threads_of(summary))
+    out = assign(params, labels, rows, threads_of(summary), gate, allow)
     table = np.column_stack([np.arange(len(rows)), out])
     return Prediction(["row", "label"], table, ["%d", "%d"],
                       {"label": "local cluster" if client else "community",

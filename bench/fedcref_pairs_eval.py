@@ -1,0 +1,115 @@
+"""Compare FedCRef association tests on cached iteration-1 errors (bench/fedcref_pairs_cache.py).
+
+For every cached system and every test setting: the share of same-class and different-class
+cluster pairs linked both ways, the iteration-1 graph (edges, wrong edges, communities,
+isolated clusters, wrong associations %) with and without the split of communities that hold
+two clusters of one client. Labels are used only to score::
+
+    python bench/fedcref_pairs_eval.py runs/pairs/mnist-n10-s60-*.npz
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def load(path: Path) -> dict:
+    z = np.load(path)
+    owner = [tuple(int(v) for v in o) for o in z["owner"]]
+    n = 1 + max(o[0] for o in owner)
+    return {"owner": owner, "n": n, "err": [z[f"err{i}"] for i in range(n)],
+            "labels": [z[f"labels{i}"] for i in range(n)],
+            "held": [z[f"held{i}"] for i in range(n)], "y": [z[f"y{i}"] for i in range(n)]}
+
+
+def accept_bits(sys_: dict, rule: str, **kw) -> dict:
+    """{(i, q): set of foreign nodes accepted}, best per foreign client."""
+    from fedclust.fedcref.association import accept_matrix
+
+    owner = sys_["owner"]
+    row = {o: r for r, o in enumerate(owner)}
+    out = {}
+    for i in range(sys_["n"]):
+        err, labels, held = sys_["err"][i], sys_["labels"][i], sys_["held"][i]
+        k = int(labels.max()) + 1
+        mine = [o for o in owner if o[0] == i]
+        own = np.full((k, err.shape[1]), np.nan, np.float32)
+        for o in mine:
+            own[o[1]] = err[row[o]]
+        fk = [r for r, o in enumerate(owner) if o[0] != i]
+        groups = np.array([owner[r][0] for r in fk])
+        acc = accept_matrix(labels, own, err[fk], rule=rule, groups=groups, held_out=held,
+                            theta=0.2, alpha=0.75, min_size=5, **kw)
+        for q in range(k):
+            out[(i, q)] = {owner[fk[c]] for c in np.flatnonzero(acc[q])}
+    return out
+
+
+def score(sys_: dict, accept: dict, split: bool) -> dict:
+    from fedclust.fedcref.association import communities, mutual_edges, split_conflicts
+    from fedclust.fedcref.evaluation import wrong_associations
+
+    owner = sys_["owner"]
+    hist = {}
+    for i, q in owner:
+        m = sys_["labels"][i] == q
+        hist[(i, q)] = np.bincount(sys_["y"][i][m], minlength=10)
+    major = {o: int(np.argmax(h)) for o, h in hist.items()}
+    edges = mutual_edges(accept)
+    cut = 0
+    if split:
+        kept = split_conflicts(owner, edges)
+        cut = len(edges) - len(kept)
+        edges = kept
+    comms, iso = communities(owner, edges)
+    same = [(a, b) for a, b in itertools.combinations(owner, 2)
+            if a[0] != b[0] and major[a] == major[b]]
+    es = set(edges)
+    linked_same = sum((a, b) in es or (b, a) in es for a, b in same)
+    classes = {major[o] for o in owner}
+    holders = {c: len({o[0] for o in owner if major[o] == c}) for c in classes}
+    return {"edges": len(edges), "wrong_edges": sum(major[a] != major[b] for a, b in edges),
+            "same_linked": round(linked_same / max(len(same), 1), 3), "cut": cut,
+            "communities": len(comms), "ideal": sum(h >= 2 for h in holders.values()),
+            "isolated": len(iso), "wrong_pct": round(wrong_associations(comms, hist)[2], 1),
+            "merged": sum(len({major[o] for o in g}) > 1 for g in comms)}
+
+
+def settings(names: list[str]) -> list[tuple[str, dict]]:
+    out = []
+    for name in names:
+        rule, _, rest = name.partition(":")
+        kw = {}
+        for part in filter(None, rest.split(",")):
+            k, v = part.split("=")
+            kw[k] = float(v)
+        out.append((rule, kw))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("caches", nargs="+")
+    ap.add_argument("--tests", nargs="+", default=["ratio:epsilon=0.15"],
+                    help="rule:key=value,... e.g. ratio:epsilon=0.15 "
+                    "confident:epsilon=0.15,beta=0.05")
+    args = ap.parse_args()
+    for path in args.caches:
+        s = load(Path(path))
+        for rule, kw in settings(args.tests):
+            acc = accept_bits(s, rule, **kw)
+            for split in (False, True):
+                print(json.dumps({"system": Path(path).stem, "rule": rule, **kw,
+                                  "split": split, **score(s, acc, split)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
