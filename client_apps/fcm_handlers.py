@@ -1,7 +1,9 @@
 """ClientApp handlers of exact federated FCM (paper 004) and FedFCM/FedFuzzDB (paper 003).
 
 Every reply carries statistics only: per-feature min/max (and, for standard scaling, count,
-mean, centred sum of squares), FCM local sums, local centers, DB sums. Evaluation statistics
+mean, centred sum of squares) with the node's row count (not under SecAgg+), FCM local sums,
+local centers, DB sums. What the server accepts in each reply is
+:mod:`strategies.fcm_replies`. Evaluation statistics
 (label × cluster contingency tables, with the node's label codes naming their rows) are sent
 only when run config ``evaluate`` is true and the node allows it
 (:func:`client_apps.evaluation.allows_evaluation`).
@@ -78,7 +80,11 @@ def fcm_stats(msg: Message, context: Context) -> Message:
         # the label codes this node holds: the server's union sets the rows of the securely
         # summed contingency table (evaluation path only)
         arrays["eval"] = {"codes": _eval_codes(data)[0]}
-    return reply(msg, arrays=arrays)
+    # the row count lets the server check every later statistic of this node against it
+    # (sums of memberships add up to N); under SecAgg+ N stays hidden (standard scaling
+    # reveals it in the statistics anyway)
+    secure = cfg["method"] == "exact-fcm" and cfg.get("fcm.secure-aggregation")
+    return reply(msg, arrays=arrays, metrics={} if secure else {"rows": int(data.x.shape[0])})
 
 
 @app.query("fcm_sums")
