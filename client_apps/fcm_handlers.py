@@ -162,7 +162,8 @@ def secure_final_vector(data: ClientData, x: np.ndarray, centers: np.ndarray, m:
 
     ``[J]`` then this client's label × cluster table with one row per code of the server's
     ``fedclust.eval-codes`` (the union of the codes the nodes reported in the scaling phase;
-    none: no evaluation; a client without labels sends zeros).
+    none: no evaluation; a client without labels sends zeros), then (when the server asks
+    with ``fedclust.with-rows``) its row count, so that the server can check the totals.
     """
     from fedclust.secagg import LIMBS, pack_final
 
@@ -174,7 +175,8 @@ def secure_final_vector(data: ClientData, x: np.ndarray, centers: np.ndarray, m:
                             len(vocab), c)
     return pack_final(fcm.objective(x, centers, m), table, float(fit_cfg["fedclust.secure-scale"]),
                       float(fit_cfg["fedclust.secure-scale-table"]),
-                      int(fit_cfg.get("fedclust.limbs", LIMBS)))
+                      int(fit_cfg.get("fedclust.limbs", LIMBS)),
+                      n=x.shape[0] if fit_cfg.get("fedclust.with-rows") else None)
 
 
 @app.train("fedfcm_local")

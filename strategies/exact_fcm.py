@@ -36,7 +36,7 @@ from strategies.common import (
     result_record,
     send_and_collect,
 )
-from strategies.fcm_common import eval_ari, eval_tables, federated_scaling
+from strategies.fcm_common import check_pooled_rows, eval_ari, eval_tables, federated_scaling
 from strategies.fcm_replies import (
     final_reply,
     guard_bound,
@@ -81,10 +81,13 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
             # SecAgg+: the server learns only ΣU and ΣWS over the sampled clients.
             from strategies.secure_fcm import secure_sums
 
-            u, ws, ex, n_contrib = secure_sums(grid, sampled, content, c, f, cfg, rnd, bound)
+            u, ws, ex, n_contrib, rows = secure_sums(grid, sampled, content, c, f, cfg, rnd,
+                                                     bound)
             if n_contrib:
-                _check_secure_total(secure_sums_problem(u, ws, sc.box), f"round-{rnd}",
-                                    sampled, ex)
+                _check_secure_total(secure_sums_problem(u, ws, rows, sc.box, c, cfg["fcm.m"]),
+                                    f"round-{rnd}", sampled, ex)
+                if not ex.failed and len(sampled) == len(nodes):
+                    check_pooled_rows(cfg, {}, len(sampled), 0, int(round(rows)))
             withheld = 0
             sums = [None] * n_contrib
         else:
@@ -114,7 +117,9 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         totals["bytes_sent"] += ex.bytes_sent
         totals["bytes_received"] += ex.bytes_received
         dropped_all |= set(ex.failed)
-        causes.note(ex, withheld)
+        # under SecAgg+ a summed round with ΣU = 0 is the guard's zeros
+        causes.note(ex, withheld if not cfg["fcm.secure-aggregation"] or someone
+                    else len(sums))
         entry = {"round": rnd, "shift": shift, "sampled": len(sampled),
                  "contributed": len(sums), "withheld": withheld,
                  "dropped_nodes": {str(k): v for k, v in ex.failed.items()},
@@ -161,10 +166,12 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         from strategies.secure_fcm import secure_final
 
         codes = sc.eval_codes if cfg["evaluate"] else sc.eval_codes[:0]
-        objective, table, ex, n_final = secure_final(grid, nodes, final, c, f, cfg, rnd + 1,
-                                                     codes, str(recorder.dir), bound)
+        objective, table, ex, n_final, rows = secure_final(grid, nodes, final, c, f, cfg,
+                                                           rnd + 1, codes, str(recorder.dir),
+                                                           bound)
         if n_final:
-            _check_secure_total(secure_final_problem(objective, table), "final", nodes, ex)
+            _check_secure_total(secure_final_problem(objective, table, rows, sc.box), "final",
+                                nodes, ex)
         metrics["objective"] = objective
         if cfg["evaluate"]:
             metrics["eval_ari"] = eval_ari([(codes, table)] if table is not None else [])
@@ -214,7 +221,7 @@ class _Silence:
 
     def message(self, rounds: int, c: int, f: int, cfg: dict[str, Any]) -> str:
         """The stop message of a run nobody contributed to, naming the causes seen."""
-        guard = cfg["fcm.privacy-guard"] and (self.withheld or cfg["fcm.secure-aggregation"])
+        guard = cfg["fcm.privacy-guard"] and self.withheld
         parts, fixes = [], []
         if guard:
             whom = ("every client that answered (SecAgg+: it sends zeros)"
@@ -268,5 +275,5 @@ def _no_contribution(rnd: int, n_sampled: int, n_nodes: int, ex: Exchange,
                 len(ex.failed), len(ex.excluded))
     if cfg["fcm.privacy-guard"] and n_sampled == n_nodes and not ex.failed:
         silence = _Silence()
-        silence.note(ex, withheld)
+        silence.note(ex, n_sampled if cfg["fcm.secure-aggregation"] else withheld)
         raise RuntimeError(silence.message(rnd, c, f, cfg))

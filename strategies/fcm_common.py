@@ -104,9 +104,10 @@ def federated_scaling(grid: Grid, nodes: list[int], cfg: dict[str, Any]) -> Scal
 
 
 def check_pooled_rows(cfg: dict[str, Any], rows: dict[int, int], speaking: int,
-                      withheld: int) -> None:
+                      withheld: int, pooled: int | None = None) -> None:
     """Refuse more clusters than the nodes that sent statistics hold rows, once their row
-    counts are known (skipped when a node's count is not: SecAgg+ with minmax scaling).
+    counts are known (``rows`` by node, or their secure total ``pooled``; skipped when a
+    node's count is not known: SecAgg+ with minmax scaling, before the first round).
 
     Raises
     ------
@@ -115,13 +116,13 @@ def check_pooled_rows(cfg: dict[str, Any], rows: dict[int, int], speaking: int,
     """
     from fedclust.config import ConfigError
 
-    if len(rows) < speaking:
+    if pooled is None and len(rows) < speaking:
         return
     if cfg["method"] == "fedfcm":
         c, key = int(cfg["fedfcm.k-max"]), "fedfcm.k-max"
     else:
         c, key = int(cfg["fcm.n-clusters"]), "fcm.n-clusters"
-    pooled = sum(rows.values())
+    pooled = sum(rows.values()) if pooled is None else pooled
     if c <= pooled:
         return
     silent = (f" ({withheld} node(s) withheld by the privacy guard are not counted)"

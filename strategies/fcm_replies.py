@@ -19,7 +19,8 @@ message              field                  accepted
                                             in every column), min, max, mean in ``[min, max]``,
                                             M2 in ``[0, N·(max − min)²/4]``
                      ``eval.codes``         SecAgg+ evaluation path: 1-D distinct integers
-``query.fcm_sums``   ``sums.U``             ``(C,)`` finite, ``≥ 0``, ``N·C^(1−m) ≤ ΣU ≤ N``
+``query.fcm_sums``   ``metrics.withheld``   the int 0
+                     ``sums.U``             ``(C,)`` finite, ``≥ 0``, ``N·C^(1−m) ≤ ΣU ≤ N``
                                             (memberships sum to 1 per row, so ``Σ_c u^m`` lies
                                             in ``[C^(1−m), 1]``)
                      ``sums.WS``            ``(C, F)`` finite, ``WS_c / U_c`` in the box
@@ -225,6 +226,9 @@ def sums_reply(c: int, f: int, box: Box, rows: Rows, m: float, bound: float | No
         n, problem = _declared(nid, rows)
         if problem:
             return problem
+        problem = metric_problem(rd, "withheld", int, low=0, high=0)
+        if problem:
+            return f"{problem} (a node that sends sums withholds nothing)"
         u, problem = read_array(rd, "sums", "U", kind=FLOAT, shape=(c,), low=0.0)
         if problem:
             return problem
@@ -308,15 +312,12 @@ def local_reply(ks: list[int], f: int, box: Box, rows: Rows, needs_support: bool
                 name = f"{key(k)}.support"
                 s, problem = read_array(rd, "local", name, kind=FLOAT, shape=(k,), low=0.0)
                 if problem:
-                    return f"{problem} (federated averaging needs the supports)"
+                    return problem
                 problem = total_problem(f"local.{name}", float(s.sum()), n, n,
                                         f"memberships of N = {n} rows sum to 1 per row")
                 if problem:
                     return problem
-        met = rd.metric_records.get("metrics")
-        if met is not None and "local-iters" in met:
-            return metric_problem(rd, "local-iters", int, low=0)
-        return None
+        return metric_problem(rd, "local-iters", int, low=0)
 
     return check
 
@@ -369,23 +370,41 @@ def _db_problem(name: str, arr: np.ndarray, k: int, n: int, reach: float) -> str
 
 # ------------------------------------------------------------------------ SecAgg+ totals
 
-def secure_sums_problem(u: np.ndarray, ws: np.ndarray, box: Box) -> str | None:
-    """The securely summed ``ΣU`` and ``ΣWS`` of a round: finite, ``ΣU ≥ 0``,
-    ``ΣWS_c / ΣU_c`` in the box (a sum of honest sums obeys what each one does)."""
-    tol = 1e-9 * max(1.0, float(np.max(np.abs(u))) if u.size else 1.0)
+def secure_sums_problem(u: np.ndarray, ws: np.ndarray, rows: float, box: Box, c: int,
+                        m: float) -> str | None:
+    """The securely summed ``ΣU``, ``ΣWS`` and row count ``ΣN`` of a round: a sum of honest
+    sums obeys what each one does — finite, ``ΣU ≥ 0`` with ``ΣN·C^(1−m) ≤ Σ_c ΣU_c ≤ ΣN``,
+    ``ΣWS_c / ΣU_c`` in the box, ``ΣN`` a whole number of rows below ``2^40`` (the secure
+    encoding's divisor: only clipped or garbled values come near it)."""
+    tol = 1e-6 * max(1.0, abs(rows))
+    n = float(np.round(rows))
     return first_problem(
-        values_problem("ΣU", u, low=-tol),
+        values_problem("ΣN", np.array([rows]), low=0.0, high=float(2**40)),
+        lambda: None if abs(rows - n) <= 1e-6 * max(1.0, n) else
+        f"'ΣN' = {rows:.6g} is not a whole number of rows",
+        lambda: values_problem("ΣU", u, low=-tol),
         lambda: values_problem("ΣWS", ws),
+        lambda: total_problem("ΣU", float(u.sum()), n * float(c) ** (1.0 - m), n,
+                              f"Σ_c u^m of the round's ΣN = {n:.0f} rows"),
         lambda: box_problem("ΣWS", ws, np.maximum(u, 0.0), box.low, box.high))
 
 
-def secure_final_problem(j: float, table: np.ndarray | None) -> str | None:
-    """The securely summed objective (finite, ``≥ 0``) and evaluation table (whole counts
-    ``≥ 0``)."""
-    problem = values_problem("ΣJ", np.array([j]), low=-1e-9 * max(1.0, abs(j)))
+def secure_final_problem(j: float, table: np.ndarray | None, rows: float, box: Box
+                         ) -> str | None:
+    """The securely summed objective (finite, ``0 ≤ ΣJ ≤ ΣN·D²``), evaluation table (whole
+    counts ``≥ 0``, at most ``ΣN`` in total: nodes without labels send zeros) and row count."""
+    n = float(np.round(rows))
+    problem = first_problem(
+        values_problem("ΣN", np.array([rows]), low=0.0, high=float(2**40)),
+        lambda: None if abs(rows - n) <= 1e-6 * max(1.0, n) else
+        f"'ΣN' = {rows:.6g} is not a whole number of rows",
+        lambda: values_problem("ΣJ", np.array([j])),
+        lambda: total_problem("ΣJ", j, 0.0, n * box.diameter2,
+                              f"ΣN = {n:.0f} rows of the box, each at most D² from a center"))
     if problem or table is None:
         return problem
     rounded = np.round(table)
     if np.any(np.abs(table - rounded) > 1e-6) or np.any(rounded < 0):
         return "the summed evaluation table holds values that are not whole counts >= 0"
-    return values_problem("Σ contingency", table)
+    return total_problem("Σ contingency", float(rounded.sum()), 0.0, n,
+                         "at most one count per row")

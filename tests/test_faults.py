@@ -13,7 +13,7 @@ import json
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, Error, Message, RecordDict
+from flwr.app import Array, ArrayRecord, Error, Message, MetricRecord, RecordDict
 
 from client_apps.app import app as client_app
 from server_app.app import run_method
@@ -160,6 +160,7 @@ def test_unused_record_types_do_not_break_validation():
 
     content = RecordDict({"sums": ArrayRecord({"U": Array(np.ones(2)),
                                                "WS": Array(np.full((2, 3), 0.5))}),
+                          "metrics": MetricRecord({"withheld": 0}),
                           "extra": ArrayRecord({"z": Array(np.ones(1))})})
     check = sums_reply(2, 3, Box(np.zeros(3), np.ones(3)), {7: 2}, 2.0, None)
     assert check(7, content) is None
