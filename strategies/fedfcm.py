@@ -115,6 +115,10 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     require_honest(ex, "fedfuzzdb", len(ex.replies), len(nodes), cfg)
     if not ex.replies:
         raise RuntimeError(no_statistic_message(cfg, "the FedFuzzDB phase", len(withheld), ex))
+    if not any(sc.rows.get(nid, 1) for nid in ex.replies):
+        raise RuntimeError(f"fedfcm: the {len(ex.replies)} node(s) that answered the FedFuzzDB "
+                           "phase hold no row, so no K can be scored. Fix: check the nodes' "
+                           "logs for dropouts and the run config 'timeout', then run again.")
     index_progress.step(1, f"K {ks[0]}..{ks[-1]} scored | {len(ex.replies)} clients"
                         + (" (with local index)" if cfg["fedfcm.local-index"] else ""))
     dropped_all |= set(ex.failed)

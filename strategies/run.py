@@ -108,6 +108,10 @@ def execute(grid: Grid, run_config: dict[str, Any]) -> tuple[dict[str, Any], Pat
     recorder.num_clients = recorder.config["num-clients"] = cfg["num-clients"]
     # every node whose reply failed a server check, with the phase and the reason
     summary = recorder.finish(metrics, {"excluded_nodes": excluded.records})
+    if excluded.records:
+        LOG.warning("%d repl(y/ies) failed the server's checks and were excluded, from node(s) "
+                    "%s: summary.json excluded_nodes lists each with its phase and reason",
+                    len(excluded.records), sorted({r["node"] for r in excluded.records}))
     LOG.info("done in %.1fs: %s", summary["wall_time_s"],
              {k: v for k, v in summary["metrics"].items() if not isinstance(v, (dict, list))})
     return summary, recorder.dir
