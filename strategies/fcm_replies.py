@@ -8,47 +8,47 @@ physics the honest value obeys. ``N`` is the row count the node declared in the 
 the federated bounds ``[low, high]`` in the scaled space that the server itself combined from
 the nodes' bounds (its squared diagonal is ``D²``):
 
-======================  ======================  ===========================================
-message                 field                   accepted
-======================  ======================  ===========================================
-``query.fcm_stats``     ``metrics.rows``        ``N``: an int ≥ 0 (not sent under SecAgg+)
-                        ``stats.min/max``       ``(F,)`` floats, finite, ``|v| ≤ 1e150``
-                                                (what a node's loader accepts),
-                                                ``min ≤ max``; a node with ``N = 0`` sends
-                                                exactly ``+inf`` / ``-inf``
-                        ``stats.stats``         ``scaling=standard``: ``(5, F)`` = count
-                                                (``N`` in every column), min, max, mean in
-                                                ``[min, max]``, M2 in
-                                                ``[0, N·(max − min)²/4]``
-                        ``eval.codes``          SecAgg+ evaluation path: 1-D distinct ints
-``query.fcm_sums``      ``metrics.withheld``    the int 0
-                        ``sums.U``              ``(C,)`` finite, ``≥ 0``,
-                                                ``N·C^(1−m) ≤ ΣU ≤ N`` (memberships sum to
-                                                1 per row, so ``Σ_c u^m`` lies in
-                                                ``[C^(1−m), 1]``)
-                        ``sums.WS``             ``(C, F)`` finite, ``WS_c / U_c`` in the box
-``query.fcm_final``     ``objective.J``         ``(1,)`` finite, ``0 ≤ J ≤ N·D²`` (centers
-                                                and rows lie in the box, ``Σ_c u^m ≤ 1``)
-                        ``eval.codes``          1-D distinct ints (exact FCM, evaluation)
-                        ``eval.contingency``    ``(len(codes), C)`` whole numbers ≥ 0, total
-                                                ``N``
-``train.fedfcm_local``  ``local.k<K>``          ``(K, F)`` finite, in the box (weighted
-                                                means of the node's rows)
-                        ``local.k<K>.support``  ``fedfcm.averaging=fedavg``: ``(K,)``
-                                                ``≥ 0``, total ``N`` (memberships sum to 1
-                                                per row)
-                        ``metrics.local-iters`` an int ≥ 0
-``query.fedfcm_db``     ``db.k<K>``             ``(1 + 2K,)`` finite: ``N``; ``K`` spreads
-                                                in ``[0, N·D^q]``; ``K`` membership sums
-                                                ``≥ 0``, total ``N``
-                        ``local_index.k<K>``    ``(1,)``: NaN (too few rows) or finite
-                                                ``≥ 0``
-                        ``eval.k<K>``           ``(len(codes), K)`` whole numbers ≥ 0, total
-                                                ``N``
-every phase             privacy-guard notice    only with the guard on, and only from a node
-                                                that declared no ``N`` above the guard's
-                                                bound
-======================  ======================  ===========================================
+======================  ========================  ===========================================
+message                 field                     accepted
+======================  ========================  ===========================================
+``query.fcm_stats``     ``metrics.rows``          ``N``: an int ≥ 0 (not sent under SecAgg+)
+                        ``stats.min/max``         ``(F,)`` floats, finite, ``|v| ≤ 1e150``
+                                                  (what a node's loader accepts),
+                                                  ``min ≤ max``; a node with ``N = 0`` sends
+                                                  exactly ``+inf`` / ``-inf``
+                        ``stats.stats``           ``scaling=standard``: ``(5, F)`` = count
+                                                  (``N`` in every column), min, max, mean in
+                                                  ``[min, max]``, M2 in
+                                                  ``[0, N·(max − min)²/4]``
+                        ``eval.codes``            SecAgg+ evaluation path: 1-D distinct ints
+``query.fcm_sums``      ``metrics.withheld``      the int 0
+                        ``sums.U``                ``(C,)`` finite, ``≥ 0``,
+                                                  ``N·C^(1−m) ≤ ΣU ≤ N`` (memberships sum to
+                                                  1 per row, so ``Σ_c u^m`` lies in
+                                                  ``[C^(1−m), 1]``)
+                        ``sums.WS``               ``(C, F)`` finite, ``WS_c / U_c`` in the box
+``query.fcm_final``     ``objective.J``           ``(1,)`` finite, ``0 ≤ J ≤ N·D²`` (centers
+                                                  and rows lie in the box, ``Σ_c u^m ≤ 1``)
+                        ``eval.codes``            1-D distinct ints (exact FCM, evaluation)
+                        ``eval.contingency``      ``(len(codes), C)`` whole numbers ≥ 0, total
+                                                  ``N``
+``train.fedfcm_local``  ``local.k<K>``            ``(K, F)`` finite, in the box (weighted
+                                                  means of the node's rows)
+                        ``local.k<K>.support``    ``fedfcm.averaging=fedavg``: ``(K,)``
+                                                  ``≥ 0``, total ``N`` (memberships sum to 1
+                                                  per row)
+                        ``metrics.local-iters``   an int ≥ 0
+``query.fedfcm_db``     ``db.k<K>``               ``(1 + 2K,)`` finite: ``N``; ``K`` spreads
+                                                  in ``[0, N·D^q]``; ``K`` membership sums
+                                                  ``≥ 0``, total ``N``
+                        ``local_index.k<K>``      ``(1,)``: NaN (too few rows) or finite
+                                                  ``≥ 0``
+                        ``eval.k<K>``             ``(len(codes), K)`` whole numbers ≥ 0, total
+                                                  ``N``
+every phase             privacy-guard notice      only with the guard on, and only from a node
+                                                  that declared no ``N`` above the guard's
+                                                  bound
+======================  ========================  ===========================================
 
 A node whose reply fails is excluded from that phase (:mod:`strategies.common`). Under SecAgg+
 the server sees only the masked sums, so it checks the size of each masked vector (another
