@@ -1,7 +1,9 @@
 """ClientApp handlers of exact federated FCM (paper 004) and FedFCM/FedFuzzDB (paper 003).
 
 Every reply carries statistics only: per-feature min/max (and, for standard scaling, count,
-mean, centred sum of squares), FCM local sums, local centers, DB sums. Evaluation statistics
+mean, centred sum of squares) with the node's row count (not under SecAgg+), FCM local sums,
+local centers, DB sums. What the server accepts in each reply is
+:mod:`strategies.fcm_replies`. Evaluation statistics
 (label × cluster contingency tables, with the node's label codes naming their rows) are sent
 only when run config ``evaluate`` is true and the node allows it
 (:func:`client_apps.evaluation.allows_evaluation`).
@@ -78,7 +80,11 @@ def fcm_stats(msg: Message, context: Context) -> Message:
         # the label codes this node holds: the server's union sets the rows of the securely
         # summed contingency table (evaluation path only)
         arrays["eval"] = {"codes": _eval_codes(data)[0]}
-    return reply(msg, arrays=arrays)
+    # the row count lets the server check every later statistic of this node against it
+    # (sums of memberships add up to N); under SecAgg+ N stays hidden (standard scaling
+    # reveals it in the statistics anyway)
+    secure = cfg["method"] == "exact-fcm" and cfg.get("fcm.secure-aggregation")
+    return reply(msg, arrays=arrays, metrics={} if secure else {"rows": int(data.x.shape[0])})
 
 
 @app.query("fcm_sums")
@@ -156,7 +162,8 @@ def secure_final_vector(data: ClientData, x: np.ndarray, centers: np.ndarray, m:
 
     ``[J]`` then this client's label × cluster table with one row per code of the server's
     ``fedclust.eval-codes`` (the union of the codes the nodes reported in the scaling phase;
-    none: no evaluation; a client without labels sends zeros).
+    none: no evaluation; a client without labels sends zeros), then (when the server asks
+    with ``fedclust.with-rows``) its row count, so that the server can check the totals.
     """
     from fedclust.secagg import LIMBS, pack_final
 
@@ -168,7 +175,8 @@ def secure_final_vector(data: ClientData, x: np.ndarray, centers: np.ndarray, m:
                             len(vocab), c)
     return pack_final(fcm.objective(x, centers, m), table, float(fit_cfg["fedclust.secure-scale"]),
                       float(fit_cfg["fedclust.secure-scale-table"]),
-                      int(fit_cfg.get("fedclust.limbs", LIMBS)))
+                      int(fit_cfg.get("fedclust.limbs", LIMBS)),
+                      n=x.shape[0] if fit_cfg.get("fedclust.with-rows") else None)
 
 
 @app.train("fedfcm_local")

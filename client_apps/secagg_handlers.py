@@ -46,11 +46,14 @@ def secure_fcm_sums(msg: Message, context: Context) -> Message:
         vec = secure_final_vector(data, x, centers, cfg["fcm.m"], dict(fit_cfg))
     else:
         if guard_withholds(cfg, x):
-            u, ws = np.zeros(c), np.zeros((c, f))
+            u, ws, n = np.zeros(c), np.zeros((c, f)), 0
         else:
-            u, ws = fcm.local_sums(x, centers, cfg["fcm.m"])
+            (u, ws), n = fcm.local_sums(x, centers, cfg["fcm.m"]), x.shape[0]
+        # the row count rides along (the server learns only the round's total, and checks
+        # ΣU against it)
         vec = pack(u, ws, divisor, limbs,
-                   scale_u=float(fit_cfg.get("fedclust.secure-scale-u", divisor)))
+                   scale_u=float(fit_cfg.get("fedclust.secure-scale-u", divisor)),
+                   n=n if fit_cfg.get("fedclust.with-rows") else None)
     return Message(RecordDict({
         "fitres.parameters": ArrayRecord([vec]),
         "fitres.num_examples": MetricRecord({"num_examples": 1}),

@@ -14,7 +14,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,13 +81,19 @@ class RunRecorder:
         self.method, self.dataset, self.seed, self.num_clients = method, dataset, seed, num_clients
         self.config = dict(config)
         self.history: list[dict[str, Any]] = []
+        #: called by :meth:`log_round`; what it returns is added to the record (the server
+        #: loop's runner uses it for entries every method shares, e.g. ``excluded_nodes``)
+        self.round_notes: Callable[[], Mapping[str, Any]] | None = None
         self.start = time.perf_counter()
         self._history_path = self.dir / "history.jsonl"
         self._history_path.write_text("")
 
     def log_round(self, record: Mapping[str, Any]) -> None:
         """Append one record (a round/iteration) to ``history.jsonl``."""
-        rec = to_jsonable(dict(record))
+        rec = dict(record)
+        if self.round_notes is not None:
+            rec.update(self.round_notes())
+        rec = to_jsonable(rec)
         rec.setdefault("elapsed_s", round(time.perf_counter() - self.start, 4))
         self.history.append(rec)
         with self._history_path.open("a") as fh:
@@ -107,8 +113,10 @@ class RunRecorder:
     def path(self, name: str) -> Path:
         return self.dir / name
 
-    def finish(self, metrics: Mapping[str, Any]) -> dict[str, Any]:
-        """Write ``summary.json`` and return it."""
+    def finish(self, metrics: Mapping[str, Any], extra: Mapping[str, Any] | None = None
+               ) -> dict[str, Any]:
+        """Write ``summary.json`` and return it (``extra``: more top-level entries, placed
+        before ``metrics``)."""
         summary = {
             "method": self.method,
             "dataset": self.dataset,
@@ -116,6 +124,7 @@ class RunRecorder:
             "num_clients": self.num_clients,
             "config": self.config,
             "wall_time_s": round(time.perf_counter() - self.start, 4),
+            **dict(extra or {}),
             "metrics": dict(metrics),
         }
         summary = to_jsonable(summary)

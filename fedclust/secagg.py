@@ -63,38 +63,64 @@ def from_limbs(limb_sums: np.ndarray, scale: float) -> np.ndarray:
 
 
 def pack(u: np.ndarray, ws: np.ndarray, scale: float, limbs: int = LIMBS,
-         scale_u: float | None = None) -> np.ndarray:
+         scale_u: float | None = None, n: int | None = None) -> np.ndarray:
     """The vector a client feeds to SecAgg+: limbs of ``U / scale_u`` then of
-    ``WS / scale`` (flat float64). ``U = Σu^m ≤ N`` does not grow with the data's units, so it
-    gets its own divisor (``scale_for(1)``); one divisor for both would round U away when the
-    features are large."""
+    ``WS / scale`` (flat float64), then, when ``n`` is given, limbs of the client's row count
+    ``n / scale_u`` (the server learns only the round's total, against which it checks ``ΣU``).
+    ``U = Σu^m ≤ N`` does not grow with the data's units, so it gets its own divisor
+    (``scale_for(1)``); one divisor for both would round U away when the features are large."""
     scale_u = scale if scale_u is None else scale_u
-    return np.concatenate([to_limbs(u.ravel(), scale_u, limbs).ravel(),
-                           to_limbs(ws.ravel(), scale, limbs).ravel()])
+    parts = [to_limbs(u.ravel(), scale_u, limbs).ravel(),
+             to_limbs(ws.ravel(), scale, limbs).ravel()]
+    if n is not None:
+        parts.append(to_limbs(np.array([float(n)]), scale_u, limbs).ravel())
+    return np.concatenate(parts)
+
+
+def sums_length(c: int, f: int, limbs: int = LIMBS, with_n: bool = True) -> int:
+    """Length of the vector :func:`pack` makes for ``c`` clusters and ``f`` features."""
+    return limbs * (c + c * f + int(with_n))
 
 
 def unpack(vec: np.ndarray, c: int, f: int, scale: float, limbs: int = LIMBS,
            scale_u: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Summed packed vector → ``(ΣU (c,), ΣWS (c, f))``."""
+    """Summed packed vector → ``(ΣU (c,), ΣWS (c, f))`` (a row count after them is ignored:
+    :func:`unpack_count`)."""
     scale_u = scale if scale_u is None else scale_u
     vec = np.asarray(vec, dtype=np.float64)
     u = from_limbs(vec[:limbs * c].reshape(limbs, c), scale_u)
-    ws = from_limbs(vec[limbs * c:].reshape(limbs, c * f), scale)
+    ws = from_limbs(vec[limbs * c:limbs * (c + c * f)].reshape(limbs, c * f), scale)
     return u, ws.reshape(c, f)
 
 
+def unpack_count(vec: np.ndarray, offset: int, scale: float, limbs: int = LIMBS) -> float:
+    """The summed count whose limbs start at ``offset`` of a summed vector."""
+    part = np.asarray(vec, dtype=np.float64)[offset:offset + limbs].reshape(limbs, 1)
+    return float(from_limbs(part, scale)[0])
+
+
 def pack_final(objective: float, table: np.ndarray, scale_j: float, scale_t: float,
-               limbs: int = LIMBS) -> np.ndarray:
-    """The final-phase vector: limbs of ``[J]`` then limbs of the contingency table (flat)."""
-    return np.concatenate([to_limbs(np.array([objective]), scale_j, limbs).ravel(),
-                           to_limbs(np.asarray(table, dtype=np.float64).ravel(), scale_t,
-                                    limbs).ravel()])
+               limbs: int = LIMBS, n: int | None = None) -> np.ndarray:
+    """The final-phase vector: limbs of ``[J]``, limbs of the contingency table (flat) and,
+    when ``n`` is given, limbs of the client's row count (divisor ``scale_t``)."""
+    parts = [to_limbs(np.array([objective]), scale_j, limbs).ravel(),
+             to_limbs(np.asarray(table, dtype=np.float64).ravel(), scale_t, limbs).ravel()]
+    if n is not None:
+        parts.append(to_limbs(np.array([float(n)]), scale_t, limbs).ravel())
+    return np.concatenate(parts)
+
+
+def final_length(rows: int, cols: int, limbs: int = LIMBS, with_n: bool = True) -> int:
+    """Length of the vector :func:`pack_final` makes for a ``rows × cols`` table."""
+    return limbs * (1 + rows * cols + int(with_n))
 
 
 def unpack_final(vec: np.ndarray, rows: int, cols: int, scale_j: float, scale_t: float,
                  limbs: int = LIMBS) -> tuple[float, np.ndarray]:
-    """Summed final-phase vector → ``(ΣJ, Σ contingency (rows, cols) as int64)``."""
+    """Summed final-phase vector → ``(ΣJ, Σ contingency (rows, cols) as int64)`` (a row count
+    after them is ignored: :func:`unpack_count`)."""
     vec = np.asarray(vec, dtype=np.float64)
     j = from_limbs(vec[:limbs].reshape(limbs, 1), scale_j)[0]
-    table = from_limbs(vec[limbs:].reshape(limbs, rows * cols), scale_t).reshape(rows, cols)
+    table = from_limbs(vec[limbs:limbs * (1 + rows * cols)].reshape(limbs, rows * cols),
+                       scale_t).reshape(rows, cols)
     return float(j), np.rint(table).astype(np.int64)

@@ -2,8 +2,12 @@
 
 The server loops speak Flower's Message API directly: one ``send_and_collect`` call per phase,
 per-node payloads where needed, and explicit bookkeeping of clients that did not answer
-(missing replies, error replies, or replies of the wrong shape), which are recorded and
-skipped — never fatal.
+(missing replies, error replies) or whose reply failed a check (:mod:`strategies.replies`),
+which are recorded and skipped. A node whose reply fails a check is *excluded* from the phase:
+the warning names it and the reason, and the run's :class:`Exclusions` ledger (opened by
+:func:`strategies.run.execute`) puts it in ``history.jsonl`` and ``summary.json``
+(``excluded_nodes``). When exclusions leave a phase fewer honest contributions than the run
+needs (:func:`require_honest`), the run stops with the reasons.
 """
 
 from __future__ import annotations
@@ -57,13 +61,84 @@ def with_run_config(content: RecordDict) -> RecordDict:
 
 @dataclass
 class Exchange:
-    """Outcome of one phase: replies by node id, and failures by node id with the reason."""
+    """Outcome of one phase: replies by node id, and failures by node id with the reason.
+
+    ``excluded`` holds the failures whose reply arrived but failed a check (a subset of
+    ``failed``, same reasons): the nodes that sent something implausible rather than nothing.
+    """
 
     replies: dict[int, RecordDict] = field(default_factory=dict)
     failed: dict[int, str] = field(default_factory=dict)
     seconds: float = 0.0
     bytes_sent: int = 0
     bytes_received: int = 0
+    excluded: dict[int, str] = field(default_factory=dict)
+
+
+class Exclusions:
+    """The run's record of excluded nodes: ``{"node", "phase", "reason"}`` per rejected reply.
+
+    :func:`strategies.run.execute` opens one per run (:func:`exclusions_recorded`); every
+    rejection of :func:`send_and_collect` and :func:`reject` lands here. ``summary.json`` gets
+    :attr:`records` as ``excluded_nodes``; each ``history.jsonl`` record gets the exclusions
+    since the previous record (:meth:`since_last`), so those of a phase before the first round
+    (e.g. the scaling phase) appear in the first round's record and those of a final phase
+    after the last record only in the summary.
+    """
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+        self._logged = 0
+        self.labels: dict[int, str] = {}
+
+    def add(self, nid: int, phase: str, reason: str) -> None:
+        rec: dict[str, Any] = {"node": int(nid), "phase": phase, "reason": reason}
+        if nid in self.labels:
+            rec["client"] = self.labels[nid]
+        self.records.append(rec)
+
+    def since_last(self) -> dict[str, Any]:
+        """``{"excluded_nodes": [...]}`` of the exclusions not yet in a history record (empty
+        dict when there are none)."""
+        new, self._logged = self.records[self._logged:], len(self.records)
+        return {"excluded_nodes": new} if new else {}
+
+
+_EXCLUSIONS: ContextVar[Exclusions | None] = ContextVar("fedclust_exclusions", default=None)
+
+
+@contextmanager
+def exclusions_recorded() -> Iterator[Exclusions]:
+    """Within this block every rejected reply is recorded in the yielded :class:`Exclusions`."""
+    ledger = Exclusions()
+    token = _EXCLUSIONS.set(ledger)
+    try:
+        yield ledger
+    finally:
+        _EXCLUSIONS.reset(token)
+
+
+def name_nodes(labels: Mapping[int, str]) -> None:
+    """Give nodes a label for warnings and records (e.g. a client key or site the node
+    reported), so that an excluded node is named by more than its engine id."""
+    ledger = _EXCLUSIONS.get()
+    if ledger is not None:
+        ledger.labels.update({int(n): str(v) for n, v in labels.items()})
+
+
+def node_name(nid: int) -> str:
+    """``"node <id>"``, with its label when one is known (:func:`name_nodes`)."""
+    ledger = _EXCLUSIONS.get()
+    label = ledger.labels.get(nid) if ledger is not None else None
+    return f"node {nid} ({label})" if label else f"node {nid}"
+
+
+def _exclude(ex: Exchange, nid: int, problem: str, phase: str) -> None:
+    ex.replies.pop(nid, None)
+    ex.failed[nid] = ex.excluded[nid] = f"rejected reply: {problem}"
+    ledger = _EXCLUSIONS.get()
+    if ledger is not None:
+        ledger.add(nid, phase, problem)
 
 
 def record_nbytes(content: RecordDict) -> int:
@@ -103,9 +178,8 @@ def reject(ex: Exchange, nid: int, problem: str | None, phase: str) -> bool:
     """
     if not problem:
         return False
-    del ex.replies[nid]
-    ex.failed[nid] = f"rejected reply: {problem}"
-    LOG.warning("[%s] node %s dropped: %s", phase, nid, ex.failed[nid])
+    _exclude(ex, nid, problem, phase)
+    LOG.warning("[%s] %s dropped: %s", phase, node_name(nid), ex.failed[nid])
     return True
 
 
@@ -267,7 +341,7 @@ def send_and_collect(
         except Exception as exc:  # a reply malformed beyond what the validator anticipated
             problem = f"validator raised {type(exc).__name__}: {exc}"
         if problem:
-            out.failed[nid] = f"rejected reply: {problem}"
+            _exclude(out, nid, problem, group_id)
             continue
         out.replies[nid] = reply.content
         out.bytes_received += record_nbytes(reply.content)
@@ -277,8 +351,52 @@ def send_and_collect(
             out.failed[nid] = (f"no usable reply; SuperLink reported: {'; '.join(unmatched)}"
                                if unmatched else f"no reply within {timeout:.0f}s")
     for nid, why in out.failed.items():
-        LOG.warning("[%s] node %s dropped: %s", group_id, nid, why)
+        LOG.warning("[%s] %s dropped: %s", group_id, node_name(nid), why)
     return out
+
+
+def require_honest(ex: Exchange, phase: str, contributions: int, asked: int,
+                   cfg: Mapping[str, Any]) -> None:
+    """Stop the run when excluded replies left phase ``phase`` fewer honest contributions than
+    it needs: run config ``min-clients`` (0: one), at most the ``asked`` nodes.
+
+    Only exclusions trigger it: a phase that lost nodes to dropouts alone goes on with the
+    others as before (each method says what it does with no reply at all).
+
+    Raises
+    ------
+    RuntimeError
+        Names the phase, the counts and every excluded node with its reason.
+    """
+    if not ex.excluded:
+        return
+    floor = max(1, min(int(cfg.get("min-clients", 0) or 1), asked))
+    if contributions >= floor:
+        return
+    who = "; ".join(f"{node_name(n)}: {why.removeprefix('rejected reply: ')}"
+                    for n, why in sorted(ex.excluded.items()))
+    need = (f"run config min-clients = {cfg['min-clients']}" if cfg.get("min-clients")
+            else "at least one")
+    raise RuntimeError(
+        f"{cfg.get('method', 'run')}: phase '{phase}' kept {contributions} honest "
+        f"contribution(s) of the {asked} node(s) asked, fewer than it needs ({need}), after "
+        f"excluding replies that failed the server's checks — {who}. The result would rest "
+        f"on too few nodes, so the run stops. Fix: check the named node(s) (their data, their "
+        f"fedclust version, whether they can be trusted) or remove them from the federation, "
+        f"then run again.")
+
+
+def eval_coverage(method: str, nodes: int, of_nodes: int, rows: int) -> dict[str, int]:
+    """``{"nodes", "of_nodes", "rows"}``: how many nodes (of the run's) and rows the ``eval_*``
+    figures rest on; logged as a warning when not every node contributed (a deployed node
+    sends evaluation statistics only with node config ``allow-evaluation=true``)."""
+    if nodes < of_nodes:
+        LOG.warning("%s: the eval_* metrics cover %d of %d nodes (%d rows): the other nodes sent "
+                    "no evaluation statistics (a deployed node sends them only with node config "
+                    "allow-evaluation=true and labels in its data; or it dropped out, or its "
+                    "reply was excluded) — summary metrics.eval_coverage", method, nodes,
+                    of_nodes, rows)
+    return {"nodes": int(nodes), "of_nodes": int(of_nodes), "rows": int(rows)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -308,36 +426,3 @@ def config_record(values: Mapping[str, object]) -> ConfigRecord:
 
 def metric_record(values: Mapping[str, float | int]) -> MetricRecord:
     return MetricRecord(dict(values))
-
-
-def expect_arrays(name: str, keys: Iterable[str], shapes: Mapping[str, tuple] | None = None
-                  ) -> Validator:
-    """Validator: the reply has ArrayRecord ``name`` with ``keys`` (and optional exact shapes)."""
-    keys = list(keys)
-
-    def _check(content: RecordDict) -> str | None:
-        if name not in content.array_records:
-            return f"missing array record '{name}'"
-        rec = content.array_records[name]
-        for k in keys:
-            if k not in rec:
-                return f"'{name}' lacks array '{k}'"
-            arr = rec[k].numpy()
-            if not np.all(np.isfinite(arr)):
-                return f"'{name}.{k}' has non-finite values"
-            if shapes and k in shapes and tuple(arr.shape) != tuple(shapes[k]):
-                return f"'{name}.{k}' has shape {arr.shape}, expected {shapes[k]}"
-        return None
-
-    return _check
-
-
-def all_of(*validators: Validator) -> Validator:
-    def _check(content: RecordDict) -> str | None:
-        for v in validators:
-            problem = v(content)
-            if problem:
-                return problem
-        return None
-
-    return _check

@@ -47,7 +47,13 @@ from fedclust.emdcfl.excess import PairClouds, Solver, cluster_clients
 from fedclust.emdcfl.model import init_weights
 from fedclust.emdcfl.privacy import projection_dim
 from fedclust.results import Progress, RunRecorder
-from strategies.common import arrays, check_each, connected_clients, send_and_collect
+from strategies.common import (
+    arrays,
+    check_each,
+    connected_clients,
+    require_honest,
+    send_and_collect,
+)
 from strategies.emdcfl_baselines import run_baseline
 from strategies.emdcfl_common import (
     Traffic,
@@ -129,7 +135,8 @@ def cluster_step(grid: Grid, cfg: dict[str, Any], seen: list[int], latest: dict[
     members = [n for n in seen if n in latest and n in pubs]
     spec, group = spec_of(cfg), f"embed-{rnd}"
     check = embed_reply(members, projection_dim(spec.embed_dim, cfg["emdcfl.proj-ratio"]),
-                        cfg["emdcfl.max-samples"], all_but_sender=False)
+                        cfg["emdcfl.max-samples"], all_but_sender=False,
+                        metric=cfg["emdcfl.metric"])
     batches = peer_batches(members, cfg["emdcfl.embed-batch"])
     message_mib = warn_message_size(latest[members[0]], members, cfg["emdcfl.embed-batch"]) \
         if members else 0.0
@@ -152,6 +159,7 @@ def cluster_step(grid: Grid, cfg: dict[str, Any], seen: list[int], latest: dict[
                               cfg["timeout"], validate=check)
         check_each(ex, lambda nid, rd, batch=batch: _peer_problem(nid, rd, batch), name)
         require_replies(ex, name)
+        require_honest(ex, name, len(ex.replies), len(targets), cfg)
         traffic.add(ex, "clustering")
         embed_s += ex.seconds
         failed.update(ex.failed)
@@ -195,6 +203,7 @@ def run_emdcfl(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[s
     cluster_models: dict[int, Weights] = {i: init for i in range(len(nodes))}
     latest: dict[int, Weights] = {}
     counts: dict[int, int] = {}
+    declared: dict[int, int] = {}    # train sizes as first reported
     pubs: dict[int, bytes] = {}
     clustered: dict[int, int] = {}
     emd_s = embed_s = 0.0
@@ -204,7 +213,8 @@ def run_emdcfl(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[s
     for rnd in range(cfg["emdcfl.rounds"]):
         picked, grew = part.sample()
         todo = {n: cluster_models[labels[n]] for n in picked}
-        new, cnt, losses, keys, ex = train_round(grid, cfg, todo, rnd, True, traffic)
+        new, cnt, losses, keys, ex = train_round(grid, cfg, todo, rnd, True, traffic,
+                                                 declared)
         latest.update(new)
         counts.update(cnt)
         pubs.update(keys)

@@ -35,7 +35,7 @@ from fedclust.emdcfl.keys import dataset_name
 from fedclust.emdcfl.model import init_weights, weights_from_record
 from fedclust.emdcfl.pacfl import angle_matrix, pacfl_clusters
 from fedclust.results import Progress, RunRecorder
-from strategies.common import connected_clients, send_and_collect
+from strategies.common import check_each, connected_clients, require_honest, send_and_collect
 from strategies.emdcfl_common import (
     Traffic,
     dropped,
@@ -47,7 +47,7 @@ from strategies.emdcfl_common import (
     spec_of,
     train_round,
 )
-from strategies.emdcfl_replies import group_reply, ifca_reply, pacfl_reply
+from strategies.emdcfl_replies import group_reply, ifca_reply, pacfl_reply, trained_reply
 
 
 def _truth(grid: Grid, nodes: list[int], cfg: dict[str, Any], traffic: Traffic
@@ -56,6 +56,7 @@ def _truth(grid: Grid, nodes: list[int], cfg: dict[str, Any], traffic: Traffic
                           cfg["timeout"], validate=group_reply())
     traffic.add(ex, "clustering")
     require_replies(ex, "oracle-groups")
+    require_honest(ex, "oracle-groups", len(ex.replies), len(nodes), cfg)
     truth = {n: int(rd.metric_records["metrics"]["cluster"]) for n, rd in ex.replies.items()}
     nxt = max(truth.values(), default=-1) + 1
     for n in nodes:                         # no answer: a singleton
@@ -67,9 +68,10 @@ def _truth(grid: Grid, nodes: list[int], cfg: dict[str, Any], traffic: Traffic
 def _fixed(grid, cfg, recorder, nodes, labels, traffic, progress, name):
     init = init_weights(spec_of(cfg), cfg["seed"])
     models = {k: init for k in set(labels.values())}
+    declared: dict[int, int] = {}
     for rnd in range(cfg["emdcfl.rounds"]):
         new, counts, losses, _, ex = train_round(
-            grid, cfg, {n: models[labels[n]] for n in nodes}, rnd, False, traffic)
+            grid, cfg, {n: models[labels[n]] for n in nodes}, rnd, False, traffic, declared)
         models.update(cluster_fedavg({n: labels[n] for n in new}, new, counts))
         recorder.log_round({"round": rnd, "train_loss": float(np.mean(list(losses.values()))),
                             "train_s": ex.seconds, "num_clusters": len(models),
@@ -87,13 +89,19 @@ def _ifca(grid, cfg, recorder, nodes, traffic, progress):
     spec = spec_of(cfg)
     models = {j: init_weights(spec, cfg["seed"] + 7919 * j) for j in range(k)}
     choice: dict[int, int] = {n: 0 for n in nodes}
+    declared: dict[int, int] = {}
     for rnd in range(cfg["emdcfl.rounds"]):
         content = RecordDict({f"c:{j}": model_record(models[j]) for j in range(k)})
         content["config"] = ConfigRecord({"k": k, "round": rnd})
         ex = send_and_collect(grid, nodes, content, "train.emdcfl_ifca", f"ifca-{rnd}",
                               cfg["timeout"], validate=ifca_reply(shapes_of(models[0]), k))
+        # the model a node trained is the one it chose
+        sent = {n: models[int(rd.metric_records["metrics"]["choice"])]
+                for n, rd in ex.replies.items()}
+        check_each(ex, trained_reply(sent, declared), f"ifca-{rnd}")
         traffic.add(ex, "training")
         require_replies(ex, f"ifca-{rnd}")
+        require_honest(ex, f"ifca-{rnd}", len(ex.replies), len(nodes), cfg)
         new, counts = {}, {}
         for n, rd in ex.replies.items():
             met = rd.metric_records["metrics"]
@@ -109,10 +117,12 @@ def _ifca(grid, cfg, recorder, nodes, traffic, progress):
 
 def _cfl(grid, cfg, recorder, nodes, traffic, progress):
     state = CFLState([list(nodes)], [init_weights(spec_of(cfg), cfg["seed"])])
+    declared: dict[int, int] = {}
     for rnd in range(cfg["emdcfl.rounds"]):
         owner = {n: i for i, members in enumerate(state.clusters) for n in members}
         new, counts, losses, _, ex = train_round(
-            grid, cfg, {n: state.models[owner[n]] for n in nodes}, rnd, False, traffic)
+            grid, cfg, {n: state.models[owner[n]] for n in nodes}, rnd, False, traffic,
+            declared)
         state, norms = cfl_step(state, new, counts, cfg["emdcfl.cfl-eps1"],
                                 cfg["emdcfl.cfl-eps2"], rnd)
         recorder.log_round({"round": rnd, "train_loss": float(np.mean(list(losses.values()))),
@@ -133,6 +143,7 @@ def _pacfl(grid, cfg, recorder, nodes, traffic, progress):
                               rows, cfg["emdcfl.pacfl-basis"] * spec.num_classes))
     traffic.add(ex, "clustering")
     require_replies(ex, "pacfl-subspaces")
+    require_honest(ex, "pacfl-subspaces", len(ex.replies), len(nodes), cfg)
     answered = [n for n in nodes if n in ex.replies]
     angles = angle_matrix([ex.replies[n].array_records["subspace"]["u"].numpy()
                            for n in answered])

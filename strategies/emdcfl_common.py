@@ -17,8 +17,16 @@ from flwr.serverapp import Grid
 from fedclust.emdcfl.model import ModelSpec, spec_from_config, weights_from_record
 from fedclust.metrics import adjusted_rand
 from fedclust.results import RunRecorder
-from strategies.common import Exchange, arrays, result_record, send_and_collect
-from strategies.emdcfl_replies import eval_reply, final_reply, train_reply
+from strategies.common import (
+    Exchange,
+    arrays,
+    check_each,
+    eval_coverage,
+    require_honest,
+    result_record,
+    send_and_collect,
+)
+from strategies.emdcfl_replies import eval_reply, final_reply, train_reply, trained_reply
 
 Weights = list[np.ndarray]
 
@@ -72,10 +80,15 @@ def dropped(ex: Exchange, phase: str = "") -> dict[str, str]:
 
 
 def train_round(grid: Grid, cfg: dict[str, Any], models: dict[int, Weights], rnd: int,
-                keygen: bool, traffic: Traffic) -> tuple[dict[int, Weights], dict[int, int],
-                                                         dict[int, float], dict[int, bytes],
-                                                         Exchange]:
-    """Each node in ``models`` trains its model; returns new models, sizes, losses, pub keys."""
+                keygen: bool, traffic: Traffic, declared: dict[int, int] | None = None
+                ) -> tuple[dict[int, Weights], dict[int, int], dict[int, float],
+                           dict[int, bytes], Exchange]:
+    """Each node in ``models`` trains its model; returns new models, sizes, losses, pub keys.
+
+    ``declared``: the train sizes the nodes reported in earlier rounds (kept up to date here);
+    a node that reports another size is excluded (:func:`~strategies.emdcfl_replies.
+    trained_reply`).
+    """
     conf = ConfigRecord({"round": rnd, "keygen": keygen})
 
     def content(nid: int) -> RecordDict:
@@ -84,8 +97,10 @@ def train_round(grid: Grid, cfg: dict[str, Any], models: dict[int, Weights], rnd
     shapes = shapes_of(next(iter(models.values()))) if models else []
     ex = send_and_collect(grid, sorted(models), content, "train.emdcfl_local", f"train-{rnd}",
                           cfg["timeout"], validate=train_reply(shapes, keygen))
+    check_each(ex, trained_reply(models, {} if declared is None else declared), f"train-{rnd}")
     traffic.add(ex, "training")
     require_replies(ex, f"train-{rnd}")
+    require_honest(ex, f"train-{rnd}", len(ex.replies), len(models), cfg)
     new, counts, losses, pubs = {}, {}, {}, {}
     for nid, rd in ex.replies.items():
         new[nid] = weights_from_record(rd.array_records["model"])
@@ -135,6 +150,7 @@ def evaluate_models(grid: Grid, cfg: dict[str, Any], models: dict[int, Weights],
         out["final_dropped_nodes"] = dropped(ex)
         return out
     require_replies(ex, "evaluate")
+    require_honest(ex, "evaluate", len(ex.replies), len(models), cfg)
     out["eval_dropped_nodes"] = dropped(ex)
     accs = {n: float(rd.metric_records["metrics"]["test-acc"]) for n, rd in ex.replies.items()}
     truth = {n: int(rd.metric_records["metrics"]["cluster"]) for n, rd in ex.replies.items()}
@@ -147,6 +163,9 @@ def evaluate_models(grid: Grid, cfg: dict[str, Any], models: dict[int, Weights],
         "eval_ari": adjusted_rand([truth[n] for n in nodes], [found[n] for n in nodes]),
         "eval_truth": [truth.get(n, -1) for n in sorted(found)],
         "eval_acc_per_client": [accs.get(n, float("nan")) for n in sorted(found)],
+        "eval_coverage": eval_coverage(
+            "emdcfl", len(accs), len(models),
+            sum(int(rd.metric_records["metrics"]["num-test"]) for rd in ex.replies.values())),
     })
     if bd:       # the targets: clients that report a backdoor accuracy (clean green set)
         out["eval_backdoor_acc_targets"] = float(np.mean(bd))

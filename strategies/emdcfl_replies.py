@@ -1,97 +1,117 @@
-"""Checks of client replies for EMD-CFL and its baselines (``validate=`` of ``send_and_collect``).
+"""What the server accepts from a node, message by message, for EMD-CFL and its baselines. The
+node side of each message is :mod:`client_apps.emdcfl_handlers`; the checks use the vocabulary
+of :mod:`strategies.replies`.
 
-Lives in strategies/ (not fedclust/) because it reads Flower RecordDicts.
+=========================  ===================  ==============================================
+message                    field                accepted
+=========================  ===================  ==============================================
+``train.emdcfl_local``     ``model.0…L-1``      exactly the global model's arrays, float32, of
+                                                its shapes, finite; no weight above 1000 times
+                                                the largest magnitude of the layer it was sent
+                                                (at least 1): local training moves weights, it
+                                                does not blow them up
+                           ``num-examples``     an int ≥ 1, the same in every round (the node's
+                                                train split does not change)
+                           ``train-loss``       a finite number ≥ 0 (cross-entropy)
+                           ``pub.key``          32 uint8 bytes (X25519), when asked for
+``train.emdcfl_ifca``      ``model…``,          as above
+                           ``num-examples``
+                           ``choice``           an int in ``0 … k−1``
+``query.emdcfl_embed``     ``src/tgt.<peer>``   float32 ``(1…max-samples, proj-dim)``, finite,
+                                                for exactly the peers sent
+                           ``reference.<peer>`` a finite distance ≥ 0 (≤ 2 with the cosine
+                                                ground cost, whose costs lie in [0, 2])
+``query.emdcfl_pacfl``     ``subspace.u``       float32 ``(rows, 1…max)``, finite, unit columns
+``evaluate.emdcfl_eval``   ``num-test``         an int ≥ 0
+                           ``test-acc``,        ``evaluate=true``: in [0, 1]
+                           ``backdoor-acc``
+                           ``cluster``          ``evaluate=true``: an int ≥ −1 (−1: unknown)
+``query.emdcfl_group``     ``cluster``          an int ≥ 0
+=========================  ===================  ==============================================
 
 A reply that fails a check is rejected with the returned reason, logged, and its node is
-recorded in ``history.jsonl`` ``dropped_nodes``; the phase continues with the other clients.
-Each check covers every record, key, dtype, shape and value range that the server loop reads
-afterwards, so that no malformed reply reaches FedAvg, the EMD matrix or the metrics.
+excluded from the phase and recorded (``history.jsonl`` ``dropped_nodes`` and
+``excluded_nodes``, ``summary.json`` ``excluded_nodes``); the phase continues with the other
+clients unless too few are left (:func:`strategies.common.require_honest`).
 
-Every factory returns a ``RecordDict -> str | None`` (``None``: the reply is usable).
+Every factory returns a :data:`~strategies.replies.Check` or, where the node matters (what it
+was sent, what it declared before), a :data:`~strategies.replies.NodeCheck`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 from flwr.app import RecordDict
 
-Check = Callable[[RecordDict], str | None]
+from strategies.replies import (
+    Check,
+    NodeCheck,
+    arrays_exactly,
+    first_problem,
+    metric_problem,
+    read_array,
+)
+
 PUBLIC_KEY_BYTES = 32          # raw X25519 public key
-
-
-def _array(rd: RecordDict, record: str, key: str, dtype: str, shape: tuple[int, ...] | None
-           ) -> tuple[np.ndarray | None, str | None]:
-    """The array ``record.key`` if it exists, has ``dtype`` (and ``shape``) and is finite."""
-    if record not in rd.array_records:
-        return None, f"missing array record '{record}'"
-    rec = rd.array_records[record]
-    if key not in rec:
-        return None, f"'{record}' lacks array '{key}'"
-    arr = rec[key].numpy()
-    if arr.dtype != np.dtype(dtype):
-        return None, f"'{record}.{key}' has dtype {arr.dtype}, expected {dtype}"
-    if shape is not None and tuple(arr.shape) != tuple(shape):
-        return None, f"'{record}.{key}' has shape {tuple(arr.shape)}, expected {tuple(shape)}"
-    if arr.dtype.kind == "f" and not np.all(np.isfinite(arr)):
-        return None, f"'{record}.{key}' has non-finite values"
-    return arr, None
+GROWTH = 1e3                   # largest weight / largest weight sent, at least 1
+COSINE_MAX = 2.0               # cosine costs 1 − cos lie in [0, 2], so does their EMD
 
 
 def model_problem(rd: RecordDict, shapes: Sequence[tuple[int, ...]], record: str = "model"
                   ) -> str | None:
     """``record`` holds exactly the arrays ``"0" … "L-1"``, float32, with the global shapes."""
-    if record not in rd.array_records:
-        return f"missing array record '{record}'"
-    keys = set(rd.array_records[record])
-    wanted = {str(i) for i in range(len(shapes))}
-    if keys != wanted:
-        return (f"'{record}' has {len(keys)} arrays {sorted(keys)[:4]}…, expected the "
-                f"{len(shapes)} arrays '0'…'{len(shapes) - 1}' of the global model")
-    for i, shape in enumerate(shapes):
-        _, problem = _array(rd, record, str(i), "float32", tuple(shape))
-        if problem:
-            return problem
+    return arrays_exactly(rd, record, {str(i): tuple(s) for i, s in enumerate(shapes)},
+                          dtype="float32")
+
+
+def growth_problem(rd: RecordDict, sent: Sequence[np.ndarray], record: str = "model"
+                   ) -> str | None:
+    """No layer of the reply's model exceeds :data:`GROWTH` times the largest magnitude of the
+    layer the node was sent (at least 1): a checked model (``model_problem``) that one round of
+    local training cannot have produced is refused."""
+    for i, w in enumerate(sent):
+        got = float(np.max(np.abs(rd.array_records[record][str(i)].numpy()), initial=0.0))
+        cap = GROWTH * max(1.0, float(np.max(np.abs(w), initial=0.0)))
+        if got > cap:
+            return (f"'{record}.{i}' has a weight of magnitude {got:.3g}, above {cap:.3g} "
+                    f"({GROWTH:g} times the layer it was sent): local training does not move "
+                    "weights that far")
     return None
-
-
-def metric_problem(rd: RecordDict, name: str, kind: type, low: float | None = None,
-                   high: float | None = None) -> str | None:
-    """MetricRecord ``metrics`` has ``name``: an ``int`` (``kind=int``) or a finite number
-    (``kind=float``), inside ``[low, high]`` when given."""
-    if "metrics" not in rd.metric_records:
-        return "missing metric record 'metrics'"
-    rec = rd.metric_records["metrics"]
-    if name not in rec:
-        return f"'metrics' lacks '{name}'"
-    value = rec[name]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"'metrics.{name}' = {value!r} is not a number"
-    if kind is int and not isinstance(value, int):
-        return f"'metrics.{name}' = {value!r} is not an int"
-    if not math.isfinite(value):
-        return f"'metrics.{name}' = {value!r} is not finite"
-    if (low is not None and value < low) or (high is not None and value > high):
-        return f"'metrics.{name}' = {value!r} is outside [{low}, {high}]"
-    return None
-
-
-def first_problem(*problems: str | None) -> str | None:
-    return next((p for p in problems if p), None)
 
 
 def train_reply(shapes: Sequence[tuple[int, ...]], keygen: bool) -> Check:
     """``train.emdcfl_local``: model of the global shapes, ``num-examples`` ≥ 1, finite
-    ``train-loss`` and, with ``keygen``, a 32-byte uint8 public key ``pub.key``."""
+    ``train-loss`` ≥ 0 and, with ``keygen``, a 32-byte uint8 public key ``pub.key``."""
 
     def check(rd: RecordDict) -> str | None:
         return first_problem(
             model_problem(rd, shapes),
-            metric_problem(rd, "num-examples", int, low=1),
-            metric_problem(rd, "train-loss", float),
-            _array(rd, "pub", "key", "uint8", (PUBLIC_KEY_BYTES,))[1] if keygen else None)
+            lambda: metric_problem(rd, "num-examples", int, low=1),
+            lambda: metric_problem(rd, "train-loss", float, low=0.0),
+            lambda: read_array(rd, "pub", "key", dtype="uint8",
+                               shape=(PUBLIC_KEY_BYTES,))[1] if keygen else None)
+
+    return check
+
+
+def trained_reply(sent: Mapping[int, Sequence[np.ndarray]], declared: dict[int, int]
+                  ) -> NodeCheck:
+    """What a checked training reply must also satisfy given the node: its model within
+    :func:`growth_problem` of the model it was ``sent``, and ``num-examples`` equal to what it
+    ``declared`` in earlier rounds (recorded here on first sight)."""
+
+    def check(nid: int, rd: RecordDict) -> str | None:
+        problem = growth_problem(rd, sent[nid])
+        if problem:
+            return problem
+        n = int(rd.metric_records["metrics"]["num-examples"])
+        if declared.setdefault(nid, n) != n:
+            return (f"'metrics.num-examples' = {n}, but the node declared {declared[nid]} "
+                    "train examples before (its train split does not change)")
+        return None
 
     return check
 
@@ -102,21 +122,23 @@ def ifca_reply(shapes: Sequence[tuple[int, ...]], k: int) -> Check:
 
     def check(rd: RecordDict) -> str | None:
         return first_problem(model_problem(rd, shapes),
-                             metric_problem(rd, "num-examples", int, low=1),
-                             metric_problem(rd, "choice", int, low=0, high=k - 1))
+                             lambda: metric_problem(rd, "num-examples", int, low=1),
+                             lambda: metric_problem(rd, "choice", int, low=0, high=k - 1))
 
     return check
 
 
 def embed_reply(members: Sequence[int], proj_dim: int, max_samples: int,
-                all_but_sender: bool = True) -> Check:
+                all_but_sender: bool = True, metric: str = "cosine") -> Check:
     """``query.emdcfl_embed``: array records ``src`` and ``tgt`` each hold one float32
     ``(n, proj_dim)`` array per other member (``1 ≤ n ≤ max_samples``), finite, and metric
-    record ``reference`` one finite ``W(train, val) ≥ 0`` per member, all under the same peer
-    ids: all members but one (the sender; checked by the caller, who knows it), or, with
-    ``all_but_sender=False`` (peers sent in batches), a non-empty subset of the members (the
-    caller checks the exact set it sent). Nothing else: no own-validation cloud."""
+    record ``reference`` one finite ``W(train, val) ≥ 0`` per member (≤ 2 under the cosine
+    ground cost), all under the same peer ids: all members but one (the sender; checked by the
+    caller, who knows it), or, with ``all_but_sender=False`` (peers sent in batches), a
+    non-empty subset of the members (the caller checks the exact set it sent). Nothing else: no
+    own-validation cloud."""
     ids = {str(m) for m in members}
+    top = COSINE_MAX if metric == "cosine" else math.inf
 
     def check(rd: RecordDict) -> str | None:
         if set(rd.array_records) != {"src", "tgt"}:
@@ -137,17 +159,18 @@ def embed_reply(members: Sequence[int], proj_dim: int, max_samples: int,
                     f"{sorted(peers)}")
         for record in ("src", "tgt"):
             for key in sorted(peers):
-                arr, problem = _array(rd, record, key, "float32", None)
+                arr, problem = read_array(rd, record, key, dtype="float32", ndim=2)
                 if problem:
                     return problem
-                if arr.ndim != 2 or arr.shape[1] != proj_dim or not 1 <= len(arr) <= max_samples:
+                if arr.shape[1] != proj_dim or not 1 <= len(arr) <= max_samples:
                     return (f"'{record}.{key}' has shape {tuple(arr.shape)}, expected "
                             f"(1…{max_samples}, {proj_dim})")
         for key in sorted(peers):
-            value = rd.metric_records["reference"][key]
-            if (isinstance(value, bool) or not isinstance(value, (int, float))
-                    or not math.isfinite(value) or value < 0):
-                return f"'reference.{key}' = {value!r} is not a finite distance >= 0"
+            if metric_problem(rd, key, float, low=0.0, high=top, record="reference"):
+                value = rd.metric_records["reference"][key]
+                return (f"'reference.{key}' = {value!r} is not a finite distance >= 0"
+                        + (f" and <= {top:g} (the most a {metric} ground cost gives)"
+                           if math.isfinite(top) else ""))
         return None
 
     return check
@@ -158,10 +181,10 @@ def pacfl_reply(rows: int, max_columns: int) -> Check:
     ``1 ≤ k ≤ max_columns`` (basis vectors per class × classes), columns of unit norm."""
 
     def check(rd: RecordDict) -> str | None:
-        arr, problem = _array(rd, "subspace", "u", "float32", None)
+        arr, problem = read_array(rd, "subspace", "u", dtype="float32", ndim=2)
         if problem:
             return problem
-        if arr.ndim != 2 or arr.shape[0] != rows or not 1 <= arr.shape[1] <= max_columns:
+        if arr.shape[0] != rows or not 1 <= arr.shape[1] <= max_columns:
             return (f"'subspace.u' has shape {tuple(arr.shape)}, expected ({rows}, "
                     f"1…{max_columns})")
         if not np.allclose(np.linalg.norm(arr.astype(np.float64), axis=0), 1.0, atol=1e-3):
@@ -172,16 +195,17 @@ def pacfl_reply(rows: int, max_columns: int) -> Check:
 
 
 def eval_reply() -> Check:
-    """``evaluate.emdcfl_eval`` with ``evaluate=true``: ``test-acc`` in [0, 1], integer
-    ``cluster`` and, when present, ``backdoor-acc`` in [0, 1]."""
+    """``evaluate.emdcfl_eval`` with ``evaluate=true``: ``num-test`` ≥ 0, ``test-acc`` in
+    [0, 1], an integer ``cluster`` ≥ −1 and, when present, ``backdoor-acc`` in [0, 1]."""
 
     def check(rd: RecordDict) -> str | None:
         backdoor = ("metrics" in rd.metric_records
                     and "backdoor-acc" in rd.metric_records["metrics"])
         return first_problem(
-            metric_problem(rd, "test-acc", float, 0.0, 1.0),
-            metric_problem(rd, "cluster", int),
-            metric_problem(rd, "backdoor-acc", float, 0.0, 1.0) if backdoor else None)
+            metric_problem(rd, "num-test", int, low=0),
+            lambda: metric_problem(rd, "test-acc", float, 0.0, 1.0),
+            lambda: metric_problem(rd, "cluster", int, low=-1),
+            lambda: metric_problem(rd, "backdoor-acc", float, 0.0, 1.0) if backdoor else None)
 
     return check
 
@@ -197,9 +221,9 @@ def final_reply() -> Check:
 
 
 def group_reply() -> Check:
-    """``query.emdcfl_group``: an integer ground-truth ``cluster``."""
+    """``query.emdcfl_group``: an integer ground-truth ``cluster`` ≥ 0."""
 
     def check(rd: RecordDict) -> str | None:
-        return metric_problem(rd, "cluster", int)
+        return metric_problem(rd, "cluster", int, low=0)
 
     return check

@@ -13,7 +13,15 @@ from flwr.serverapp import Grid
 
 from fedclust.data import scaling
 from fedclust.metrics import ari_from_contingency
-from strategies.common import Exchange, arrays, reject, send_and_collect
+from strategies.common import (
+    Exchange,
+    arrays,
+    node_name,
+    reject,
+    require_honest,
+    send_and_collect,
+)
+from strategies.fcm_replies import Box, declared_rows, stats_reply
 
 LOG = logging.getLogger("fedclust")
 
@@ -29,16 +37,25 @@ class Scaling:
     # the codes the nodes reported in this phase
     eval_codes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     withheld: int = 0   # clients the privacy guard kept silent
+    # the row count each speaking node declared (plain runs; none under SecAgg+ with
+    # minmax/none scaling, where N stays hidden)
+    rows: dict[int, int] = field(default_factory=dict)
+    # the nodes that reported label codes (SecAgg+ evaluation path)
+    eval_nodes: set[int] = field(default_factory=set)
 
     def record(self) -> Any:
         return arrays(shift=self.shift, scale=self.scale)
+
+    @property
+    def box(self) -> Box:
+        return Box(self.low, self.high)
 
 
 def federated_scaling(grid: Grid, nodes: list[int], cfg: dict[str, Any]) -> Scaling:
     """Phase 0: clients send bounds (and, for standard scaling, counts/means/M2)."""
     kind = cfg["scaling"]
     ex = send_and_collect(grid, nodes, RecordDict(), "query.fcm_stats", "scaling",
-                          cfg["timeout"], validate=_stats_ok)
+                          cfg["timeout"], validate=stats_reply(cfg))
     speaking = {nid: c for nid, c in ex.replies.items() if "stats" in c.array_records}
     withheld = len(ex.replies) - len(speaking)
     dims = {nid: _n_features(c) for nid, c in speaking.items()}
@@ -52,10 +69,11 @@ def federated_scaling(grid: Grid, nodes: list[int], cfg: dict[str, Any]) -> Scal
             if reject(ex, nid, None if d == common else
                       f"{d} features where the other clients have {common}", "scaling"):
                 del speaking[nid]
+    require_honest(ex, "scaling", len(speaking), len(nodes), cfg)
     if not speaking:
-        if withheld:
-            raise RuntimeError(guard_message(cfg, "the scaling phase"))
-        raise RuntimeError(f"no client answered the scaling phase: {ex.failed}")
+        raise RuntimeError(no_statistic_message(cfg, "the scaling phase", withheld, ex))
+    rows = {nid: n for nid, c in speaking.items() if (n := declared_rows(c)) is not None}
+    check_pooled_rows(cfg, rows, len(speaking), withheld)
     stats = []
     for content in speaking.values():
         rec = content.array_records["stats"]
@@ -74,7 +92,73 @@ def federated_scaling(grid: Grid, nodes: list[int], cfg: dict[str, Any]) -> Scal
              if "eval" in c.array_records]
     eval_codes = (np.unique(np.concatenate(codes)).astype(np.int64) if codes
                   else np.zeros(0, dtype=np.int64))
-    return Scaling(*combine_scaling(stats, kind), ex, eval_codes, withheld)
+    shift, scale, low, high = combine_scaling(stats, kind)
+    if not all(np.all(np.isfinite(a)) for a in (shift, scale, low, high)):
+        raise RuntimeError(
+            f"{cfg['method']}: the {len(speaking)} node(s) that sent statistics in the scaling "
+            f"phase hold no row between them (every one sent the bounds of an empty table), so "
+            f"there is nothing to cluster. Fix: check the nodes' data (data-path, the "
+            f"partition of each node), then run again.")
+    return Scaling(shift, scale, low, high, ex, eval_codes, withheld, rows,
+                   {nid for nid, c in speaking.items() if "eval" in c.array_records})
+
+
+def check_pooled_rows(cfg: dict[str, Any], rows: dict[int, int], speaking: int,
+                      withheld: int, pooled: int | None = None) -> None:
+    """Refuse more clusters than the nodes that sent statistics hold rows, once their row
+    counts are known (``rows`` by node, or their secure total ``pooled``; skipped when a
+    node's count is not known: SecAgg+ with minmax scaling, before the first round).
+
+    Raises
+    ------
+    ConfigError
+        ``fcm.n-clusters`` (FedFCM: ``fedfcm.k-max``) above the pooled rows.
+    """
+    from fedclust.config import ConfigError
+
+    if pooled is None and len(rows) < speaking:
+        return
+    if cfg["method"] == "fedfcm":
+        c, key = int(cfg["fedfcm.k-max"]), "fedfcm.k-max"
+    else:
+        c, key = int(cfg["fcm.n-clusters"]), "fcm.n-clusters"
+    pooled = sum(rows.values()) if pooled is None else pooled
+    if c <= pooled:
+        return
+    silent = (f" ({withheld} node(s) withheld by the privacy guard are not counted)"
+              if withheld else "")
+    raise ConfigError(
+        f"run config '{key}' = {c}, but the {speaking} node(s) that sent statistics hold "
+        f"{pooled} row(s) together{silent}: {c} clusters cannot be fitted to {pooled} row(s). "
+        f"Allowed: at most {pooled}. Fix: lower {key}, or add data.")
+
+
+def no_statistic_message(cfg: dict[str, Any], phase: str, withheld: int, ex: Exchange) -> str:
+    """Why ``phase`` got no statistic, naming the real cause: the privacy guard (only when it
+    is on and withheld every answering node), nodes that did not answer, or nodes whose reply
+    the server's checks excluded."""
+    if withheld and not ex.failed:
+        return guard_message(cfg, phase)
+    excluded = {n: w.removeprefix("rejected reply: ") for n, w in ex.excluded.items()}
+    dropped = {n: w for n, w in ex.failed.items() if n not in excluded}
+    parts, fixes = [], []
+    if withheld:
+        parts.append(f"{withheld} withheld by the privacy guard")
+        fixes.append("lower the number of clusters or turn the privacy guard off")
+    if dropped:
+        parts.append(f"{len(dropped)} did not answer or failed ("
+                     + "; ".join(f"{node_name(n)}: {w}" for n, w in sorted(dropped.items()))
+                     + ")")
+        fixes.append("check the nodes' logs and the run config 'timeout'")
+    if excluded:
+        parts.append(f"{len(excluded)} excluded by the server's checks ("
+                     + "; ".join(f"{node_name(n)}: {w}" for n, w in sorted(excluded.items()))
+                     + ")")
+        fixes.append("check the excluded nodes (their data, their fedclust version, whether "
+                     "they can be trusted) or remove them")
+    fix = "; ".join(fixes) or "start the nodes"
+    return (f"{cfg['method']}: no node sent a usable statistic in {phase}: "
+            f"{', '.join(parts) or 'no node was asked'}. Fix: {fix}, then run again.")
 
 
 def guard_message(cfg: dict[str, Any], phase: str) -> str:
@@ -89,17 +173,6 @@ def guard_message(cfg: dict[str, Any], phase: str) -> str:
             f"{name} = {c} from {key}, F features, sends nothing in any phase; for exact FCM "
             f"this is the rule N <= C(F+1)/F of paper 004). Fix: lower {key}, or set "
             f"{guard}=false (and check the nodes' logs for dropouts).")
-
-
-def withheld_ok(check):
-    """A reply validator that also accepts the privacy guard's notice (metrics withheld=1)."""
-    def _check(content: RecordDict) -> str | None:
-        if not content.array_records and \
-                content.metric_records.get("metrics", {}).get("withheld", 0) == 1:
-            return None
-        return check(content)
-
-    return _check
 
 
 def dominated_features(nodes: list[int], stats: list[scaling.ColumnStats],
@@ -129,26 +202,6 @@ def combine_scaling(stats: list[scaling.ColumnStats], kind: str
         np.zeros_like(stats[0].min), np.zeros_like(stats[0].min))
     shift, scale = scaling.scaler(total, kind)
     return shift, scale, (total.min - shift) / scale, (total.max - shift) / scale
-
-
-def _stats_ok(content: RecordDict) -> str | None:
-    if "stats" not in content.array_records:
-        if content.metric_records.get("metrics", {}).get("withheld", 0) == 1:
-            return None
-        return "missing 'stats'"
-    rec = content.array_records["stats"]
-    if "stats" in rec:
-        arr = rec["stats"].numpy()
-        if arr.ndim != 2 or arr.shape[0] != 5:
-            return f"'stats.stats' has shape {arr.shape}, expected (5, features)"
-    elif "min" in rec and "max" in rec:
-        if rec["min"].numpy().ndim != 1 or rec["min"].numpy().shape != rec["max"].numpy().shape:
-            return "'stats.min' and 'stats.max' must be 1-D arrays of the same length"
-    else:
-        return "'stats' needs 'stats' or 'min' and 'max'"
-    if any(np.any(np.isnan(a.numpy())) for a in rec.values()):   # ±inf: an empty client
-        return "NaN in the statistics"
-    return None
 
 
 def _n_features(content: RecordDict) -> int:

@@ -20,8 +20,10 @@ from fedclust.results import Progress, RunRecorder
 from fedclust.validity import DBStatistics, choose_k, federated_fuzzy_db
 from strategies.common import (
     arrays,
+    check_each,
     connected_clients,
-    expect_arrays,
+    eval_coverage,
+    require_honest,
     result_record,
     send_and_collect,
 )
@@ -29,9 +31,9 @@ from strategies.fcm_common import (
     eval_ari,
     eval_tables,
     federated_scaling,
-    guard_message,
-    withheld_ok,
+    no_statistic_message,
 )
+from strategies.fcm_replies import db_reply, final_reply, guard_bound, local_reply
 
 
 def _key(k: int) -> str:
@@ -52,21 +54,28 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     traffic = [sc.exchange.bytes_sent, sc.exchange.bytes_received]
     progress = Progress(cfg["fedfcm.max-rounds"], "fedfcm round")
     needs_support = cfg["fedfcm.averaging"] == "fedavg"
+    f = sc.low.size
+    bound = guard_bound(cfg, cfg["fedfcm.k-max"], f)
+    fitted = False      # whether any round got local centers
     for rnd in range(1, cfg["fedfcm.max-rounds"] + 1):
         content = RecordDict({"centers": arrays(**{_key(k): centers[k] for k in sorted(active)}),
                               "scaling": sc.record()})
         ex = send_and_collect(grid, nodes, content, "train.fedfcm_local", f"round-{rnd}",
-                              cfg["timeout"],
-                              validate=withheld_ok(_local_ok(sorted(active), centers,
-                                                             needs_support)))
+                              cfg["timeout"])
+        check_each(ex, local_reply(sorted(active), f, sc.box, sc.rows, needs_support, bound,
+                                   _key), f"round-{rnd}")
         traffic[0] += ex.bytes_sent
         traffic[1] += ex.bytes_received
         dropped_all |= set(ex.failed)
         shifts = {}
         speaking = [r for r in ex.replies.values() if "local" in r.array_records]
-        if ex.replies and not speaking:   # the guard depends only on N, K and F: for good
-            raise RuntimeError(guard_message(cfg, f"local round {rnd}"))
+        require_honest(ex, f"round-{rnd}", len(speaking), len(nodes), cfg)
+        withheld = len(ex.replies) - len(speaking)
+        if withheld and not speaking and not ex.failed:
+            # every node withheld: the guard depends only on N, K and F, so for good
+            raise RuntimeError(no_statistic_message(cfg, f"local round {rnd}", withheld, ex))
         if speaking:
+            fitted = True
             for k in sorted(active):
                 locals_ = [r.array_records["local"][_key(k)].numpy() for r in speaking]
                 supports = ([r.array_records["local"][f"{_key(k)}.support"].numpy()
@@ -86,6 +95,9 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         progress.step(rnd, f"{len(active)} K still moving | {len(ex.replies)} clients")
         if not active:
             break
+    if not fitted:   # the centers would be the random initial ones
+        raise RuntimeError(no_statistic_message(cfg, f"any of the {rnd} local round(s)",
+                                                len(ex.replies) - len(speaking), ex))
 
     # FedFuzzDB (eq. 15-17) and optional local index / evaluation tables, every K in one message.
     content = RecordDict({"centers": arrays(**{_key(k): centers[k] for k in ks}),
@@ -94,10 +106,19 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     index_progress.logger.info("fedfuzzdb: asking %d clients for the statistics of K %d..%d%s",
                                len(nodes), ks[0], ks[-1],
                                " and their local index" if cfg["fedfcm.local-index"] else "")
-    ex = send_and_collect(grid, nodes, content, "query.fedfcm_db", "fedfuzzdb", cfg["timeout"],
-                          validate=withheld_ok(_db_ok(ks)))
-    for nid in [n for n, r in ex.replies.items() if "db" not in r.array_records]:
+    ex = send_and_collect(grid, nodes, content, "query.fedfcm_db", "fedfuzzdb", cfg["timeout"])
+    check_each(ex, db_reply(ks, sc.box, sc.rows, cfg["fedfcm.q"], bound, bool(cfg["evaluate"]),
+                            _key), "fedfuzzdb")
+    withheld = [n for n, r in ex.replies.items() if "db" not in r.array_records]
+    for nid in withheld:
         del ex.replies[nid]   # withheld by the privacy guard: nothing to add
+    require_honest(ex, "fedfuzzdb", len(ex.replies), len(nodes), cfg)
+    if not ex.replies:
+        raise RuntimeError(no_statistic_message(cfg, "the FedFuzzDB phase", len(withheld), ex))
+    if not any(sc.rows.get(nid, 1) for nid in ex.replies):
+        raise RuntimeError(f"fedfcm: the {len(ex.replies)} node(s) that answered the FedFuzzDB "
+                           "phase hold no row, so no K can be scored. Fix: check the nodes' "
+                           "logs for dropouts and the run config 'timeout', then run again.")
     index_progress.step(1, f"K {ks[0]}..{ks[-1]} scored | {len(ex.replies)} clients"
                         + (" (with local index)" if cfg["fedfcm.local-index"] else ""))
     dropped_all |= set(ex.failed)
@@ -109,6 +130,10 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         fed_db.append(federated_fuzzy_db(stats, centers[k], cfg["fedfcm.p"], cfg["fedfcm.q"]))
         if cfg["evaluate"]:
             aris[k] = eval_ari(eval_tables(list(ex.replies.values()), _key(k)))
+    if cfg["evaluate"]:
+        tables = eval_tables(list(ex.replies.values()), _key(ks[0]))
+        coverage = eval_coverage("fedfcm", len(tables), len(nodes),
+                                 sum(int(t.sum()) for _, t in tables))
     if cfg["fedfcm.local-index"]:
         for nid, r in sorted(ex.replies.items()):
             if "local_index" in r.array_records:
@@ -125,8 +150,10 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     # chosen K and returns its objective share J_m there.
     final = RecordDict({"centers": arrays(centers=centers[choice.best_k]),
                         "scaling": sc.record(), "result": result_record(recorder.dir)})
-    fin = send_and_collect(grid, nodes, final, "query.fcm_final", "final", cfg["timeout"],
-                           validate=withheld_ok(expect_arrays("objective", ["J"])))
+    fin = send_and_collect(grid, nodes, final, "query.fcm_final", "final", cfg["timeout"])
+    check_each(fin, final_reply(choice.best_k, sc.box, sc.rows, bound, False), "final")
+    require_honest(fin, "final", sum("objective" in r.array_records for r in fin.replies.values()),
+                   len(nodes), cfg)
     dropped_all |= set(fin.failed)
     traffic[0] += ex.bytes_sent + fin.bytes_sent
     traffic[1] += fin.bytes_received
@@ -148,41 +175,10 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     if cfg["evaluate"]:
         metrics["eval_ari"] = {str(k): v for k, v in aris.items()}
         metrics["eval_ari_best_k"] = aris[choice.best_k]
+        metrics["eval_coverage"] = coverage
     if cfg["plots"]:
         from fedclust.plots import plot_index_vs_k
 
         plot_index_vs_k(recorder.path("index_vs_k.png"), ks, fed_db, local=local_db or None,
                         title=f"FedFuzzDB ({cfg['fedfcm.averaging']} averaging)")
     return metrics
-
-
-def _local_ok(ks: list[int], centers: dict[int, np.ndarray], needs_support: bool):
-    def check(content: RecordDict) -> str | None:
-        if "local" not in content.array_records:
-            return "missing 'local'"
-        rec = content.array_records["local"]
-        for k in ks:
-            if _key(k) not in rec:
-                return f"no local centers for K={k}"
-            if needs_support and f"{_key(k)}.support" not in rec:
-                return f"no supports for K={k} (federated averaging needs them)"
-            a = rec[_key(k)].numpy()
-            if a.shape != centers[k].shape or not np.all(np.isfinite(a)):
-                return f"local centers for K={k} have shape {a.shape} or non-finite values"
-        return None
-
-    return check
-
-
-def _db_ok(ks: list[int]):
-    def check(content: RecordDict) -> str | None:
-        if "db" not in content.array_records:
-            return "missing 'db'"
-        for k in ks:
-            if _key(k) not in content.array_records["db"]:
-                return f"no DB statistics for K={k}"
-            if content.array_records["db"][_key(k)].numpy().shape != (1 + 2 * k,):
-                return f"DB statistics for K={k} have the wrong shape"
-        return None
-
-    return check

@@ -96,16 +96,22 @@ def execute(grid: Grid, run_config: dict[str, Any]) -> tuple[dict[str, Any], Pat
                            cfg["num-clients"], cfg, overwrite=cfg["overwrite"])
     LOG.info("method=%s dataset=%s clients=%s -> %s", cfg["method"], cfg["dataset"],
              cfg["num-clients"] or "every connected node", recorder.dir)
-    from strategies.common import messages_carry
+    from strategies.common import exclusions_recorded, messages_carry
 
     try:
-        with messages_carry(cfg):
+        with messages_carry(cfg), exclusions_recorded() as excluded:
+            recorder.round_notes = excluded.since_last
             metrics = runner(grid, cfg, recorder)
     except BaseException as exc:   # Ctrl-C included: the folder says the run did not finish
         recorder.interrupted(exc)
         raise
     recorder.num_clients = recorder.config["num-clients"] = cfg["num-clients"]
-    summary = recorder.finish(metrics)
+    # every node whose reply failed a server check, with the phase and the reason
+    summary = recorder.finish(metrics, {"excluded_nodes": excluded.records})
+    if excluded.records:
+        LOG.warning("%d repl(y/ies) failed the server's checks and were excluded, from node(s) "
+                    "%s: summary.json excluded_nodes lists each with its phase and reason",
+                    len(excluded.records), sorted({r["node"] for r in excluded.records}))
     LOG.info("done in %.1fs: %s", summary["wall_time_s"],
              {k: v for k, v in summary["metrics"].items() if not isinstance(v, (dict, list))})
     return summary, recorder.dir

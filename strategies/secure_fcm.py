@@ -33,18 +33,22 @@ from fedclust.secagg import (
     PHASE_FINAL,
     PHASE_SUMS,
     QUANT,
+    final_length,
     scale_for,
+    sums_length,
     unpack,
+    unpack_count,
     unpack_final,
 )
-from strategies.common import Exchange, record_nbytes, with_run_config
+from strategies.common import Exchange, record_nbytes, reject, with_run_config
 
 LOG = logging.getLogger("fedclust")
 
 def secure_sums(grid: Grid, sampled_node_ids: list[int], content: RecordDict, c: int, f: int,
                 cfg: dict[str, Any], rnd: int, bound: float | None = None
-                ) -> tuple[np.ndarray, np.ndarray, Exchange, int]:
-    """One SecAgg+ round over ``sampled_node_ids``; return ``(ΣU, ΣWS, exchange, n)``.
+                ) -> tuple[np.ndarray, np.ndarray, Exchange, int, float]:
+    """One SecAgg+ round over ``sampled_node_ids``; return ``(ΣU, ΣWS, exchange, n, ΣN)``
+    (``ΣN``: the contributors' rows together, against which the server checks ``ΣU``).
 
     ``content`` is the round's plain payload (``centers`` and ``scaling`` ArrayRecords); it is
     sent to the clients as the legacy ``FitIns`` parameters ``[centers, shift, scale]``.
@@ -57,11 +61,12 @@ def secure_sums(grid: Grid, sampled_node_ids: list[int], content: RecordDict, c:
     scale_u = scale_for(1.0)
     total, ex, n = _secure_round(grid, sampled_node_ids, content, cfg, rnd, {
         "fedclust.phase": PHASE_SUMS, "fedclust.secure-scale": scale,
-        "fedclust.secure-scale-u": scale_u, "fedclust.limbs": LIMBS})
+        "fedclust.secure-scale-u": scale_u, "fedclust.limbs": LIMBS,
+        "fedclust.with-rows": True}, sums_length(c, f))
     if total is None:
-        return np.zeros(c), np.zeros((c, f)), ex, 0
+        return np.zeros(c), np.zeros((c, f)), ex, 0, 0.0
     u, ws = unpack(total, c, f, scale, scale_u=scale_u)
-    return u, ws, ex, n
+    return u, ws, ex, n, unpack_count(total, LIMBS * (c + c * f), scale_u)
 
 
 def final_scales(f: int, cfg: dict[str, Any], bound: float | None = None
@@ -78,8 +83,8 @@ def final_scales(f: int, cfg: dict[str, Any], bound: float | None = None
 def secure_final(grid: Grid, node_ids: list[int], content: RecordDict, c: int, f: int,
                  cfg: dict[str, Any], rnd: int, eval_codes: np.ndarray, run_dir: str = "",
                  bound: float | None = None
-                 ) -> tuple[float, np.ndarray | None, Exchange, int]:
-    """The final phase under SecAgg+: ``(ΣJ, Σ contingency or None, exchange, n)``.
+                 ) -> tuple[float, np.ndarray | None, Exchange, int, float]:
+    """The final phase under SecAgg+: ``(ΣJ, Σ contingency or None, exchange, n, ΣN)``.
 
     Each client feeds ``[J, contingency (len(eval_codes) × c)]`` to one SecAgg+ round, so the
     server learns the objective and (on the evaluation path, ``eval_codes`` not empty: the
@@ -92,19 +97,24 @@ def secure_final(grid: Grid, node_ids: list[int], content: RecordDict, c: int, f
         "fedclust.phase": PHASE_FINAL, "fedclust.secure-scale": scale_j,
         "fedclust.secure-scale-table": scale_t, "fedclust.limbs": LIMBS,
         "fedclust.eval-codes": np.asarray(eval_codes, dtype="<i8").tobytes(),
-        "fedclust.run-dir": str(run_dir)})
+        "fedclust.run-dir": str(run_dir), "fedclust.with-rows": True},
+        final_length(int(eval_rows), c))
     if total is None:
-        return float("nan"), None, ex, 0
+        return float("nan"), None, ex, 0, 0.0
     j, table = unpack_final(total, int(eval_rows), c, scale_j, scale_t)
-    return j, (table if eval_rows > 0 else None), ex, n
+    rows = unpack_count(total, LIMBS * (1 + int(eval_rows) * c), scale_t)
+    return j, (table if eval_rows > 0 else None), ex, n, rows
 
 
 def _secure_round(grid: Grid, node_ids: list[int], content: RecordDict, cfg: dict[str, Any],
-                  rnd: int, fit_config: dict[str, Any]
+                  rnd: int, fit_config: dict[str, Any], length: int
                   ) -> tuple[np.ndarray | None, Exchange, int]:
     """Drive one SecAgg+ round; return ``(Σ of the clients' vectors or None, exchange, n)``.
 
     ``None`` means nothing was summed (fewer than 2 clients, or the protocol halted).
+    ``length``: the size of every client's vector; a masked vector of another size is refused
+    before it reaches the sum (the node is excluded and SecAgg+ recovers from it as from a
+    dropout).
     """
     from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
     from flwr.server import LegacyContext, ServerConfig
@@ -161,15 +171,17 @@ def _secure_round(grid: Grid, node_ids: list[int], content: RecordDict, cfg: dic
     # The workflow sends FitIns parameters from the main params record: put the round payload
     # there (centers, shift, scale), and read the summed vector back from the same record.
     lctx.state.array_records[MAIN_PARAMS_RECORD] = _params_record([centers, shift, sc_scale])
-    counting = _CountingGrid(grid)
+    counting = _CountingGrid(grid, length)
     workflow(counting, lctx)
     ex.bytes_sent, ex.bytes_received = counting.bytes_sent, counting.bytes_received
     after = lctx.state.array_records[MAIN_PARAMS_RECORD]
     n = int(seen.get("n", 0))
     contributors = seen.get("contributors", [])
     label = f"round-{rnd}" if fit_config["fedclust.phase"] == PHASE_SUMS else "final"
+    for nid, problem in counting.rejected.items():
+        reject(ex, nid, problem, label)
     for nid in nodes:
-        if nid not in contributors:
+        if nid not in contributors and nid not in ex.failed:
             ex.failed[nid] = counting.why.get(nid, "dropped out of secure aggregation")
     if n == 0 or "n" not in seen:
         LOG.warning("[%s] secure aggregation halted; nothing summed (%s)", label,
@@ -235,13 +247,16 @@ def _to_parameters(record: Any) -> Any:
 
 
 class _CountingGrid:
-    """Grid wrapper that counts payload bytes and remembers error replies per node."""
+    """Grid wrapper that counts payload bytes, remembers error replies per node and refuses
+    masked vectors of the wrong size (``rejected``: node → reason)."""
 
-    def __init__(self, grid: Grid) -> None:
+    def __init__(self, grid: Grid, length: int) -> None:
         self._grid = grid
+        self.length = length
         self.bytes_sent = 0
         self.bytes_received = 0
         self.why: dict[int, str] = {}
+        self.rejected: dict[int, str] = {}
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._grid, name)
@@ -273,9 +288,31 @@ class _CountingGrid:
             if nid is not None:
                 answered.add(nid)
             self.bytes_received += record_nbytes(r.content)
+            problem = _masked_size_problem(r.content, self.length)
+            if problem and nid is not None:
+                # kept from the sum: SecAgg+ treats the node as dropped and removes its masks
+                self.rejected[nid] = problem
+                continue
             clean.append(r)
         for m in messages:
             nid = m.metadata.dst_node_id
             if nid not in answered:
                 self.why.setdefault(nid, f"no reply within {timeout}s (secure aggregation)")
         return clean
+
+
+def _masked_size_problem(content: RecordDict, length: int) -> str | None:
+    """What is wrong with the size of a masked vector in a SecAgg+ reply (None: no masked
+    vector in it, or the right size). The values are masked; their size is not."""
+    from flwr.common import bytes_to_ndarray
+
+    rec = content.config_records.get("secaggplus_configs")
+    if rec is None or "masked_params" not in rec:
+        return None
+    try:
+        size = sum(bytes_to_ndarray(b).size for b in rec["masked_params"])
+    except Exception as exc:  # bytes that are no array
+        return f"its masked vector is not readable ({type(exc).__name__})"
+    if size != length + 1:   # secaggplus_mod puts the weight factor before the vector
+        return f"its masked vector holds {size - 1} values, expected {length}"
+    return None

@@ -13,7 +13,7 @@ import json
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, Error, Message, RecordDict
+from flwr.app import Array, ArrayRecord, Error, Message, MetricRecord, RecordDict
 
 from client_apps.app import app as client_app
 from server_app.app import run_method
@@ -70,9 +70,9 @@ class LateGrid(InProcessGrid):
 CASES = {
     ("exact-fcm", "error"): "error reply: simulated ClientApp crash",
     ("exact-fcm", "shape"): "rejected reply: 'sums.U' has shape",
-    ("exact-fcm", "nan"): "rejected reply: 'sums.U' has non-finite values",
+    ("exact-fcm", "nan"): "rejected reply: 'sums.U' has NaN values",
     ("fedfcm", "error"): "error reply: simulated ClientApp crash",
-    ("fedfcm", "shape"): "rejected reply: local centers for K=2 have shape",
+    ("fedfcm", "shape"): "rejected reply: 'local.k2' has shape",
 }
 PHASE = {"exact-fcm": "query.fcm_sums", "fedfcm": "train.fedfcm_local"}
 CFG = {"exact-fcm": {"method": "exact-fcm", "fcm.max-rounds": 3, "fcm.epsilon": 0.0},
@@ -156,12 +156,14 @@ def _request(grid: InProcessGrid, reply: Message) -> Message:
 
 def test_unused_record_types_do_not_break_validation():
     """A reply with extra records is still accepted (forward compatible), not rejected."""
-    from strategies.exact_fcm import _sums_ok
+    from strategies.fcm_replies import Box, sums_reply
 
     content = RecordDict({"sums": ArrayRecord({"U": Array(np.ones(2)),
-                                               "WS": Array(np.ones((2, 3)))}),
+                                               "WS": Array(np.full((2, 3), 0.5))}),
+                          "metrics": MetricRecord({"withheld": 0}),
                           "extra": ArrayRecord({"z": Array(np.ones(1))})})
-    assert _sums_ok(2, 3)(content) is None
+    check = sums_reply(2, 3, Box(np.zeros(3), np.ones(3)), {7: 2}, 2.0, None)
+    assert check(7, content) is None
 
 
 def test_scaling_reply_with_another_feature_count_is_rejected(tmp_path, fedclust_log):

@@ -1,0 +1,234 @@
+"""Reply checks: the one vocabulary every server loop uses to judge what a node sent.
+
+Nothing a node sends is trusted. Each reply is checked by one function per message, kept next
+to its method's message code (:mod:`strategies.fcm_replies` for the FCM family,
+:mod:`strategies.emdcfl_replies` for EMD-CFL and its baselines), and every such function is
+built from the primitives here:
+
+- presence: :func:`read_array`, :func:`metric_problem` (a record, a key);
+- type: the dtype (exact, or its kind: float, integer);
+- shape: exact shape or number of axes, non-empty;
+- values: finite, sign and range ``[low, high]``, whole numbers (counts), NaN where allowed;
+- physics: :func:`box_problem` (weighted sums whose ratio must lie in a box, e.g. FCM's
+  ``WS_c / U_c`` inside the federated scaling box) and :func:`total_problem` (an identity such
+  as "memberships sum to the node's row count").
+
+A check returns ``None`` (the reply is usable) or a short reason naming the record, the key and
+what is wrong. Reasons may quote an offending statistic (a node's reply is statistics, never
+its rows). A check must not raise on a malformed reply; :func:`strategies.common.check_each`
+and :func:`strategies.common.send_and_collect` still turn an exception into a rejection.
+
+This module reads Flower RecordDicts and knows nothing of Exchanges or server loops; what
+happens to a rejected reply (the node is excluded from the phase, named in the log, in
+``history.jsonl`` and in ``summary.json``) is :mod:`strategies.common`'s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+from flwr.app import RecordDict
+
+#: ``reply -> reason | None``: a check of one reply that needs nothing but the reply.
+Check = Callable[[RecordDict], str | None]
+#: ``(node id, reply) -> reason | None``: a check that needs what the node was sent or declared.
+NodeCheck = Callable[[int, RecordDict], str | None]
+Problem = str | None | Callable[[], str | None]
+
+FLOAT = "f"        # dtype kinds for ``kind=``
+INTEGER = "iu"
+
+
+def first_problem(*problems: Problem) -> str | None:
+    """The first reason among ``problems``; a callable is evaluated only when every earlier
+    problem was ``None`` (so that a later check may rely on an earlier one)."""
+    for p in problems:
+        found = p() if callable(p) else p
+        if found:
+            return found
+    return None
+
+
+def all_of(*checks: Check) -> Check:
+    """One :data:`Check` from several, stopping at the first reason."""
+    def _check(content: RecordDict) -> str | None:
+        return first_problem(*(lambda c=c: c(content) for c in checks))
+
+    return _check
+
+
+def values_problem(name: str, values: Any, *, finite: bool = True, nan_ok: bool = False,
+                   low: float | None = None, high: float | None = None,
+                   integral: bool = False, nonempty: bool = False) -> str | None:
+    """What is wrong with the numbers ``values`` (an array or a scalar) named ``name``.
+
+    Parameters
+    ----------
+    finite : bool
+        Refuse NaN and ±inf (with ``nan_ok``, NaN is allowed and only ±inf refused).
+    low, high : float, optional
+        Inclusive bounds.
+    integral : bool
+        Whole numbers only (counts).
+    nonempty : bool
+        At least one value.
+    """
+    arr = np.asarray(values)
+    if arr.dtype.kind not in "biuf":
+        return f"'{name}' is not numeric (dtype {arr.dtype})"
+    if nonempty and arr.size == 0:
+        return f"'{name}' is empty"
+    if arr.size == 0:
+        return None
+    arr = arr.astype(np.float64)
+    nan = np.isnan(arr)
+    if finite and not nan_ok and nan.any():
+        return f"'{name}' has NaN values"
+    if finite and np.isinf(arr).any():
+        return f"'{name}' has infinite values"
+    real = arr[~nan]
+    if low is not None and real.size and real.min() < low:
+        return f"'{name}' has a value {real.min():.6g} below {low:g}"
+    if high is not None and real.size and real.max() > high:
+        return f"'{name}' has a value {real.max():.6g} above {high:g}"
+    if integral and real.size and np.any(real != np.round(real)):
+        return f"'{name}' has values that are not whole numbers (counts)"
+    return None
+
+
+def read_array(rd: RecordDict, record: str, key: str, *, dtype: str | None = None,
+               kind: str | None = None, shape: tuple[int, ...] | None = None,
+               ndim: int | None = None, **value_rules: Any
+               ) -> tuple[np.ndarray | None, str | None]:
+    """The array ``record.key`` of reply ``rd`` and ``None``, or ``(None, reason)``.
+
+    Parameters
+    ----------
+    dtype : str, optional
+        Exact dtype (``"float32"``, ``"uint8"``).
+    kind : str, optional
+        Allowed dtype kinds (:data:`FLOAT`, :data:`INTEGER`).
+    shape : tuple, optional
+        Exact shape.
+    ndim : int, optional
+        Number of axes (when the length is free).
+    **value_rules
+        Passed to :func:`values_problem` (``finite`` defaults to True for float arrays).
+    """
+    if record not in rd.array_records:
+        return None, f"missing array record '{record}'"
+    rec = rd.array_records[record]
+    if key not in rec:
+        return None, f"'{record}' lacks array '{key}'"
+    try:
+        arr = rec[key].numpy()
+    except Exception as exc:  # bytes that are no array
+        return None, f"'{record}.{key}' is not a readable array ({type(exc).__name__})"
+    name = f"{record}.{key}"
+    if dtype is not None and arr.dtype != np.dtype(dtype):
+        return None, f"'{name}' has dtype {arr.dtype}, expected {dtype}"
+    if kind is not None and arr.dtype.kind not in kind:
+        return None, f"'{name}' has dtype {arr.dtype}, expected {_kind_name(kind)}"
+    if shape is not None and tuple(arr.shape) != tuple(shape):
+        return None, f"'{name}' has shape {tuple(arr.shape)}, expected {tuple(shape)}"
+    if ndim is not None and arr.ndim != ndim:
+        return None, f"'{name}' has {arr.ndim} axes (shape {tuple(arr.shape)}), expected {ndim}"
+    problem = values_problem(name, arr, **value_rules)
+    return (None, problem) if problem else (arr, None)
+
+
+def array_problem(rd: RecordDict, record: str, key: str, **rules: Any) -> str | None:
+    """:func:`read_array` when only the verdict matters."""
+    return read_array(rd, record, key, **rules)[1]
+
+
+def arrays_exactly(rd: RecordDict, record: str, shapes: Mapping[str, tuple[int, ...]], *,
+                   dtype: str | None = None, kind: str | None = FLOAT) -> str | None:
+    """Array record ``record`` holds exactly the arrays ``shapes`` names (no more, no fewer),
+    each of its shape, finite (models: every layer of the declared network)."""
+    if record not in rd.array_records:
+        return f"missing array record '{record}'"
+    keys = set(rd.array_records[record])
+    if keys != set(shapes):
+        names = sorted(shapes)
+        want = (f"the {len(names)} arrays {names}" if len(names) <= 6 else
+                f"the {len(names)} arrays {names[0]!r}…{names[-1]!r}")
+        return f"'{record}' has {len(keys)} arrays {sorted(keys)[:6]}, expected {want}"
+    for key, shape in shapes.items():
+        problem = array_problem(rd, record, key, dtype=dtype, kind=None if dtype else kind,
+                                shape=tuple(shape))
+        if problem:
+            return problem
+    return None
+
+
+def metric_problem(rd: RecordDict, name: str, kind: type = float, low: float | None = None,
+                   high: float | None = None, record: str = "metrics") -> str | None:
+    """MetricRecord ``record`` has ``name``: an ``int`` (``kind=int``) or a finite number
+    (``kind=float``), inside ``[low, high]`` when given."""
+    if record not in rd.metric_records:
+        return f"missing metric record '{record}'"
+    rec = rd.metric_records[record]
+    if name not in rec:
+        return f"'{record}' lacks '{name}'"
+    value = rec[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"'{record}.{name}' = {_short(value)} is not a number"
+    if kind is int and not isinstance(value, int):
+        return f"'{record}.{name}' = {value!r} is not an int"
+    if not math.isfinite(value):
+        return f"'{record}.{name}' = {value!r} is not finite"
+    if (low is not None and value < low) or (high is not None and value > high):
+        return f"'{record}.{name}' = {value!r} is outside [{low}, {high}]"
+    return None
+
+
+def withheld_notice(rd: RecordDict) -> bool:
+    """Whether ``rd`` is the privacy guard's notice: no array, metric ``withheld`` = 1."""
+    return (not rd.array_records and "metrics" in rd.metric_records
+            and rd.metric_records["metrics"].get("withheld", 0) == 1)
+
+
+def box_problem(name: str, sums: np.ndarray, weights: np.ndarray, low: np.ndarray,
+                high: np.ndarray, rtol: float = 1e-6) -> str | None:
+    """Weighted sums inside a box: ``weights[c] · low ≤ sums[c] ≤ weights[c] · high``.
+
+    ``sums[c] / weights[c]`` is a weighted mean of points of the box (FCM's ``WS_c / U_c``), so
+    it lies in the box; written without the division, a cluster of weight 0 must have sums 0.
+    ``rtol`` (of ``weights[c]`` times the box's largest magnitude) absorbs round-off.
+    """
+    w = np.asarray(weights, dtype=np.float64)[:, None]
+    s = np.asarray(sums, dtype=np.float64)
+    lo, hi = np.asarray(low, dtype=np.float64), np.asarray(high, dtype=np.float64)
+    tol = rtol * w * max(1.0, float(np.max(np.abs(np.concatenate([lo, hi]))))) + 1e-300
+    out = (s < w * lo - tol) | (s > w * hi + tol)
+    if not out.any():
+        return None
+    c, j = (int(i) for i in np.argwhere(out)[0])
+    ratio = s[c, j] / w[c, 0] if w[c, 0] > 0 else float("inf")
+    return (f"'{name}' row {c}, feature {j}: the weighted mean {ratio:.6g} lies outside the "
+            f"federated box [{lo[j]:.6g}, {hi[j]:.6g}] (sums of points inside the box cannot "
+            f"leave it)")
+
+
+def total_problem(name: str, total: float, low: float, high: float, why: str,
+                  rtol: float = 1e-6) -> str | None:
+    """``low ≤ total ≤ high`` up to ``rtol`` (of ``high``): an identity or bound that honest
+    statistics satisfy (``why`` says which)."""
+    tol = rtol * max(1.0, abs(high))
+    if math.isfinite(total) and low - tol <= total <= high + tol:
+        return None
+    span = f"{low:.6g}" if low == high else f"[{low:.6g}, {high:.6g}]"
+    return f"'{name}' totals {total:.6g}, expected {span} ({why})"
+
+
+def _kind_name(kind: str) -> str:
+    return {FLOAT: "a float dtype", INTEGER: "an integer dtype"}.get(kind, f"kind {kind!r}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
