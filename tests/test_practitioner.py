@@ -112,9 +112,10 @@ def test_predict_refuses_rows_of_the_wrong_width_and_the_cli_writes_the_same_row
     done = subprocess.run(cli, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert target.read_text() == (out / "clients" / "1" / "assignments.csv").read_text()
-    bad = subprocess.run(cli[:5] + [str(paths[1]), "--out", str(target)], capture_output=True,
+    other = tmp_path / "pred2.csv"
+    bad = subprocess.run(cli[:5] + [str(paths[1]), "--out", str(other)], capture_output=True,
                          text=True, timeout=120)
-    assert bad.returncode == 2 and "label-column" in bad.stderr
+    assert bad.returncode == 2 and "label-column" in bad.stderr and not other.exists()
 
 
 @pytest.mark.parametrize("case, match", [
