@@ -177,6 +177,13 @@ def test_site_files_on_flowers_simulation_engine(tmp_path):
     assert not bad.ok and "num-supernodes=3" in bad.log
     for i, path in enumerate(paths):
         check_owner_folder(out, i, path, 2.0)
+    # the clients wrote from their own processes: every file is in the run folder's manifest
+    from fedclust.outputs import read_manifest
+
+    entries = read_manifest(out)
+    for i in range(len(paths)):
+        for name in ("assignments.csv", "centers.npy", "predict.json", "result.json"):
+            assert entries.get(f"clients/{i}/{name}") == "file", sorted(entries)
 
 
 def test_error_replies_carry_no_node_data():
