@@ -160,9 +160,9 @@ def claim_new_folder(parent: str | Path, name: str, tries: int = 100) -> Path:
                         "name): this node's results go to %s instead", parent / name,
                         candidate.name)
         return candidate
-    raise OutputDirError(f"{parent} already holds {name} and {tries - 1} suffixed copies of "
-                         f"it. Allowed: a folder no other writer uses. Fix: point this node's "
-                         f"output-dir at a folder of its own")
+    raise OutputDirError(f"the results folder already holds {name!r} and {tries - 1} "
+                         f"suffixed copies of it. Allowed: a name no other writer uses. Fix: "
+                         f"point this node's output-dir at a folder of its own")
 
 
 def safe_name(text: str, limit: int = 64) -> str:
