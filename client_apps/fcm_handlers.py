@@ -121,7 +121,7 @@ def keep_owner_results(msg: Message, context: Context, cfg: dict, x: np.ndarray,
     results.write_table(folder / "centers.csv", [f"f{i}" for i in range(centers.shape[1])],
                         centers * scale + shift)
     for name, arr in (("centers", centers), ("scaling_shift", shift), ("scaling_scale", scale)):
-        np.save(folder / f"{name}.npy", arr)
+        results.save_array(folder / f"{name}.npy", arr)
     key = "fedfcm.m" if cfg["method"] == "fedfcm" else "fcm.m"
     results.write_predict_info(folder, cfg["method"], {key: m})
     results.write_result(folder, {

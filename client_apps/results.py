@@ -3,7 +3,10 @@
 At the end of a run each client writes what the run means for its own rows (its assignments,
 the final centers or its cluster's model) into its *owner folder*:
 
-- deployment, node config ``output-dir`` set: ``<output-dir>/<run-id>/``;
+- deployment, node config ``output-dir`` set: ``<output-dir>/<run-id>/<node key>/``, the node
+  key being its data file's name without the suffix (``site0`` for ``site0.csv``), made
+  file-name safe, or ``node-<node id>`` without a data file: nodes sharing an output folder
+  keep apart;
 - deployment, no ``output-dir``:
   ``<folder of data-path>/fedclust-results/<name of data-path>/<run-id>/``;
 - simulation (node config ``partition-id``, ``dataset="files"`` included):
@@ -11,50 +14,76 @@ the final centers or its cluster's model) into its *owner folder*:
   The server names its results folder in the final message (config record ``"result"``,
   key ``"run-dir"``); a deployed node ignores it, since the server's paths mean nothing there.
 
+The owner folder is created exclusively (``os.mkdir``): when the name exists (another node with
+the same key, or a run id seen before), the node warns and writes to ``<name>-2`` (``-3``, …)
+instead, never into another writer's folder. The folder is kept in the node's state, so later
+messages of the same run write to the same one. Every file is written atomically;
 ``result.json`` is written last, so a folder without it is visibly incomplete.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import Context, Message
+from flwr.app import ConfigRecord, Context, Message
 
-from fedclust.results import write_table
+from fedclust import outputs
+from fedclust.results import to_jsonable, write_table
 
 RESULT_RECORD = "result"
+OWNER_STATE = "fedclust.owner-folder"   # context.state: the folder this node claimed
 
 
 def owner_dir(msg: Message, context: Context, run_dir: str | None = None) -> Path | None:
-    """The folder this client writes its owner's results to (created), or ``None``.
+    """The folder this client writes its owner's results to (claimed), or ``None``.
 
     ``None`` when the node is simulated and the server named no results folder (e.g. a test
     message without the ``"result"`` record). ``run_dir`` overrides the record (SecAgg+
     messages carry it in their fit config).
     """
+    where = _owner_parent(msg, context, run_dir)
+    if where is None:
+        return None
+    parent, name = where
+    kept = context.state.config_records.get(OWNER_STATE)
+    if kept is not None and str(kept.get("parent", "")) == str(parent):
+        folder = Path(str(kept["dir"]))
+        if folder.is_dir() and not folder.is_symlink():
+            return folder
+    folder = outputs.claim_new_folder(parent, name)
+    context.state[OWNER_STATE] = ConfigRecord({"parent": str(parent), "dir": str(folder)})
+    return folder
+
+
+def _owner_parent(msg: Message, context: Context, run_dir: str | None
+                  ) -> tuple[Path, str] | None:
+    """``(parent folder, name)`` of the owner folder (see the module docstring)."""
     node = context.node_config
     run_id = str(context.run_id)
     if run_dir is None:
         rec = msg.content.config_records.get(RESULT_RECORD)
         run_dir = str(rec.get("run-dir", "")) if rec is not None else ""
     if str(node.get("output-dir", "")):
-        path = Path(str(node["output-dir"])).expanduser() / run_id
-    elif "partition-id" in node:   # simulated (dataset=files too: data-path is then set)
+        return Path(str(node["output-dir"])).expanduser() / run_id, node_key(context)
+    if "partition-id" in node:   # simulated (dataset=files too: data-path is then set)
         if not run_dir:
             return None
-        path = Path(run_dir) / "clients" / str(int(node["partition-id"]))
-    elif "data-path" in node:   # named after the file: sites may share a folder
+        return Path(run_dir) / "clients", str(int(node["partition-id"]))
+    if "data-path" in node:   # named after the file: sites may share a folder
         data = Path(str(node["data-path"])).expanduser().resolve()
-        path = data.parent / "fedclust-results" / data.name / run_id
-    else:
-        return None
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+        return data.parent / "fedclust-results" / data.name, run_id
+    return None
+
+
+def node_key(context: Context) -> str:
+    """A stable, file-name-safe name of this node: its data file's name without the suffix
+    (a folder's name), else ``node-<node id>``."""
+    data = str(context.node_config.get("data-path", ""))
+    key = outputs.safe_name(Path(data).stem) if data else ""
+    return key or f"node-{int(context.node_id)}"
 
 
 def write_assignments(folder: Path, labels: np.ndarray,
@@ -74,21 +103,16 @@ def write_assignments(folder: Path, labels: np.ndarray,
 
 def write_result(folder: Path, meta: Mapping[str, Any]) -> Path:
     """``result.json`` (what the run gave this client), written atomically and last."""
-    from fedclust.results import to_jsonable
-
-    path = folder / "result.json"
-    tmp = path.with_name("result.json.part")
-    tmp.write_text(json.dumps(to_jsonable(dict(meta)), indent=2))
-    os.replace(tmp, path)
-    return path
+    return outputs.write_json(folder / "result.json", to_jsonable(dict(meta)))
 
 
 def write_predict_info(folder: Path, method: str, config: Mapping[str, Any], **extra: Any) -> Path:
     """``predict.json`` (``scope: "client"``): what ``fedclust predict`` needs to be pointed at
     the owner folder itself; ``config`` holds only the keys prediction needs."""
-    path = folder / "predict.json"
-    tmp = path.with_name("predict.json.part")
-    tmp.write_text(json.dumps({"method": method, "scope": "client", "config": dict(config),
-                               **extra}, indent=2))
-    os.replace(tmp, path)
-    return path
+    return outputs.write_json(folder / "predict.json", {
+        "method": method, "scope": "client", "config": dict(config), **extra})
+
+
+def save_array(path: Path, array: np.ndarray) -> Path:
+    """An ``.npy`` file of the owner folder, written atomically."""
+    return outputs.save_npy(path, array)

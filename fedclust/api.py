@@ -171,14 +171,17 @@ def _move_owner_results(grid: Any, result: RunResult) -> None:
     temporary data file, as on a deployed node without node config ``output-dir``)."""
     import shutil
 
+    from fedclust.outputs import make_dirs, record_tree
+
     for i, context in enumerate(grid.contexts.values()):
         src = Path(context.node_config["data-path"]).parent / "fedclust-results"
         src = src / Path(context.node_config["data-path"]).name
         if src.is_dir():
             for run_folder in src.iterdir():
                 dst = result.run_dir / "clients" / str(i)
-                dst.parent.mkdir(parents=True, exist_ok=True)
+                make_dirs(dst.parent)
                 shutil.move(str(run_folder), str(dst))
+                record_tree(dst)     # in the run folder's manifest: overwrite=true may clear it
 
 
 def deploy(argv: Sequence[str]) -> int:

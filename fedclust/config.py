@@ -70,8 +70,9 @@ COMMON_KEYS: list[Key] = [
         low=0, high=SEED_MAX),
     Key("output-dir", str, "", "directory for summary.json, history.jsonl, arrays "
         "(empty: ~/fedclust-runs/<method>/<dataset>-seed<seed>-<time>)", check=_folder_path),
-    Key("overwrite", bool, False, "reuse a non-empty output-dir of an earlier fedclust run "
-        "(it is cleared first); false: such a folder is refused"),
+    Key("overwrite", bool, False, "reuse the output-dir of an earlier fedclust run: exactly "
+        "what that run wrote (its .fedclust-manifest.json) is removed first, and anything else "
+        "in the folder refuses the run; false: a non-empty folder is refused"),
     Key("data-dir", str, "", "folder with dataset files for file-based datasets; "
         "dataset=files: one file (or image folder) per client, sorted by name"),
     Key("files.format", str, "", "dataset=files: file format as node config 'data-format' "

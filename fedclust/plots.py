@@ -10,6 +10,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from fedclust.outputs import save_figure  # noqa: E402
+
 
 def plot_series(path: Path, series: Mapping[str, Sequence[float]], xlabel: str, ylabel: str,
                 log: bool = False, hline: float | None = None, title: str = "") -> Path:
@@ -43,6 +45,6 @@ def _save(fig: plt.Figure, ax: plt.Axes, path: Path, legend_size: int) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=legend_size)
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure(fig, path)
     plt.close(fig)
     return Path(path)

@@ -14,8 +14,10 @@ labels it received at the end of the run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,19 +36,109 @@ PREDICTORS: dict[str, str] = {
 }
 
 
+FIX_RUN = ("point RUN_DIR at the unchanged results folder of a finished run (or a site's own "
+           "results folder), or run the federation again")
+
+
 def load_summary(run_dir: str | Path) -> dict[str, Any]:
-    """``summary.json`` of a run's folder, or ``predict.json`` of a data owner's folder."""
+    """``summary.json`` of a run's folder, or ``predict.json`` of a data owner's folder,
+    checked: a JSON object naming a known method, with a ``config`` object.
+
+    Raises
+    ------
+    PredictError
+        The folder is missing, or its file is unreadable or damaged.
+    """
     folder = Path(run_dir).expanduser()
+    if not folder.is_dir():
+        raise PredictError(f"RUN_DIR {str(folder)!r} is not a folder. Allowed: the results "
+                           f"folder of a finished run, or a site's own results folder. "
+                           f"Fix: {FIX_RUN}")
     for name in ("summary.json", "predict.json"):
-        if (folder / name).is_file():
-            return json.loads((folder / name).read_text())
-    raise PredictError(f"{folder} holds neither summary.json nor predict.json: RUN_DIR must be "
-                       f"the results folder of a finished run, or a site's own results folder")
+        path = folder / name
+        if path.is_file():
+            break
+    else:
+        raise PredictError(f"{folder} holds neither summary.json nor predict.json: RUN_DIR must "
+                           f"be the results folder of a finished run, or a site's own results "
+                           f"folder. Allowed: a folder with one of them. Fix: {FIX_RUN}")
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        where = f" (line {exc.lineno})" if isinstance(exc, json.JSONDecodeError) else ""
+        raise PredictError(f"{path} cannot be read as JSON{where}: the file is damaged. "
+                           f"Allowed: the {name} fedclust wrote. Fix: {FIX_RUN}") from None
+    if not isinstance(summary, dict):
+        raise PredictError(f"{path} holds a JSON {type(summary).__name__}, not an object. "
+                           f"Allowed: the {name} fedclust wrote. Fix: {FIX_RUN}")
+    method = summary.get("method")
+    if method not in PREDICTORS:
+        raise PredictError(f"{path} names method {method!r}. Allowed: one of "
+                           f"{sorted(PREDICTORS)}. Fix: {FIX_RUN}")
+    if not isinstance(summary.get("config"), dict):
+        raise PredictError(f"{path} has no 'config' object (the run's settings, e.g. its "
+                           f"fuzzifier). Allowed: the {name} fedclust wrote, with its config. "
+                           f"Fix: {FIX_RUN}")
+    return summary
+
+
+def check_out(out: str | Path, run_dir: str | Path, data: str | Path | None,
+              overwrite: bool = False) -> Path:
+    """Where ``--out`` may be written, or a :class:`PredictError` before any work.
+
+    Refused: a path inside the run folder or the data (predict's inputs, even with
+    ``overwrite``), a folder, a path below a file, and an existing file unless ``overwrite``.
+    """
+    out = Path(out).expanduser()
+    target = out.resolve()
+    inputs = [("the run folder", Path(run_dir).expanduser().resolve())]
+    if data is not None:
+        inputs.append(("the data DATA", Path(data).expanduser().resolve()))
+    for what, path in inputs:
+        if target == path or path in target.parents:
+            raise PredictError(
+                f"--out {str(out)!r} is {'inside ' if target != path else ''}{what}, one of "
+                f"predict's inputs: writing there would change or destroy it. Allowed: a new "
+                f"file outside RUN_DIR and other than DATA. Fix: pass e.g. --out "
+                f"predicted.csv")
+        if out.exists() and path.exists() and _same(out, path):
+            raise PredictError(f"--out {str(out)!r} is {what} under another name, one of "
+                               f"predict's inputs. Allowed: a new file outside RUN_DIR and "
+                               f"other than DATA. Fix: pass e.g. --out predicted.csv")
+    if out.is_dir():
+        raise PredictError(f"--out {str(out)!r} is a folder. Allowed: a file name (a CSV). Fix: "
+                           f"pass e.g. --out {str(out / 'predicted.csv')!r}")
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise PredictError(f"--out {str(out)!r} lies below {str(parent)!r}, which is a "
+                                   f"file. Allowed: a path in a folder. Fix: pass another "
+                                   f"--out")
+            break
+    if (out.exists() or out.is_symlink()) and not overwrite:
+        raise PredictError(f"--out {str(out)!r} already exists. Allowed: a new file, or an "
+                           f"existing one with --overwrite (Python: overwrite=True). Fix: pass "
+                           f"another --out, or add --overwrite")
+    if out.exists() and not out.is_file():
+        raise PredictError(f"--out {str(out)!r} is not a plain file. Allowed: a new file or a "
+                           f"plain file with --overwrite. Fix: pass another --out")
+    return out
+
+
+def _same(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def predict(run_dir: str | Path, data: str | Path | np.ndarray, out: str | Path | None = None,
-            *, data_format: str = "", label_column: str = "", **options: Any) -> Prediction:
+            *, data_format: str = "", label_column: str = "", overwrite: bool = False,
+            **options: Any) -> Prediction:
     """Apply the run in ``run_dir`` to ``data`` (a file/folder, or an array of rows).
+
+    The run folder and ``out`` are checked before the data is read; ``out`` is written
+    atomically, and nothing is left behind on an error.
 
     Parameters
     ----------
@@ -55,19 +147,27 @@ def predict(run_dir: str | Path, data: str | Path | np.ndarray, out: str | Path 
     data : path or ndarray
         New rows, in the run's original feature units.
     out : path, optional
-        Write the prediction as CSV there.
+        Write the prediction as CSV there: a new file (an existing one with ``overwrite``),
+        never inside ``run_dir`` or ``data``.
     data_format, label_column : str
         As the node config keys of the same names (a label column is dropped, not used).
+    overwrite : bool
+        Replace an existing ``out``.
     **options
         Method options, e.g. ``cluster=2`` for EMD-CFL.
+
+    Raises
+    ------
+    PredictError
+        A damaged or unknown run folder, a refused ``out``, rows that do not fit the run.
     """
     run_dir = Path(run_dir).expanduser()
     summary = load_summary(run_dir)
-    method = summary.get("method")
-    if method not in PREDICTORS:
-        raise PredictError(f"{run_dir}/summary.json names method {method!r}; predict knows "
-                           f"{sorted(PREDICTORS)}")
-    if isinstance(data, np.ndarray):
+    method = summary["method"]
+    array = isinstance(data, np.ndarray)
+    if out is not None:
+        out = check_out(out, run_dir, None if array else data, overwrite)
+    if array:
         x = np.asarray(data, dtype=np.float64)
         x = x.reshape(len(x), -1) if x.ndim != 2 else x
     else:
@@ -75,17 +175,29 @@ def predict(run_dir: str | Path, data: str | Path | np.ndarray, out: str | Path 
 
         x, _ = load_local_table(str(data), data_format, label_column)
     if x.shape[0] == 0:
-        raise PredictError(f"{data} holds no rows")
+        raise PredictError(f"{'the array' if array else data} holds no rows. Allowed: at least "
+                           f"one row. Fix: pass the rows to predict")
     module, _, fn = PREDICTORS[method].partition(":")
     result: Prediction = getattr(importlib.import_module(module), fn)(run_dir, summary, x,
                                                                       options)
     if out is not None:
-        from fedclust.results import write_table
+        _write(out, result)
+    return result
 
-        out = Path(out).expanduser()
+
+def _write(out: Path, result: Prediction) -> None:
+    """The prediction as CSV, atomically; folders created for it are removed on an error."""
+    from fedclust.results import write_table
+
+    created = [p for p in (out.parent, *out.parent.parents) if not p.exists()]
+    try:
         out.parent.mkdir(parents=True, exist_ok=True)
         write_table(out, result.header, result.table, result.fmt or "%.17g")
-    return result
+    except BaseException:
+        for folder in created:          # deepest first
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
 
 
 def predict_fcm(run_dir: Path, summary: dict[str, Any], x: np.ndarray,
@@ -96,17 +208,10 @@ def predict_fcm(run_dir: Path, summary: dict[str, Any], x: np.ndarray,
     from fedclust.data import scaling
 
     if options:
-        raise PredictError(f"method {summary['method']} takes no options, got {sorted(options)}")
-    try:
-        centers = np.load(run_dir / "centers.npy")
-        shift = np.load(run_dir / "scaling_shift.npy")
-        scale = np.load(run_dir / "scaling_scale.npy")
-    except FileNotFoundError as exc:
-        raise PredictError(f"{run_dir} lacks {Path(exc.filename).name}: the run did not finish "
-                           f"or was made by an older fedclust") from exc
+        raise PredictError(f"method {summary['method']} takes no options, got {sorted(options)}."
+                           f" Allowed: none. Fix: leave out --cluster")
+    centers, shift, scale, m = fcm_model(run_dir, summary)
     check_width(x, centers.shape[1], "centers have")
-    cfg = summary["config"]
-    m = float(cfg["fcm.m"] if summary["method"] == "exact-fcm" else cfg["fedfcm.m"])
     u = fcm.memberships(scaling.apply(x, shift, scale), centers, m)
     labels = np.argmax(u, axis=1)
     table = np.column_stack([np.arange(len(x)), labels, u])
@@ -115,12 +220,83 @@ def predict_fcm(run_dir: Path, summary: dict[str, Any], x: np.ndarray,
                       {"n_clusters": int(centers.shape[0])})
 
 
+def fcm_model(run_dir: Path, summary: dict[str, Any]
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """The final centers ``(C, F)``, the scaling ``shift, scale`` ``(F,)`` and ``m`` of an FCM
+    run folder, each checked: centers 2-D and finite, scaling of their width, finite, ``scale
+    > 0``, ``m`` a number in ``(1, M_MAX]`` that does not underflow with ``C`` clusters
+    (:func:`fedclust.fcm.fuzzifier_problem`: beyond it every membership is ``1/C`` and every
+    row would get label 0)."""
+    from fedclust.fcm import M_MAX, MAX_UNDERFLOW_DIGITS, fuzzifier_problem
+
+    centers = _array(run_dir, "centers.npy")
+    shift = _array(run_dir, "scaling_shift.npy")
+    scale = _array(run_dir, "scaling_scale.npy")
+    where = run_dir / "centers.npy"
+    if centers.ndim != 2 or 0 in centers.shape:
+        raise PredictError(f"{where} has shape {centers.shape}. Allowed: 2-D (clusters, "
+                           f"features), not empty. Fix: {FIX_RUN}")
+    if not np.isfinite(centers).all():
+        raise PredictError(f"{where} holds NaN or infinite values. Allowed: finite centers. "
+                           f"Fix: {FIX_RUN}")
+    width = centers.shape[1]
+    for name, arr in (("scaling_shift.npy", shift), ("scaling_scale.npy", scale)):
+        if arr.shape != (width,):
+            raise PredictError(f"{run_dir / name} has shape {arr.shape} but the centers have "
+                               f"{width} features. Allowed: shape ({width},). Fix: {FIX_RUN}")
+        if not np.isfinite(arr).all():
+            raise PredictError(f"{run_dir / name} holds NaN or infinite values. Allowed: "
+                               f"finite values. Fix: {FIX_RUN}")
+    if not (scale > 0).all():
+        raise PredictError(f"{run_dir / 'scaling_scale.npy'} holds {int((scale <= 0).sum())} "
+                           f"value(s) <= 0 (rows are divided by it). Allowed: values > 0. "
+                           f"Fix: {FIX_RUN}")
+    key = "fcm.m" if summary["method"] == "exact-fcm" else "fedfcm.m"
+    src = run_dir / ("predict.json" if summary.get("scope") == "client" else "summary.json")
+    if key not in summary["config"]:
+        raise PredictError(f"{src} has no {key!r} in its config. Allowed: the run's fuzzifier, "
+                           f"a number in (1, {M_MAX:g}]. Fix: {FIX_RUN}")
+    m = summary["config"][key]
+    c = centers.shape[0]
+    problem = (f"{m!r} is not a number" if isinstance(m, bool) or not isinstance(m, (int, float))
+               else fuzzifier_problem(float(m), c))
+    if problem is not None:
+        raise PredictError(f"{src} gives {key} = {m!r}: {problem}. Allowed: a number m in "
+                           f"(1, {M_MAX:g}] with m*log10(C) <= {MAX_UNDERFLOW_DIGITS:g} (C = {c} "
+                           f"clusters here). Fix: {FIX_RUN}")
+    return centers, shift, scale, float(m)
+
+
+def _array(run_dir: Path, name: str) -> np.ndarray:
+    """A float64 array saved by the run (no pickled objects), or a :class:`PredictError`."""
+    path = run_dir / name
+    if not path.is_file():
+        raise PredictError(f"{run_dir} lacks {name}: the run did not finish or was made by an "
+                           f"older fedclust. Allowed: the folder of a finished run. Fix: "
+                           f"{FIX_RUN}")
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise PredictError(f"{path} is not a numpy array file ({type(exc).__name__}): the file "
+                           f"is damaged. Allowed: the {name} fedclust wrote. Fix: "
+                           f"{FIX_RUN}") from None
+    if not isinstance(arr, np.ndarray) or not (np.issubdtype(arr.dtype, np.integer)
+                                               or np.issubdtype(arr.dtype, np.floating)):
+        raise PredictError(f"{path} holds {getattr(arr, 'dtype', type(arr).__name__)} values. "
+                           f"Allowed: real numbers. Fix: {FIX_RUN}")
+    return arr.astype(np.float64)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="fedclust predict", description="Apply a finished run to new rows.")
     parser.add_argument("run_dir", help="the run's results folder (holds summary.json)")
     parser.add_argument("data", help="csv/tsv/npz/npy file or image folder, as a node's data-path")
-    parser.add_argument("--out", required=True, help="CSV to write (row,label,...)")
+    parser.add_argument("--out", required=True,
+                        help="CSV to write (row,label,...): a new file outside RUN_DIR and "
+                             "other than DATA")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace --out if it exists (never an input)")
     parser.add_argument("--data-format", default="", help="as node config 'data-format'")
     parser.add_argument("--label-column", default="",
                         help="a label column in DATA to drop (name or 0-based index)")
@@ -130,10 +306,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = {} if args.cluster is None else {"cluster": args.cluster}
     try:
         result = predict(args.run_dir, args.data, args.out, data_format=args.data_format,
-                         label_column=args.label_column, **options)
+                         label_column=args.label_column, overwrite=args.overwrite, **options)
     except (PredictError, ValueError) as exc:
-        print(f"fedclust predict: {exc}", file=sys.stderr)
+        print(f"fedclust predict: {_one_line(str(exc))}", file=sys.stderr)
+        return 2
+    except OSError as exc:       # unreadable input, unwritable --out: no traceback
+        name = f" {exc.filename!r}" if exc.filename else ""
+        print(f"fedclust predict: cannot read or write{name}: {exc.strerror or exc}",
+              file=sys.stderr)
         return 2
     counts = np.bincount(result.labels) if len(result.table) else []
     print(f"{len(result.table)} rows -> {args.out} (label counts {list(map(int, counts))})")
     return 0
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())

@@ -4,7 +4,11 @@ Every run writes to its output directory:
 
 - ``summary.json`` with ``method, dataset, seed, num_clients, config, wall_time_s, metrics``;
 - ``history.jsonl``, one JSON object per round/iteration;
-- arrays such as ``centers.npy``; PNG plots where the method has an iteration story.
+- arrays such as ``centers.npy``; PNG plots where the method has an iteration story;
+- ``.fedclust-manifest.json``, everything fedclust wrote there (:mod:`fedclust.outputs`):
+  ``overwrite=true`` removes exactly that and nothing else.
+
+Every file is written atomically (a temporary file beside it, then a rename).
 """
 
 from __future__ import annotations
@@ -12,13 +16,15 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from fedclust import outputs
+from fedclust.outputs import OutputDirError
 
 LOG = logging.getLogger("fedclust")
 
@@ -64,6 +70,9 @@ class Progress:
 class RunRecorder:
     """Write the results of one run to ``output_dir``.
 
+    The folder is claimed first (:func:`claim_folder`); every file goes through
+    :mod:`fedclust.outputs`, so it is written atomically and recorded in the folder's manifest.
+
     Parameters
     ----------
     output_dir : str or Path
@@ -72,6 +81,8 @@ class RunRecorder:
     seed, num_clients : int
     config : mapping
         The full resolved run config (written verbatim into ``summary.json``).
+    overwrite : bool
+        Remove what an earlier fedclust run wrote in ``output_dir`` first.
     """
 
     def __init__(self, output_dir: str | Path, method: str, dataset: str, seed: int,
@@ -86,7 +97,7 @@ class RunRecorder:
         self.round_notes: Callable[[], Mapping[str, Any]] | None = None
         self.start = time.perf_counter()
         self._history_path = self.dir / "history.jsonl"
-        self._history_path.write_text("")
+        outputs.write_text(self._history_path, "")
 
     def log_round(self, record: Mapping[str, Any]) -> None:
         """Append one record (a round/iteration) to ``history.jsonl``."""
@@ -96,27 +107,27 @@ class RunRecorder:
         rec = to_jsonable(rec)
         rec.setdefault("elapsed_s", round(time.perf_counter() - self.start, 4))
         self.history.append(rec)
-        with self._history_path.open("a") as fh:
-            fh.write(json.dumps(rec) + "\n")
+        outputs.append_line(self._history_path, json.dumps(rec))
 
     def save_array(self, name: str, array: np.ndarray) -> Path:
-        """Save ``array`` as ``<name>.npy``."""
-        path = self.dir / f"{name}.npy"
-        np.save(path, np.asarray(array))
-        return path
+        """Save ``array`` as ``<name>.npy`` (atomically)."""
+        return outputs.save_npy(self.dir / f"{name}.npy", np.asarray(array))
 
     def save_json(self, name: str, obj: Any) -> Path:
-        path = self.dir / f"{name}.json"
-        path.write_text(json.dumps(to_jsonable(obj), indent=2))
-        return path
+        """Save ``obj`` as ``<name>.json`` (atomically)."""
+        return outputs.write_json(self.dir / f"{name}.json", to_jsonable(obj))
 
     def path(self, name: str) -> Path:
-        return self.dir / name
+        """The path of a file ``name`` the caller writes into the folder, recorded in the
+        manifest (write it with :func:`fedclust.outputs.write_atomic`)."""
+        path = self.dir / name
+        outputs.record(path, outputs.FILE)
+        return path
 
     def finish(self, metrics: Mapping[str, Any], extra: Mapping[str, Any] | None = None
                ) -> dict[str, Any]:
-        """Write ``summary.json`` and return it (``extra``: more top-level entries, placed
-        before ``metrics``)."""
+        """Write ``summary.json`` (atomically, and last) and return it (``extra``: more
+        top-level entries, placed before ``metrics``)."""
         summary = {
             "method": self.method,
             "dataset": self.dataset,
@@ -128,9 +139,7 @@ class RunRecorder:
             "metrics": dict(metrics),
         }
         summary = to_jsonable(summary)
-        tmp = self.dir / "summary.json.part"
-        tmp.write_text(json.dumps(summary, indent=2))
-        os.replace(tmp, self.dir / "summary.json")     # atomic, and the last file written
+        outputs.write_json(self.dir / "summary.json", summary)
         (self.dir / RUNNING).unlink(missing_ok=True)
         LOG.info("results written to %s", self.dir)
         return summary
@@ -138,25 +147,26 @@ class RunRecorder:
     def interrupted(self, exc: BaseException) -> None:
         """Mark the folder as the result of a run that did not finish (no summary.json)."""
         (self.dir / RUNNING).unlink(missing_ok=True)
-        (self.dir / INTERRUPTED).write_text(json.dumps({
+        outputs.write_json(self.dir / INTERRUPTED, {
             "method": self.method, "error": type(exc).__name__, "message": str(exc)[:2000],
-            "wall_time_s": round(time.perf_counter() - self.start, 4)}, indent=2))
+            "wall_time_s": round(time.perf_counter() - self.start, 4)})
 
 
 RUNNING = "RUNNING"            # exists while a run writes to the folder (created exclusively)
 INTERRUPTED = "interrupted.json"
-_OURS = ("summary.json", "history.jsonl", RUNNING, INTERRUPTED)
-
-
-class OutputDirError(ValueError):
-    """``output-dir`` holds another run's results (or a run is writing there)."""
 
 
 def claim_folder(folder: Path, overwrite: bool = False) -> None:
-    """Make ``folder`` this run's own: refuse one in use by a running run, or holding files,
-    unless ``overwrite`` (then a fedclust results folder is cleared first; any other folder is
-    refused). Hidden entries and ``*.log`` files (Hydra's job folder) do not count."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Make ``folder`` this run's own, before any work starts.
+
+    A new or empty folder is taken. A folder in use by a running run is refused. A folder
+    holding anything is refused unless ``overwrite`` and it is the folder of an earlier fedclust
+    run: then exactly what that run wrote (its manifest, :mod:`fedclust.outputs`) is removed,
+    and anything else in it refuses the run with the first such entry named, before anything
+    is removed. Hidden entries and ``*.log`` files (Hydra's job folder) do not count and are
+    left alone. The folder then gets a new manifest.
+    """
+    outputs.make_dirs(folder)
     try:
         fd = os.open(folder / RUNNING, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
@@ -166,38 +176,44 @@ def claim_folder(folder: Path, overwrite: bool = False) -> None:
             f"empty for a new folder per run (delete {RUNNING} if that run is dead)") from None
     os.write(fd, str(os.getpid()).encode())
     os.close(fd)
-    entries = [p for p in folder.iterdir() if p.name != RUNNING and not p.name.startswith(".")
-               and not p.name.endswith(".log")]
-    if not entries:
-        return
-    ours = any(p.name in _OURS for p in entries)
-    if not overwrite or not ours:
-        (folder / RUNNING).unlink()
-        names = sorted(p.name for p in entries)[:6]
-        if ours:
-            allowed = ("an empty or new folder, or overwrite=true for a folder of an earlier "
-                       "fedclust run (it is cleared first)")
-            fix = "pass another output-dir, leave output-dir empty, or pass overwrite=true"
-        else:
-            allowed = ("an empty or new folder (overwrite=true clears only a fedclust results "
-                       "folder, and this one holds no summary.json or history.jsonl)")
-            fix = "pass another output-dir, or leave output-dir empty for a new folder per run"
+    try:
+        kept = _clear_for_run(folder, overwrite)
+        outputs.write_manifest(folder, {**kept, RUNNING: outputs.FILE})
+    except BaseException:
+        (folder / RUNNING).unlink(missing_ok=True)
+        raise
+
+
+def _clear_for_run(folder: Path, overwrite: bool) -> dict[str, str]:
+    """:func:`claim_folder` once ``RUNNING`` is held: the manifest entries that stay."""
+    names = outputs.visible_entries(folder, skip=(RUNNING,))
+    if not names:
+        return {}
+    listed = f"{names[:6]}{' …' if len(names) > 6 else ''}"
+    manifest = outputs.read_manifest(folder)
+    if manifest is None:
+        what = (f"output-dir {str(folder)!r} is not empty (it holds {listed}) and holds no "
+                f"{outputs.MANIFEST}, so it is not the folder of an earlier fedclust run")
+        why = ("nothing was removed" if overwrite
+               else "a run there would mix its results with what is there")
         raise OutputDirError(
-            f"output-dir {str(folder)!r} is not empty (it holds {names}"
-            f"{' …' if len(entries) > 6 else ''}): a run there would mix its results with "
-            f"what is there. Allowed: {allowed}. Fix: {fix}")
-    for p in entries:
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        else:
-            p.unlink()
+            f"{what}: {why}. "
+            f"Allowed: an empty or new folder (overwrite=true clears only a folder fedclust "
+            f"wrote, one with {outputs.MANIFEST}, and removes only what fedclust wrote there). "
+            f"Fix: pass another output-dir, or leave output-dir empty for a new folder per run")
+    if not overwrite:
+        raise OutputDirError(
+            f"output-dir {str(folder)!r} is not empty (it holds {listed}): a run there would "
+            f"mix its results with what is there. Allowed: an empty or new folder, or "
+            f"overwrite=true for the folder of an earlier fedclust run (it removes only what "
+            f"that run wrote). Fix: pass another output-dir, leave output-dir empty, or pass "
+            f"overwrite=true")
+    return outputs.clear_folder(folder, skip=(RUNNING,))
 
 
 def write_table(path: Path, header: Sequence[str], table: np.ndarray,
                 fmt: str | Sequence[str] = "%.17g") -> Path:
     """A CSV with a header line, written atomically."""
-    tmp = path.with_name(path.name + ".part")
-    np.savetxt(tmp, np.asarray(table).reshape(len(table), -1), delimiter=",",
-               header=",".join(header), comments="", fmt=fmt)
-    os.replace(tmp, path)
-    return path
+    rows = np.asarray(table).reshape(len(table), -1)
+    return outputs.write_atomic(path, lambda fh: np.savetxt(
+        fh, rows, delimiter=",", header=",".join(header), comments="", fmt=fmt))

@@ -101,9 +101,10 @@ def assert_owner_results(folder: Path, data_path: Path, run_out: Path, m: float)
 
 def run_methods_on_deployment(tmp_path: Path, tls: bool, reference: str) -> None:
     data = write_partitions({**BASE, "method": "exact-fcm"}, tmp_path / "data")
-    # node 0 names its results folder; the others get fedclust-results/ next to their data
+    # nodes 0 and 1 share one results folder (each gets <run-id>/<its file's stem>/ there);
+    # node 2 gets fedclust-results/ next to its data
     nodes = [{"data-path": str(p), "allow-evaluation": True,
-              **({"output-dir": str(tmp_path / "owner0")} if i == 0 else {})}
+              **({"output-dir": str(tmp_path / "owner0")} if i < 2 else {})}
              for i, p in enumerate(data)]
     refs = reference_runs(tmp_path, reference)
     with LoopbackDeployment(nodes, tls=tls, auth=tls, workdir=tmp_path / "flwr") as dep:
@@ -114,9 +115,11 @@ def run_methods_on_deployment(tmp_path: Path, tls: bool, reference: str) -> None
             assert res.ok, f"{name}: run {res.run_id} {res.status}\n{res.log[-3000:]}\n{dep.logs()}"
             assert_same_result(out, refs[name], name)
             for i, path in enumerate(data):
-                base = (tmp_path / "owner0" if i == 0
-                        else path.parent / "fedclust-results" / path.name)
-                assert_owner_results(base / str(res.run_id), path, out, 2.0)
+                folder = (tmp_path / "owner0" / str(res.run_id) / path.stem if i < 2
+                          else path.parent / "fedclust-results" / path.name / str(res.run_id))
+                assert_owner_results(folder, path, out, 2.0)
+            shared = tmp_path / "owner0" / str(res.run_id)
+            assert sorted(p.name for p in shared.iterdir()) == [data[0].stem, data[1].stem]
             assert not (out / "clients").exists()   # nothing of a node's rows on the server
     log = (tmp_path / "flwr" / "superlink.log").read_text(errors="replace")
     # flwr warns loudly when TLS or SuperNode authentication is off

@@ -112,9 +112,10 @@ def test_predict_refuses_rows_of_the_wrong_width_and_the_cli_writes_the_same_row
     done = subprocess.run(cli, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert target.read_text() == (out / "clients" / "1" / "assignments.csv").read_text()
-    bad = subprocess.run(cli[:5] + [str(paths[1]), "--out", str(target)], capture_output=True,
+    other = tmp_path / "pred2.csv"
+    bad = subprocess.run(cli[:5] + [str(paths[1]), "--out", str(other)], capture_output=True,
                          text=True, timeout=120)
-    assert bad.returncode == 2 and "label-column" in bad.stderr
+    assert bad.returncode == 2 and "label-column" in bad.stderr and not other.exists()
 
 
 @pytest.mark.parametrize("case, match", [
@@ -176,6 +177,13 @@ def test_site_files_on_flowers_simulation_engine(tmp_path):
     assert not bad.ok and "num-supernodes=3" in bad.log
     for i, path in enumerate(paths):
         check_owner_folder(out, i, path, 2.0)
+    # the clients wrote from their own processes: every file is in the run folder's manifest
+    from fedclust.outputs import read_manifest
+
+    entries = read_manifest(out)
+    for i in range(len(paths)):
+        for name in ("assignments.csv", "centers.npy", "predict.json", "result.json"):
+            assert entries.get(f"clients/{i}/{name}") == "file", sorted(entries)
 
 
 def test_error_replies_carry_no_node_data():

@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from fedclust.outputs import save_figure
+
 
 def emd_heatmap(path: str | Path, emd: NDArray, clusters: NDArray | None = None,
                 title: str = "EMD between embedding distributions") -> Path:
@@ -37,6 +39,6 @@ def emd_heatmap(path: str | Path, emd: NDArray, clusters: NDArray | None = None,
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=130)
+    save_figure(fig, path, dpi=130)
     plt.close(fig)
     return path

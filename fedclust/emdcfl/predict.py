@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import pickle
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,6 +33,7 @@ from fedclust.emdcfl.model import (
     state_dict,
     weights_from_state_dict,
 )
+from fedclust.outputs import make_dirs, write_atomic, write_json
 from fedclust.prediction import PredictError, Prediction, check_width
 
 MODELS_DIR = "models"
@@ -49,10 +49,8 @@ def spec_dict(spec: ModelSpec) -> dict[str, int]:
 
 def save_model(path: Path, weights: Weights) -> Path:
     """``torch.save`` the weights as a CNN ``state_dict``, atomically."""
-    tmp = path.with_name(path.name + ".part")
-    torch.save(state_dict(weights), tmp)
-    os.replace(tmp, path)
-    return path
+    state = state_dict(weights)
+    return write_atomic(path, lambda fh: torch.save(state, fh))
 
 
 def load_model(path: Path) -> Weights:
@@ -68,30 +66,48 @@ def load_model(path: Path) -> Weights:
                            f"older fedclust that did not save its models")
     try:
         return weights_from_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-    except (ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as exc:
-        raise PredictError(f"{path} is not an EMD-CFL model: {exc}") from exc
+    except (ValueError, RuntimeError, EOFError, pickle.UnpicklingError, KeyError, TypeError,
+            AttributeError, OSError) as exc:
+        raise PredictError(f"{path} is not an EMD-CFL model ({type(exc).__name__}: "
+                           f"{' '.join(str(exc).split())[:200]}). Allowed: the model file "
+                           f"fedclust wrote. Fix: {_FIX}") from None
 
 
 def save_cluster_models(run_dir: str | Path, spec: ModelSpec, models: Mapping[int, Weights],
                         members: Mapping[int, list[int]]) -> Path:
     """Server side: every cluster's final model and ``models/clusters.json`` (last)."""
-    folder = Path(run_dir) / MODELS_DIR
-    folder.mkdir(parents=True, exist_ok=True)
+    folder = make_dirs(Path(run_dir) / MODELS_DIR)
     clusters = {}
     for c in sorted(models):
         name = f"cluster_{int(c)}.pt"
         save_model(folder / name, models[c])
         clusters[str(int(c))] = {"file": name, "clients": sorted(int(n) for n in members[c])}
-    index = folder / INDEX
-    tmp = index.with_name(INDEX + ".part")
-    tmp.write_text(json.dumps({"spec": spec_dict(spec), "clusters": clusters}, indent=2))
-    os.replace(tmp, index)
-    return index
+    return write_json(folder / INDEX, {"spec": spec_dict(spec), "clusters": clusters})
+
+
+_FIX = "point RUN_DIR at the unchanged folder fedclust wrote, or run the federation again"
+
+
+def _plain_name(value: Any, where: Path, what: str) -> str:
+    """A file name from a run's JSON: one plain name inside the folder, nothing else."""
+    if not isinstance(value, str) or not value or value in (".", "..") or "/" in value \
+            or "\\" in value:
+        raise PredictError(f"{where} names {what} {value!r}. Allowed: a file name inside the "
+                           f"folder. Fix: {_FIX}")
+    return value
 
 
 def _spec(stored: Mapping[str, Any] | None, config: Mapping[str, Any], where: Path) -> ModelSpec:
     if stored:
-        return ModelSpec(**{k: int(v) for k, v in stored.items()})
+        try:
+            spec = ModelSpec(**{k: int(v) for k, v in stored.items()})
+        except (TypeError, ValueError, AttributeError):
+            raise PredictError(f"{where} has a damaged model shape (spec) {stored!r}. Allowed: "
+                               f"the spec fedclust wrote. Fix: {_FIX}") from None
+        if min(dataclasses.astuple(spec)) < 1:
+            raise PredictError(f"{where} has a model shape (spec) with a value < 1: "
+                               f"{stored!r}. Allowed: positive sizes. Fix: {_FIX}")
+        return spec
     try:
         return spec_from_config(config)
     except KeyError as exc:
@@ -101,13 +117,17 @@ def _spec(stored: Mapping[str, Any] | None, config: Mapping[str, Any], where: Pa
 
 def _owner_model(run_dir: Path, summary: Mapping[str, Any], want: Any
                  ) -> tuple[int, Path, ModelSpec]:
-    own = int(summary["cluster"])
+    own = summary.get("cluster")
+    if isinstance(own, bool) or not isinstance(own, int):
+        raise PredictError(f"{run_dir / 'predict.json'} names cluster {own!r}. Allowed: the int "
+                           f"fedclust wrote. Fix: {_FIX}")
     if want is not None and int(want) != own:
         raise PredictError(f"{run_dir} is a data owner's folder and holds only the model of its "
                            f"own cluster {own}; pass cluster={own} or no cluster, or point "
                            f"predict at the server's run folder for cluster {int(want)}")
     spec = _spec(summary.get("spec"), summary.get("config", {}), run_dir / "predict.json")
-    return own, run_dir / str(summary.get("model", OWNER_MODEL)), spec
+    name = _plain_name(summary.get("model", OWNER_MODEL), run_dir / "predict.json", "model")
+    return own, run_dir / name, spec
 
 
 def _server_model(run_dir: Path, summary: Mapping[str, Any], want: Any
@@ -116,8 +136,20 @@ def _server_model(run_dir: Path, summary: Mapping[str, Any], want: Any
     if not index_path.is_file():
         raise PredictError(f"{run_dir} lacks {MODELS_DIR}/{INDEX}: the run did not finish or "
                            f"was made by an older fedclust that did not save its models")
-    index = json.loads(index_path.read_text())
-    available = sorted(int(c) for c in index["clusters"])
+    try:
+        index = json.loads(index_path.read_text(encoding="utf-8"))
+        clusters = index["clusters"]
+        available = sorted(int(c) for c in clusters)
+        files = {int(c): _plain_name(v["file"], index_path, "model file")
+                 for c, v in clusters.items()}
+    except PredictError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        raise PredictError(f"{index_path} is damaged (not the JSON index of the cluster models "
+                           f"fedclust wrote). Allowed: that index. Fix: {_FIX}") from None
+    if not available:
+        raise PredictError(f"{index_path} lists no cluster model. Allowed: the index fedclust "
+                           f"wrote. Fix: {_FIX}")
     if want is None:
         if len(available) != 1:
             raise PredictError(
@@ -135,7 +167,7 @@ def _server_model(run_dir: Path, summary: Mapping[str, Any], want: Any
             raise PredictError(f"cluster={want!r} is not a cluster of the run in {run_dir}. "
                                f"Allowed: one of {available}")
     spec = _spec(index.get("spec"), summary.get("config", {}), index_path)
-    return cluster, run_dir / MODELS_DIR / index["clusters"][str(cluster)]["file"], spec
+    return cluster, run_dir / MODELS_DIR / files[cluster], spec
 
 
 def rows_to_images(x: np.ndarray, spec: ModelSpec) -> tuple[np.ndarray, str]:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from fedclust.metrics import mean_ci
+from fedclust.outputs import save_figure
 
 PANELS = (("communities", "(a) Communities found"), ("eval_acc", "(b) Accuracy (ACC)"),
           ("eval_wrong_associations_pct", "(c) Wrong associations (%)"),
@@ -85,6 +86,6 @@ def figure4(path: str | Path, histories: Sequence[Sequence[dict[str, Any]]],
         fig.suptitle(title)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return path

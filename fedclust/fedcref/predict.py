@@ -29,7 +29,6 @@ the same machine give the same labels bit for bit.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedclust.fedcref import autoencoder as ae
+from fedclust.outputs import write_atomic
 
 MODELS = "models.npz"                       # in a client's owner folder
 COMMUNITY_MODELS = "community_models.npz"   # in the server's run folder
@@ -59,16 +59,13 @@ def save_models(path: Path, params: ae.Params, labels: NDArray, gate: ae.Params 
     """Write stacked models, the label each one gives and the optional gate (atomically)."""
     labels = np.asarray(labels, dtype=np.int64)
     assert len(labels) == ae.n_models(params), "one label per model"
-    extra: dict[str, NDArray] = {}
+    arrays = ae.to_numpy(params)
     if gate is not None and ae.n_models(gate):
         allow = np.asarray(allow, dtype=bool)
         assert allow.shape == (ae.n_models(gate), len(labels)), "one gate row per own model"
-        extra = {GATE + k: v for k, v in ae.to_numpy(gate).items()}
-        extra[GATE + "allow"] = allow
-    tmp = path.with_name(path.name + ".part.npz")
-    np.savez(tmp, labels=labels, **ae.to_numpy(params), **extra)
-    os.replace(tmp, path)
-    return path
+        arrays.update({GATE + k: v for k, v in ae.to_numpy(gate).items()})
+        arrays[GATE + "allow"] = allow
+    return write_atomic(path, lambda fh: np.savez(fh, labels=labels, **arrays))
 
 
 def load_models(path: Path) -> tuple[ae.Params, NDArray[np.int64], ae.Params,
@@ -82,6 +79,79 @@ def load_models(path: Path) -> tuple[ae.Params, NDArray[np.int64], ae.Params,
                               if k.startswith(GATE) and k != GATE + "allow"})
         allow = np.asarray(z[GATE + "allow"], dtype=bool) if GATE + "allow" in z.files else None
     return params, labels, gate, allow
+
+
+def _checked_models(path: Path) -> tuple[ae.Params, NDArray[np.int64], ae.Params,
+                                         NDArray[np.bool_] | None]:
+    """:func:`load_models` for ``fedclust predict``, checked (``W_l`` of shape ``(M, in, out)``
+    chained from the row width back to it, ``b_l`` ``(M, 1, out)``, ``labels`` ``(M,)``
+    ints, finite weights; a gate, when present, likewise, with ``gate.allow`` of shape
+    ``(own models, M)``): a damaged file is a :class:`~fedclust.prediction.PredictError`
+    naming what is wrong, never a traceback."""
+    import zipfile
+
+    from fedclust.prediction import PredictError
+
+    fix = ("Fix: point RUN_DIR at the unchanged folder fedclust wrote, or run the federation "
+           "again")
+
+    def bad(what: str) -> PredictError:
+        return PredictError(f"{path} {what}. Allowed: the stacked autoencoders fedclust wrote "
+                            f"(W0, b0, …, labels). {fix}")
+
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, AttributeError) as exc:
+        raise bad(f"is not a readable .npz file ({type(exc).__name__})") from None
+    gate = {k[len(GATE):]: v for k, v in arrays.items() if k.startswith(GATE)}
+    main = {k: v for k, v in arrays.items() if not k.startswith(GATE)}
+    if "labels" not in main:
+        raise bad(f"holds the arrays {sorted(arrays)}")
+    w, b = _stack_shapes(main, bad, "")
+    m = w[0].shape[0]
+    labels = main["labels"]
+    if labels.shape != (m,) or not np.issubdtype(labels.dtype, np.integer):
+        raise bad(f"holds labels of shape {labels.shape} and type {labels.dtype} for {m} "
+                  f"models")
+    allow = None
+    gate_params: ae.Params = []
+    if gate:
+        if "allow" not in gate:
+            raise bad(f"holds a gate without '{GATE}allow'")
+        allow = gate.pop("allow")
+        gw, _ = _stack_shapes({**gate, "labels": None}, bad, GATE)
+        if gw[0].shape[1] != w[0].shape[1]:
+            raise bad(f"holds gate models of width {gw[0].shape[1]} for models of width "
+                      f"{w[0].shape[1]}")
+        if allow.dtype != bool or allow.shape != (gw[0].shape[0], m):
+            raise bad(f"holds '{GATE}allow' of shape {allow.shape} and type {allow.dtype}; "
+                      f"expected booleans of shape {(gw[0].shape[0], m)}")
+        gate_params = ae.from_numpy(gate)
+    return (ae.from_numpy({k: v for k, v in main.items() if k != "labels"}),
+            np.asarray(labels, dtype=np.int64), gate_params, allow)
+
+
+def _stack_shapes(arrays: dict[str, Any], bad: Any, prefix: str
+                  ) -> tuple[list[NDArray], list[NDArray]]:
+    """The ``W_l``, ``b_l`` of one stack of autoencoders, checked (names, chained shapes,
+    finite real weights); ``bad(what)`` makes the error."""
+    layers = sum(1 for k in arrays if k.startswith("W"))
+    names = {"labels"} | {f"{p}{i}" for i in range(layers) for p in "Wb"}
+    if layers == 0 or set(arrays) != names:
+        raise bad(f"holds the arrays {sorted(prefix + k for k in arrays if k != 'labels')}")
+    w = [arrays[f"W{i}"] for i in range(layers)]
+    b = [arrays[f"b{i}"] for i in range(layers)]
+    m = w[0].shape[0] if w[0].ndim == 3 else -1
+    shapes_ok = m > 0 and all(
+        wi.ndim == 3 and bi.shape == (m, 1, wi.shape[2]) and wi.shape[0] == m
+        and (i == 0 or wi.shape[1] == w[i - 1].shape[2])
+        for i, (wi, bi) in enumerate(zip(w, b, strict=True))) and w[-1].shape[2] == w[0].shape[1]
+    if not shapes_ok:
+        raise bad(f"holds {prefix}models of inconsistent shapes {[x.shape for x in w]}")
+    if not all(np.issubdtype(a.dtype, np.floating) and np.isfinite(a).all() for a in w + b):
+        raise bad(f"holds {prefix}weights that are not finite real numbers")
+    return w, b
 
 
 def threads_of(summary: dict[str, Any]) -> int:
@@ -132,12 +202,15 @@ def predict_rows(run_dir: Path, summary: dict[str, Any], x: np.ndarray,
             f"{path} does not exist: the run ended without any community (or was made by an "
             f"older fedclust), so the server holds no models. Predict with a client's owner "
             f"folder instead (<run dir>/clients/<i>/ in simulation)")
-    params, labels, gate, allow = load_models(path)
-    if not ae.n_models(params):
-        raise PredictError(f"{path} holds no models")
+    params, labels, gate, allow = _checked_models(path)
     check_width(x, int(params[0].shape[1]), "models take")
+    threads = summary.get("config", {}).get("fedcref.torch-threads", 1)
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 4096:
+        raise PredictError(f"the config of {run_dir} gives fedcref.torch-threads = {threads!r}. "
+                           f"Allowed: an int from 1 to 4096. Fix: point RUN_DIR at the "
+                           f"unchanged folder fedclust wrote")
     rows = unit_rows(x)
-    out = assign(params, labels, rows, threads_of(summary), gate, allow)
+    out = assign(params, labels, rows, threads, gate, allow)
     table = np.column_stack([np.arange(len(rows)), out])
     return Prediction(["row", "label"], table, ["%d", "%d"],
                       {"label": "local cluster" if client else "community",

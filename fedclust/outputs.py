@@ -1,0 +1,444 @@
+"""Folders fedclust writes: atomic files, a manifest of what it wrote, exclusive folders.
+
+- **Atomic files.** :func:`write_atomic` writes a hidden temporary file beside the target
+  (``.<name>.<12 hex>.part``), flushes it to disk and renames it over the target
+  (``os.replace``): a reader sees the old complete file or the new complete one, never half a
+  file; an error on the way removes the temporary file.
+- **Manifest.** A run's results folder holds ``.fedclust-manifest.json``, the relative name and
+  kind (``"file"`` or ``"dir"``) of everything fedclust wrote there. Every write records its name
+  (and the folders above it) in the manifest of the nearest folder above it that has one,
+  *before* the file appears; a folder is recorded once it was created. :func:`clear_folder`
+  (``overwrite=true``) removes exactly the recorded entries, and refuses a folder that holds
+  anything else, before removing anything.
+- **Exclusive folders.** :func:`claim_new_folder` creates a folder with ``os.mkdir``, which
+  fails when the name exists: two writers (two nodes sharing an output folder) never share one.
+
+Hidden entries (a name starting with ``.``) are never removed and never count as foreign; at
+the top of a results folder neither do ``*.log`` files (a Hydra job folder holds ``.hydra/``
+and ``<job>.log``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import secrets
+import stat
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+LOG = logging.getLogger("fedclust")
+
+MANIFEST = ".fedclust-manifest.json"
+FILE, DIR = "file", "dir"
+_KINDS = (FILE, DIR)
+_TEMP = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{12}\.part$")
+_LOCK = threading.RLock()
+_O_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+_O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+class OutputDirError(ValueError):
+    """An output folder cannot be used: it holds what fedclust did not write, another run is
+    writing there, or it cannot be created."""
+
+
+# ---------------------------------------------------------------------------- atomic writes
+
+def write_atomic(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
+    """Write ``path`` atomically: ``write(fh)`` fills a temporary file beside it, which then
+    replaces ``path``. The name is recorded in the nearest manifest first (:func:`record`).
+
+    Parameters
+    ----------
+    path : path
+        The file to (re)write; its folder must exist.
+    write : callable
+        Called with a binary file object open for writing.
+
+    Returns
+    -------
+    Path
+        ``path``.
+    """
+    path = Path(path)
+    record(path, FILE)
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.part"
+    try:
+        with open(tmp, "xb") as fh:     # "x": never reuses (or follows) an existing name
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """``path`` holds ``text`` (UTF-8), written atomically."""
+    data = text.encode("utf-8")
+    return write_atomic(path, lambda fh: fh.write(data))
+
+
+def write_json(path: str | Path, obj: Any, indent: int | None = 2) -> Path:
+    """``obj`` as JSON, serialised in full before the file is touched, written atomically."""
+    return write_text(path, json.dumps(obj, indent=indent))
+
+
+def save_npy(path: str | Path, array: Any) -> Path:
+    """``numpy.save`` (no pickled objects), atomically."""
+    import numpy as np
+
+    arr = np.asarray(array)
+    return write_atomic(path, lambda fh: np.save(fh, arr, allow_pickle=False))
+
+
+def save_figure(fig: Any, path: str | Path, **kwargs: Any) -> Path:
+    """``fig.savefig`` atomically, in the format the file name's suffix names (PNG without)."""
+    fmt = Path(path).suffix.lstrip(".").lower() or "png"
+    return write_atomic(path, lambda fh: fig.savefig(fh, format=fmt, **kwargs))
+
+
+def append_line(path: str | Path, line: str) -> None:
+    """Append one line to an append-only log (``history.jsonl``) in a single ``write``."""
+    data = (line.rstrip("\n") + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | _O_NOFOLLOW)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+
+
+def make_dirs(path: str | Path) -> Path:
+    """``mkdir -p path``, recording every folder it creates in the nearest manifest."""
+    path = Path(os.path.abspath(Path(path).expanduser()))
+    missing = []
+    for p in (path, *path.parents):
+        if p.is_dir():
+            break
+        missing.append(p)
+    for p in reversed(missing):
+        try:
+            os.mkdir(p)
+        except FileExistsError:
+            if not p.is_dir():
+                raise
+            continue
+        record(p, DIR)
+    return path
+
+
+def claim_new_folder(parent: str | Path, name: str, tries: int = 100) -> Path:
+    """Create ``parent/name`` exclusively (``os.mkdir``); when it exists, ``name-2``, ``name-3``,
+    … with a warning. Nobody else writes in the folder returned.
+
+    Raises
+    ------
+    OutputDirError
+        ``tries`` names are taken.
+    """
+    parent = make_dirs(parent)
+    for i in range(tries):
+        candidate = parent / (name if i == 0 else f"{name}-{i + 1}")
+        try:
+            os.mkdir(candidate)
+        except FileExistsError:
+            continue
+        record(candidate, DIR)
+        if i:
+            LOG.warning("%s already exists (written by another node or run with the same "
+                        "name): this node's results go to %s instead", parent / name,
+                        candidate.name)
+        return candidate
+    raise OutputDirError(f"the results folder already holds {name!r} and {tries - 1} "
+                         f"suffixed copies of it. Allowed: a name no other writer uses. Fix: "
+                         f"point this node's output-dir at a folder of its own")
+
+
+def safe_name(text: str, limit: int = 64) -> str:
+    """``text`` as a portable file name (letters, digits, ``._-``), or ``""``."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", str(text)).strip("._-")
+    return name[:limit].rstrip("._-")
+
+
+# ---------------------------------------------------------------------------- the manifest
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """Exclusive access to ``folder``'s manifest: across threads, and across processes where
+    ``flock`` exists (simulated clients write into the run folder from other processes)."""
+    try:
+        import fcntl
+    except ImportError:     # pragma: no cover - not POSIX
+        fcntl = None
+    with _LOCK:
+        fd = os.open(folder, _O_DIR)
+        try:
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+
+def _clean_rel(rel: Any) -> bool:
+    """A manifest name: relative, ``/``-separated, no empty, ``.`` or ``..`` part."""
+    return (isinstance(rel, str) and bool(rel) and not rel.startswith("/") and "\\" not in rel
+            and all(part not in ("", ".", "..") for part in rel.split("/")))
+
+
+def read_manifest(folder: str | Path) -> dict[str, str] | None:
+    """The entries of ``folder``'s manifest (``{relative name: kind}``), or ``None`` when the
+    folder has none.
+
+    Raises
+    ------
+    OutputDirError
+        The manifest is not one fedclust wrote (unreadable, not JSON, bad names or kinds).
+    """
+    path = Path(folder) / MANIFEST
+    if not path.is_file() or path.is_symlink():
+        if path.is_symlink() or path.exists():
+            raise OutputDirError(f"{MANIFEST} in {str(folder)!r} is not a plain file")
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise OutputDirError(f"{MANIFEST} in {str(folder)!r} cannot be read "
+                             f"({type(exc).__name__})") from None
+    entries = data.get("entries") if isinstance(data, dict) else None
+    if not isinstance(entries, dict) or not all(
+            _clean_rel(k) and v in _KINDS for k, v in entries.items()):
+        raise OutputDirError(f"{MANIFEST} in {str(folder)!r} is damaged: it must map relative "
+                             f"names to 'file' or 'dir'")
+    return dict(entries)
+
+
+def write_manifest(folder: str | Path, entries: Mapping[str, str]) -> None:
+    """Replace ``folder``'s manifest (atomically)."""
+    folder = Path(folder)
+    text = json.dumps({"written-by": "fedclust", "version": 1,
+                       "entries": dict(sorted(entries.items()))}, indent=1)
+    tmp = folder / f".{MANIFEST}.{secrets.token_hex(6)}.part"
+    try:
+        with open(tmp, "x", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, folder / MANIFEST)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _manifest_root(path: Path) -> Path | None:
+    for folder in path.parents:
+        if os.path.isfile(folder / MANIFEST):
+            return folder
+    return None
+
+
+def record(path: str | Path, kind: str) -> None:
+    """Record ``path`` (and the folders between it and the manifest) in the manifest of the
+    nearest folder above it that has one; nothing when there is none. A manifest that cannot
+    be updated is logged and left: the entry is then not removed by a later overwrite (safe)."""
+    path = Path(os.path.abspath(Path(path).expanduser()))
+    root = _manifest_root(path)
+    if root is None:
+        return
+    parts = path.relative_to(root).parts
+    wanted = {"/".join(parts[:i]): DIR for i in range(1, len(parts))}
+    wanted["/".join(parts)] = kind
+    try:
+        with _locked(root):
+            entries = read_manifest(root) or {}
+            if all(entries.get(k) == v for k, v in wanted.items()):
+                return
+            write_manifest(root, {**entries, **wanted})
+    except (OSError, OutputDirError) as exc:
+        LOG.warning("could not record %s in %s (%s): a later overwrite=true will leave it",
+                    "/".join(parts), root / MANIFEST, exc)
+
+
+def record_tree(path: str | Path) -> None:
+    """Record a folder fedclust filled elsewhere and moved here, and every plain file and
+    folder in it (symbolic links are not recorded)."""
+    path = Path(path)
+    record(path, DIR)
+    for top, dirs, files in os.walk(path):
+        for d in dirs:
+            if not os.path.islink(os.path.join(top, d)):
+                record(Path(top) / d, DIR)
+        for f in files:
+            if os.path.isfile(os.path.join(top, f)) and not os.path.islink(os.path.join(top, f)):
+                record(Path(top) / f, FILE)
+
+
+# ---------------------------------------------------------------------------- clearing
+
+def _ignored(name: str, top: bool, is_file: bool) -> bool:
+    """Entries that are left alone: hidden ones, and Hydra's ``*.log`` at the top."""
+    return name.startswith(".") or (top and is_file and name.endswith(".log"))
+
+
+def visible_entries(folder: Path, skip: tuple[str, ...] = ()) -> list[str]:
+    """The names at the top of ``folder`` that count as content (sorted)."""
+    names = []
+    with os.scandir(folder) as it:
+        for e in it:
+            if e.name in skip or _ignored(e.name, True, e.is_file(follow_symlinks=False)):
+                continue
+            names.append(e.name)
+    return sorted(names)
+
+
+def _kind_of(entry: os.DirEntry) -> str:
+    if entry.is_symlink():
+        return "a symbolic link"
+    if entry.is_dir(follow_symlinks=False):
+        return "a folder"
+    if entry.is_file(follow_symlinks=False):
+        return "a file"
+    return "a special file"
+
+
+def _scan(folder: Path, entries: Mapping[str, str], skip: tuple[str, ...]
+          ) -> tuple[list[str], list[str], tuple[str, str] | None]:
+    """What :func:`clear_folder` removes (files, folders), or the first foreign entry
+    ``(relative name, why)``; never follows a symbolic link."""
+    files: list[str] = []
+    dirs: list[str] = []
+
+    def walk(current: Path, prefix: str) -> tuple[str, str] | None:
+        with os.scandir(current) as it:
+            items = sorted(it, key=lambda e: e.name)
+        top = not prefix
+        for e in items:
+            rel = prefix + e.name
+            if top and e.name in skip:
+                continue
+            regular = e.is_file(follow_symlinks=False) and not e.is_symlink()
+            temp = _TEMP.match(e.name)
+            if temp and regular and entries.get(prefix + temp.group("name")) == FILE:
+                files.append(rel)       # a temporary file of a write that never finished
+                continue
+            if _ignored(e.name, top, regular):
+                continue
+            kind = entries.get(rel)
+            if kind is None:
+                return rel, (f"{_kind_of(e)} that fedclust did not write (the folder's "
+                             f"{MANIFEST} does not list it)")
+            if kind == FILE:
+                if not regular:
+                    return rel, f"now {_kind_of(e)}, where fedclust wrote a file"
+                files.append(rel)
+            else:
+                if e.is_symlink() or not e.is_dir(follow_symlinks=False):
+                    return rel, f"now {_kind_of(e)}, where fedclust made a folder"
+                dirs.append(rel)
+                found = walk(Path(e.path), rel + "/")
+                if found:
+                    return found
+        return None
+
+    return files, dirs, walk(folder, "")
+
+
+def _open_dir(root_fd: int, parts: list[str]) -> int | None:
+    """A descriptor of ``root/parts…``, every step without following a symbolic link."""
+    fd = root_fd
+    for part in parts:
+        try:
+            nxt = os.open(part, _O_DIR | _O_NOFOLLOW, dir_fd=fd)
+        except OSError:
+            nxt = None
+        if fd != root_fd:
+            os.close(fd)
+        if nxt is None:
+            return None
+        fd = nxt
+    return fd
+
+
+def _remove(folder: Path, files: list[str], dirs: list[str]) -> set[str]:
+    """Unlink ``files`` and remove the emptied ``dirs``, every step relative to a descriptor
+    of its own folder (a folder swapped for a link meanwhile is not followed); returns the
+    folders that are not empty (hidden entries left alone) and so stay."""
+    kept: set[str] = set()
+    root = os.open(folder, _O_DIR)
+    try:
+        for rel in files:
+            *parents, name = rel.split("/")
+            fd = _open_dir(root, parents)
+            if fd is None:
+                continue
+            try:
+                if stat.S_ISREG(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                    os.unlink(name, dir_fd=fd)
+            except FileNotFoundError:
+                pass
+            finally:
+                if fd != root:
+                    os.close(fd)
+        for rel in sorted(dirs, key=lambda r: r.count("/"), reverse=True):
+            *parents, name = rel.split("/")
+            fd = _open_dir(root, parents)
+            if fd is None:
+                continue
+            try:
+                os.rmdir(name, dir_fd=fd)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                kept.add(rel)
+            finally:
+                if fd != root:
+                    os.close(fd)
+    finally:
+        os.close(root)
+    return kept
+
+
+def clear_folder(folder: str | Path, skip: tuple[str, ...] = ()) -> dict[str, str]:
+    """Remove what fedclust wrote in ``folder`` (its manifest's entries), after checking that
+    the folder holds nothing else; returns the manifest entries that stay (folders left
+    non-empty by hidden entries).
+
+    Parameters
+    ----------
+    folder : path
+        A results folder with a manifest.
+    skip : tuple of str
+        Top-level names to leave alone (the ``RUNNING`` marker of the run that clears).
+
+    Raises
+    ------
+    OutputDirError
+        No manifest, a damaged one, or an entry fedclust did not write; nothing was removed.
+    """
+    folder = Path(folder)
+    entries = read_manifest(folder)
+    if entries is None:
+        raise OutputDirError(f"output-dir {str(folder)!r} holds no {MANIFEST}")
+    files, dirs, foreign = _scan(folder, entries, skip)
+    if foreign is not None:
+        rel, why = foreign
+        raise OutputDirError(
+            f"output-dir {str(folder)!r} holds {rel!r}, {why}. overwrite=true removes only "
+            f"what an earlier fedclust run wrote there, so nothing was removed. Allowed: a "
+            f"folder holding only an earlier run's results (hidden entries and top-level *.log "
+            f"files are left alone). Fix: move {rel!r} out of the folder, or pass another "
+            f"output-dir")
+    kept = _remove(folder, files, dirs)
+    return {rel: DIR for rel in kept}
