@@ -402,7 +402,7 @@ def fedcref_refine(msg: Message, context: Context) -> Message:
     members = [[int(q) for q in qs] for qs in np.split(flat, np.cumsum(lens)[:-1])] \
         if lens else []
     mode = cfg["fedcref.refine"]
-    outcome = core.refine(st, x, comm, mode, members, cfg["fedcref.epsilon"],
+    outcome = core.refine(st, x, comm, mode, members, cfg["fedcref.margin"],
                           cfg["fedcref.beta"], ids)
     _save_state(context, st)
     own = _owner_state(context, st.k)

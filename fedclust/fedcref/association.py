@@ -118,7 +118,7 @@ def confident_accepts(own: NDArray, foreign: NDArray, others: NDArray, held: NDA
     others : (R, n) errors of the client's own *other* cluster models on the same samples
         (R ≥ 1; with none the client cannot tell "same" from "different" and accepts nothing)
     held : (n,) samples held out from ``AE_q``'s training
-    epsilon, beta : ε and β below
+    epsilon, beta, delta : ε, β and δ below (``delta=None``: no comparison with the best)
 
     A foreign model f is accepted when both hold at level β:
 
@@ -126,6 +126,11 @@ def confident_accepts(own: NDArray, foreign: NDArray, others: NDArray, held: NDA
       median of ``log E_f(x) − log E_q(x)`` over ``H_q`` is below ε, i.e. the sign test
       ``#{x ∈ H_q : log E_f(x) − log E_q(x) ≤ ε}`` rejects "median > ε":
       ``P(Bin(h, ½) ≥ count) ≤ β``;
+    - **as good as the best foreign model** (all n samples of q, which no foreign model has
+      seen; with ``delta``): ``#{x : log E_f(x) − log E_b(x) ≤ δ} `` passes the same sign
+      test, where b is the foreign model of lowest mean log error on q. Among several
+      clients' models the right class is the best one, and a model of a similar class (a
+      "9" on "4"s) trails it on most samples even where it stays within ε of a weak own model;
     - **better than every other cluster's own model** (on all n samples of q, which no model
       of the comparison has seen): for each own other cluster q', ``#{x : E_f(x) < E_q'(x)}``
       rejects "f wins at most half the samples": ``P(Bin(n, ½) ≥ count) ≤ β``.
@@ -147,8 +152,8 @@ def confident_accepts(own: NDArray, foreign: NDArray, others: NDArray, held: NDA
     ok &= (sign_test_p(wins, f.shape[1]) <= beta).all(axis=1)
     if delta is not None:
         best = int(np.argmin(f.mean(axis=1)))
-        worse = (f - f[best] > delta).sum(axis=1)
-        ok &= sign_test_p(worse, f.shape[1]) > beta
+        near = (f - f[best] <= delta).sum(axis=1)
+        ok &= sign_test_p(near, f.shape[1]) <= beta
     return ok
 
 

@@ -155,7 +155,7 @@ def train_local(state: ClientState, x: NDArray, cfg: dict[str, Any], seed: int) 
     params = ae.init_params(len(clusters), layer, seed, cfg["fedcref.ae-init"])
     train_on = np.ones(len(x), dtype=bool)
     state.held_out = None
-    if cfg["fedcref.assoc-rule"] in HELD_OUT_RULES:
+    if cfg["fedcref.assoc-rule"] in HELD_OUT_RULES and cfg["fedcref.association"] == "mutual":
         state.held_out = hold_out(state.labels, cfg["fedcref.holdout"], derive_seed(seed, 3))
         train_on = ~state.held_out
     previous = {int(q): r for r, q in enumerate(state.model_clusters)}
@@ -245,10 +245,12 @@ def associate(state: ClientState, x: NDArray, keys: list[str], new_models: dict[
     held_out = state.held_out
     if rule in HELD_OUT_RULES and held_out is None:  # models trained on every sample: none
         held_out = np.zeros(len(x), dtype=bool)
+    confident = rule == "confident"
     acc = accept_matrix(state.labels, state.own_errors, foreign, cfg["fedcref.theta"],
                         cfg["fedcref.alpha"], cfg["fedcref.min-cluster-size"], groups, rule,
-                        cfg["fedcref.epsilon"], cfg["fedcref.ratio-quantile"], held_out,
-                        cfg["fedcref.lambda"], cfg["fedcref.beta"])
+                        cfg["fedcref.margin"] if confident else cfg["fedcref.epsilon"],
+                        cfg["fedcref.ratio-quantile"], held_out, cfg["fedcref.lambda"],
+                        cfg["fedcref.beta"], cfg["fedcref.best-margin"] if confident else None)
     return acc, [], time.perf_counter() - t0
 
 

@@ -111,7 +111,7 @@ class InMemoryClients:
             models, mine, ids = core.refine_inputs(params, members.get(i, []),
                                                    self.cfg["fedcref.refine"])
             r = core.refine(self.states[i], self.xs[i], models, self.cfg["fedcref.refine"],
-                            mine, self.cfg["fedcref.epsilon"], self.cfg["fedcref.beta"], ids)
+                            mine, self.cfg["fedcref.margin"], self.cfg["fedcref.beta"], ids)
             covered = self.cfg["fedcref.refine"] == "covered"
             out[i] = RefineReply(r.agreement, self._hist(i),
                                  [bool(b) for b in r.confirmed] if covered else None,

@@ -50,18 +50,24 @@ KEYS: list[Key] = [
     Key("fedcref.theta", float, 0.2, "theta: association threshold on the normalised error gap",
         low=0.0, high=1.0),
     Key("fedcref.assoc-rule", str, "ratio", "association test: 'confident' (not in the "
-        "paper: two sign tests at level beta on the cluster's own samples: the foreign model's "
-        "held-out log error ratio is below epsilon, and it beats each of the client's other "
-        "cluster models; abstains when the samples are too few to tell), 'ratio' (not in the "
-        "paper: the ratio-quantile of log e_foreign - log e_own over the cluster's held-out "
-        "samples <= epsilon), 'eq2' (the paper: Pr{normalised error gap <= theta} >= alpha; "
-        "theta depends on the dataset) or 'calibrated' (not in the paper, not recommended: "
-        "the same statistic <= lambda times the statistic of the client's own closest other "
-        "cluster model)",
+        "paper: sign tests at level beta on the cluster's own samples that the foreign model "
+        "is within fedcref.margin of the own model on held-out samples, within "
+        "fedcref.best-margin of the best foreign model, and better than each of the "
+        "client's other cluster models; abstains when the samples are too few to tell), "
+        "'ratio' (not in the paper: the ratio-quantile of log e_foreign - log e_own over the "
+        "cluster's held-out samples <= epsilon), 'eq2' (the paper: Pr{normalised error gap "
+        "<= theta} >= alpha; theta depends on the dataset) or 'calibrated' (not in the "
+        "paper, not recommended: the same statistic <= lambda times the statistic of the "
+        "client's own closest other cluster model)",
         choices=("eq2", "ratio", "calibrated", "confident")),
-    Key("fedcref.beta", float, 0.05, "assoc-rule=confident: level of its two sign tests "
-        "(the chance that a pair is accepted on evidence no stronger than a coin's)",
+    Key("fedcref.beta", float, 0.05, "assoc-rule=confident: level of each of its sign tests "
+        "(the chance that one passes on evidence no stronger than a coin's)",
         low=0.0, high=1.0, low_open=True, high_open=True),
+    Key("fedcref.margin", float, 0.3, "assoc-rule=confident: a foreign model must be within "
+        "a factor e^margin of the own model's error on most held-out samples", low=0.0),
+    Key("fedcref.best-margin", float, 0.1, "assoc-rule=confident: a foreign model must be "
+        "within a factor e^best-margin of the best foreign model's error on most of the "
+        "cluster's samples", low=0.0),
     Key("fedcref.cannot-link", bool, True, "cut the cluster graph so that no community holds "
         "two clusters of one client (a minimum edge cut between them; not in the paper)"),
     Key("fedcref.refine", str, "paper", "refinement (Algorithm 2): 'paper' (every sample may "
