@@ -509,6 +509,8 @@ class FlowerClients:
         rec["seconds"] = dict(self.traffic.seconds)
         rec["client_seconds"] = dict(self.traffic.client_seconds)
         rec.update(self.traffic.since_mark())
+        rec["bytes_per_client_iter"] = ((rec["bytes_sent_iter"] + rec["bytes_received_iter"])
+                                        / max(self.n, 1))
 
 
 def _key(node: Node, version: int) -> str:
@@ -551,6 +553,8 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         except Exception as exc:  # plots never fail a run
             LOG.warning("plot failed: %s", exc)
     traffic = clients.traffic
+    per_iter = [h["bytes_per_client_iter"] for h in outcome.history]
     return {**outcome.summary, "bytes_sent": traffic.sent, "bytes_received": traffic.received,
+            "bytes_per_client_iter": sum(per_iter) / len(per_iter) if per_iter else 0.0,
             "seconds": traffic.seconds, "client_seconds": traffic.client_seconds,
             "dropped_nodes": sorted(clients.dropped)}

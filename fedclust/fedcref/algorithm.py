@@ -34,6 +34,7 @@ loop never uses them, except the explicit ``association="perfect"`` baseline.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -50,8 +51,10 @@ from fedclust.fedcref.association import (
 )
 from fedclust.fedcref.client import derive_seed
 from fedclust.fedcref.evaluation import majority_classes, mean_accuracy, wrong_associations
+from fedclust.fedcref.health import assess
 from fedclust.fedcref.stopping import StabilityStop
 
+LOG = logging.getLogger("fedclust")
 Node = tuple[int, int]                    # (client, local cluster)
 Model = dict[str, NDArray[np.float32]]    # one autoencoder: W0 (1, in, out), b0 (1, 1, out) ...
 
@@ -461,7 +464,10 @@ def run(clients: Clients, s: Settings,
         "active_clients": len(active & set(responding)),
         "active_unresponsive": sorted(active - set(responding)),
         "association": s.association,
+        "health": assess(history),
     }
+    for warning in summary["health"]["warnings"]:
+        LOG.warning("fedcref: %s", warning)
     if s.evaluate:
         summary.update({"eval_acc_start": acc_start, "eval_acc_end": last.get("eval_acc"),
                         "eval_wrong_associations_pct": last.get("eval_wrong_associations_pct"),

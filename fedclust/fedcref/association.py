@@ -109,7 +109,7 @@ def confident_accepts(own: NDArray, foreign: NDArray, others: NDArray, held: NDA
                       epsilon: float, beta: float, delta: float | None = None
                       ) -> NDArray[np.bool_]:
     """The confident test for one cluster q: which foreign models are interchangeable with the
-    own model, shown with confidence ``1 − β`` by two one-sided sign tests.
+    own model, shown by one-sided sign tests, each at level β.
 
     Parameters
     ----------
@@ -120,7 +120,7 @@ def confident_accepts(own: NDArray, foreign: NDArray, others: NDArray, held: NDA
     held : (n,) samples held out from ``AE_q``'s training
     epsilon, beta, delta : ε, β and δ below (``delta=None``: no comparison with the best)
 
-    A foreign model f is accepted when both hold at level β:
+    A foreign model f is accepted when all hold at level β:
 
     - **as good as the own model** (equivalence, on the h held-out samples ``H_q``): the
       median of ``log E_f(x) − log E_q(x)`` over ``H_q`` is below ε, i.e. the sign test
@@ -131,12 +131,14 @@ def confident_accepts(own: NDArray, foreign: NDArray, others: NDArray, held: NDA
       test, where b is the foreign model of lowest mean log error on q. Among several
       clients' models the right class is the best one, and a model of a similar class (a
       "9" on "4"s) trails it on most samples even where it stays within ε of a weak own model;
-    - **better than every other cluster's own model** (on all n samples of q, which no model
-      of the comparison has seen): for each own other cluster q', ``#{x : E_f(x) < E_q'(x)}``
-      rejects "f wins at most half the samples": ``P(Bin(n, ½) ≥ count) ≤ β``.
+    - **better than every other cluster's own model**: for each own other cluster q', on the
+      ``m`` samples of q that the own model of q reconstructs better than the one of q',
+      ``#{x : E_f(x) < E_q'(x)}`` rejects "f wins at most half of them":
+      ``P(Bin(m, ½) ≥ count) ≤ β``. (A start of dirty clusters puts samples of q''s kind in
+      q; q''s model explains those, and they say nothing about f.)
 
-    Both bounds widen as the sample counts shrink, so with few samples the test abstains
-    (with h < 5 held-out samples no count reaches β = 0.05). The second part anchors
+    Every bound widens as the sample counts shrink, so with few samples the test abstains
+    (with h < 6 held-out samples no count reaches β = 0.02). The last part anchors
     "different" in the client's own clusters: a model that cannot beat them on most samples
     is no evidence of the same distribution, however close its errors are to the own ones.
     """
@@ -148,8 +150,9 @@ def confident_accepts(own: NDArray, foreign: NDArray, others: NDArray, held: NDA
     close = (f[:, held] - o[held] <= epsilon).sum(axis=1)
     ok = sign_test_p(close, int(held.sum())) <= beta
     r = np.log(np.maximum(np.asarray(others, np.float64), _TINY))
-    wins = (f[:, None, :] < r[None, :, :]).sum(axis=2)              # (F, R)
-    ok &= (sign_test_p(wins, f.shape[1]) <= beta).all(axis=1)
+    mine = o[None, :] < r                                  # (R, n): samples q explains better
+    wins = ((f[:, None, :] < r[None, :, :]) & mine[None]).sum(axis=2)          # (F, R)
+    ok &= (sign_test_p(wins, mine.sum(axis=1)[None, :]) <= beta).all(axis=1)
     if delta is not None:
         best = int(np.argmin(f.mean(axis=1)))
         near = (f - f[best] <= delta).sum(axis=1)

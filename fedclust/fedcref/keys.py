@@ -60,7 +60,7 @@ KEYS: list[Key] = [
         "paper, not recommended: the same statistic <= lambda times the statistic of the "
         "client's own closest other cluster model)",
         choices=("eq2", "ratio", "calibrated", "confident")),
-    Key("fedcref.beta", float, 0.05, "assoc-rule=confident: level of each of its sign tests "
+    Key("fedcref.beta", float, 0.02, "assoc-rule=confident: level of each of its sign tests "
         "(the chance that one passes on evidence no stronger than a coin's)",
         low=0.0, high=1.0, low_open=True, high_open=True),
     Key("fedcref.margin", float, 0.3, "assoc-rule=confident: a foreign model must be within "
