@@ -19,6 +19,27 @@ class SiteFilesError(ValueError):
     """``data-dir`` does not hold one usable file per client."""
 
 
+def is_simulated(node_config: Mapping[str, Any], cfg: Mapping[str, Any] | None = None) -> bool:
+    """Whether a node reads data the run config determines — the one definition every method
+    uses (evaluation permission, EMD-CFL's key pairs and seeds, FedCRef's start).
+
+    A node is *simulated* when its node config has ``partition-id`` and either no
+    ``data-path`` of its own (a partition of the run's dataset) or run config
+    ``dataset="files"`` (the engine set ``data-path`` to its site file of ``data-dir``). A node
+    with a ``data-path`` of its own is *deployed*, whatever else its node config says.
+
+    Parameters
+    ----------
+    node_config : mapping
+        The node's node config (after the engine's ``dataset="files"`` resolution).
+    cfg : mapping, optional
+        The run config (only ``dataset`` is read); None counts as no ``dataset="files"``.
+    """
+    if "partition-id" not in node_config:
+        return False
+    return "data-path" not in node_config or (cfg or {}).get("dataset") == "files"
+
+
 def site_files(data_dir: str | Path) -> list[Path]:
     """The per-site entries of ``data_dir``, sorted by name."""
     root = Path(str(data_dir)).expanduser()
