@@ -752,12 +752,12 @@ def _check_unique_names(p: Path, names: list[str], label_column: str) -> None:
     dups = {n: cols for n, cols in seen.items() if len(cols) > 1}
     if not dups:
         return
-    where = "; ".join(f"columns {', '.join(map(str, cols))}" for cols in dups.values())
-    label = (f" (node config 'label-column' = {label_column!r} is one of them: it would "
-             f"name {len(dups[label_column])} columns)" if label_column in dups else "")
-    problem = (f"the header gives {len(dups)} name(s) to more than one column: {where}"
-               f"{label}. Allowed: a different name for every column. Fix: rename the "
-               f"duplicate columns")
+    shared = [f"columns {', '.join(map(str, cols[:-1]))} and {cols[-1]} share "
+              + (f"the name {n!r} (node config 'label-column')" if n == label_column.strip()
+                 else "one name") for n, cols in dups.items()]
+    problem = (f"duplicate header names: {'; '.join(shared)}. Allowed: a different name for "
+               f"every column (a label-column named twice would take one of them and keep the "
+               f"other as a feature). Fix: rename the duplicate columns")
     detail = "; ".join(f"{n!r} in columns {cols}" for n, cols in dups.items())
     raise LocalDataError(f"{_public(p)}: {problem}", f"{p}: {problem} ({detail})")
 
@@ -771,7 +771,7 @@ def _label_index(p: Path, names: list[str], width: int, has_header: bool,
     try:
         col = int(label_column)
     except ValueError:
-        where = (f"its header has {width} columns, none named {label_column!r}" if has_header
+        where = (f"its header has {width} column(s), none named {label_column!r}" if has_header
                  else "it has no header row (its first cell is a number)")
         fix = ("label-column=<index>, or the header name of the label column" if has_header
                else "label-column=<index> or add a header row")
