@@ -235,6 +235,19 @@ def foreign_keys(run_config: Mapping[str, Any], cfg: Mapping[str, Any]) -> dict[
     return out
 
 
+def without_foreign_defaults(run_config: Mapping[str, Any], given: Iterable[str] = ()
+                             ) -> dict[str, Any]:
+    """``run_config`` without the keys of other methods than its ``method`` that the user did
+    not give: what a composition brings along for other methods (a Hydra dataset file sets
+    ``fcm.n-clusters`` for every method). Keys in ``given`` stay, for :func:`validate` to
+    refuse them."""
+    method = run_config.get("method", next(k for k in COMMON_KEYS if k.name == "method").default)
+    given = set(given)
+    drop = {k.name for m, keys in method_keys().items() if m != method for k in keys
+            if k.name not in given}
+    return {k: v for k, v in run_config.items() if k not in drop}
+
+
 def _refuse_foreign_keys(run_config: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
     foreign = foreign_keys(run_config, cfg)
     if not foreign:

@@ -508,3 +508,23 @@ def test_an_emdcfl_node_reads_its_splits_unchanged(tmp_path):
     assert split.y_val.tolist() == LABELS[:2].tolist() and split.cluster == 1
     part = load_image_arrays(str(tmp_path / "c.npz"), {"x_train": "y_train"}, [(28, 28)], 3)
     assert part["y_train"].dtype == np.int64 and "x_val" not in part
+
+
+def test_a_sweep_drops_what_a_dataset_file_sets_for_other_methods_but_not_what_the_user_sets(
+        tmp_path):
+    """conf/dataset/iris.yaml sets fcm.n-clusters for every method: a FedCRef or FedFCM job
+    does not carry it, while a foreign key on the command line is refused."""
+    from hydra import compose, initialize_config_dir
+
+    from server_app.sweep import CONF_DIR, job_run_config
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        cfg = compose(config_name="config", overrides=[
+            "method=fedfcm", "dataset=iris", "+app.fedcref.tau=0.3", f"app.output-dir={tmp_path}"])
+    assert cfg.app.fcm["n-clusters"] == 3
+    composed = job_run_config(cfg.app, given=set())
+    assert "fcm.n-clusters" not in composed and "fedcref.tau" not in composed
+    assert composed["fedfcm.k-max"] == 6
+    validate(composed)
+    with pytest.raises(ConfigError, match=r"'fedcref.tau' belong\(s\) to method='fedcref'"):
+        validate(job_run_config(cfg.app, given={"fedcref.tau"}))
