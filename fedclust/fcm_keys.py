@@ -122,8 +122,9 @@ def check_rows(cfg: dict[str, Any], rows: int, whose: str) -> None:
     if count is None:
         return
     key, c = count
-    require(c <= rows, key, c, f"at most the number of rows ({whose}: {rows} row(s) in all); "
-            f"more clusters than rows is degenerate (a center on every row, objective 0)",
+    require(c <= rows, key, c, f"at most {rows}, the number of rows ({whose}: {rows} row(s) "
+            f"in all); more clusters than rows is degenerate (a center on every row, "
+            f"objective 0)",
             f"pass {key}={max(2, min(rows, c) // 2)} or fewer, or give the run more rows")
 
 
