@@ -49,21 +49,28 @@ def engine_mod(msg: Message, context: Context, call_next) -> Message:
         context.node_config, context.run_config = node, run
 
 
-# Errors whose messages are data-free by construction (they name keys, files, row and column
-# numbers, never a value read from the data): their text may reach the server.
+# Errors whose messages are data-free and path-free by construction (they name keys, the kind
+# of file, row and column numbers and counts, never a value read from the data nor the node's
+# paths): their text may reach the server. A LocalDataError's ``detail`` (with the path) stays
+# in the node's log.
 PUBLIC_ERRORS = ("ConfigError", "LocalDataError", "SiteFilesError", "PartitionError",
                  "DatasetError")
 LOG = logging.getLogger("fedclust.node")
 
 
 def error_mod(msg: Message, context: Context, call_next) -> Message:
-    """Every error reply carries an error class and a data-free message; the details (which
-    may quote a cell of the node's data) stay in the node's own log."""
+    """Every error reply carries an error class and a data-free, path-free message; the
+    details (the traceback, which may quote a cell of the node's data, and the path of the
+    file at fault) stay in the node's own log."""
     try:
         return call_next(msg, context)
     except Exception as exc:
         name = type(exc).__name__
         LOG.error("action %s failed on this node", msg.metadata.message_type, exc_info=True)
+        detail = getattr(exc, "detail", None)
+        if isinstance(detail, str) and detail != str(exc):
+            # the reply names no path and no content; the operator needs both
+            LOG.warning("%s on this node: %s", name, detail)
         reason = (f"{name}: {exc}" if name in PUBLIC_ERRORS else
                   f"{name} in {msg.metadata.message_type} (details in this node's log)")
         return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason),

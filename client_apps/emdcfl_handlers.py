@@ -41,6 +41,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord
 
 from client_apps.base import app
 from client_apps.common import reply, run_config
+from client_apps.data import node_data_path
 
 SPLIT_KEYS = ("dataset", "emdcfl.rotation", "emdcfl.samples", "emdcfl.test-samples",
               "emdcfl.val-fraction", "seed", "data-dir", "emdcfl.backdoor-colours")
@@ -63,7 +64,7 @@ def _device(cfg: dict[str, Any], context: Context | None = None) -> str:
 
         # 2 threads thrash on a shared 2-core box; one thread also fixes the reduction order
         torch.set_num_threads(1)
-    elif context is not None and _is_simulated(context):
+    elif context is not None and _is_simulated(context, cfg):
         import torch
 
         torch.backends.cudnn.benchmark = False
@@ -71,10 +72,12 @@ def _device(cfg: dict[str, Any], context: Context | None = None) -> str:
     return device
 
 
-def _is_simulated(context: Context) -> bool:
-    from fedclust.emdcfl.privacy import is_simulated
+def _is_simulated(context: Context, cfg: dict[str, Any]) -> bool:
+    """Whether this node reads data the run config determines (a partition, or a site file of
+    ``dataset='files'``): :func:`fedclust.data.sites.is_simulated`."""
+    from fedclust.data.sites import is_simulated
 
-    return is_simulated(context.node_config)
+    return is_simulated(context.node_config, cfg)
 
 
 @lru_cache(maxsize=64)
@@ -89,22 +92,31 @@ def _simulated(items: tuple[tuple[str, Any], ...], partition: int, num_parts: in
                         cfg["emdcfl.backdoor-colours"])
 
 
+SPLITS = {"x_train": "y_train", "x_val": "y_val", "x_test": "y_test"}
+
+
 @lru_cache(maxsize=4)
-def _from_file(path: str):
-    """Deployment: an ``.npz`` with x_train, y_train, x_val, y_val, x_test, y_test
-    (optional ``cluster`` for the evaluation path)."""
+def _from_file(path: str, image_shape: tuple[int, ...], n_classes: int):
+    """Deployment (and ``dataset='files'``): an ``.npz`` with x_train, y_train, x_val, y_val,
+    x_test, y_test (optional ``cluster`` for the evaluation path), read through the node data
+    door (:func:`fedclust.data.local.load_image_arrays`): images of ``image_shape`` with
+    pixel values 0..255, labels ``0..n_classes-1``, size limits, data-free errors."""
+    from fedclust.data.local import load_image_arrays
     from fedclust.emdcfl.data import ClientSplit
 
-    d = np.load(path)
-    return ClientSplit(d["x_train"], d["y_train"].astype(np.int64), d["x_val"],
-                       d["y_val"].astype(np.int64), d["x_test"], d["y_test"].astype(np.int64),
-                       -1, int(d["cluster"]) if "cluster" in d else -1)
+    d = load_image_arrays(path, SPLITS, [image_shape], n_classes, optional=("cluster",))
+    return ClientSplit(d["x_train"], d["y_train"], d["x_val"], d["y_val"], d["x_test"],
+                       d["y_test"], -1, int(d["cluster"]) if "cluster" in d else -1)
 
 
 def client_data(context: Context, cfg: dict[str, Any]):
+    path = node_data_path(context, cfg)
+    if path is not None:
+        spec = model_spec(cfg)
+        shape = ((spec.size, spec.size) if spec.in_channels == 1 else
+                 (spec.size, spec.size, spec.in_channels))
+        return _from_file(path, shape, spec.num_classes)
     node = context.node_config
-    if "data-path" in node:
-        return _from_file(str(node["data-path"]))
     return _simulated(tuple((k, cfg[k]) for k in SPLIT_KEYS), int(node["partition-id"]),
                       int(node["num-partitions"]))
 
@@ -125,7 +137,7 @@ def weights_from_record(record) -> list[np.ndarray]:
 def _train_seed(cfg: dict[str, Any], context: Context, rnd: int) -> int:
     """Seed of the minibatch order of round ``rnd``: from the run seed and the partition id on
     a simulated node (Flower's simulated node ids change from run to run), else the node id."""
-    who = (int(context.node_config["partition-id"]) if _is_simulated(context)
+    who = (int(context.node_config["partition-id"]) if _is_simulated(context, cfg)
            else int(context.node_id) % (2**31))
     return int(np.random.SeedSequence([cfg["seed"], rnd, who]).generate_state(1)[0])
 
@@ -151,7 +163,7 @@ def _ensure_keys(context: Context, cfg: dict[str, Any]) -> bytes:
     from fedclust.emdcfl.privacy import node_keypair
 
     if KEY_STATE not in context.state.config_records:
-        private, public = node_keypair(context.node_config, int(cfg["seed"]))
+        private, public = node_keypair(context.node_config, int(cfg["seed"]), cfg)
         context.state[KEY_STATE] = ConfigRecord({"private": private, "public": public})
     return bytes(context.state.config_records[KEY_STATE]["public"])
 
@@ -185,7 +197,7 @@ def embed_handler(msg: Message, context: Context) -> Message:
     if KEY_STATE not in context.state.config_records:
         raise RuntimeError("no X25519 key pair: train.emdcfl_local with keygen must come first")
     private = bytes(context.state.config_records[KEY_STATE]["private"])
-    simulated = _is_simulated(context)
+    simulated = _is_simulated(context, cfg)
     if simulated:    # pair seeds name keys, not node ids (random in every simulation run)
         from fedclust.emdcfl.privacy import key_id
 

@@ -15,7 +15,8 @@ metrics — leaves a node only when **both**
 A node is *simulated* when it reads data the run config determines: node config
 ``partition-id`` and no ``data-path`` of its own, or ``dataset="files"`` (the engine then sets
 ``data-path`` to the run's ``partition-id``-th site file, :func:`client_apps.base.engine_mod`).
-A node with a ``data-path`` of its own is *deployed*, whatever else its node config says.
+A node with a ``data-path`` of its own is *deployed*, whatever else its node config says. The
+rule is :func:`fedclust.data.sites.is_simulated`, the one every method uses.
 
 This module is imported by every ClientApp process: it imports nothing heavy.
 """
@@ -28,15 +29,9 @@ from typing import Any
 from flwr.app import Context
 
 from fedclust.config import ConfigError
+from fedclust.data.sites import is_simulated  # re-exported: the one rule for every method
 
 ALLOW_KEY = "allow-evaluation"
-
-
-def is_simulated(node_config: Mapping[str, Any], cfg: Mapping[str, Any]) -> bool:
-    """Whether the node reads data the run config determines (see the module docstring)."""
-    if "partition-id" not in node_config:
-        return False
-    return "data-path" not in node_config or cfg.get("dataset") == "files"
 
 
 def node_allows_evaluation(node_config: Mapping[str, Any], cfg: Mapping[str, Any]) -> bool:

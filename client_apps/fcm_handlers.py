@@ -20,6 +20,7 @@ from client_apps.data import ClientData, load_client_data
 from fedclust import fcm
 from fedclust.data import scaling
 from fedclust.data.local import compact_codes
+from fedclust.fcm_keys import check_rows
 from fedclust.fedfcm import labels_from_centers, local_step
 from fedclust.metrics import contingency
 from fedclust.validity import db_statistics, fuzzy_db
@@ -65,11 +66,23 @@ def guard_withholds(cfg: dict, x: np.ndarray) -> bool:
     return bool(on) and n <= c * (f + 1) / f
 
 
+def refuse_too_few_rows(cfg: dict, x: np.ndarray) -> None:
+    """Before any work: a run whose only node (``num-clients = 1``) holds fewer rows than the
+    clusters it fits is degenerate (a center on every row, objective 0), so the node refuses
+    it with a ConfigError (data-free: the key, the row count, the fix). With the privacy guard
+    on, such a node withholds everything instead (its row count is not sent); with several
+    nodes only the server knows the pooled row count."""
+    guard = cfg["fedfcm.privacy-guard"] if cfg["method"] == "fedfcm" else cfg["fcm.privacy-guard"]
+    if int(cfg["num-clients"]) == 1 and not guard:
+        check_rows(cfg, int(x.shape[0]), "this run's only node")
+
+
 @app.query("fcm_stats")
 def fcm_stats(msg: Message, context: Context) -> Message:
     """Per-feature statistics for federated scaling and the server's initial-center box."""
     cfg = run_config(context)
     data = load_client_data(context, cfg)
+    refuse_too_few_rows(cfg, data.x)
     if guard_withholds(cfg, data.x):
         return reply(msg, metrics=WITHHELD)
     st = scaling.column_stats(data.x)

@@ -55,13 +55,11 @@ ISOLATED, NO_MODEL = -1, -2     # community entries of the owner state
 
 @functools.lru_cache(maxsize=4)
 def _deployment_data(path: str) -> tuple[np.ndarray, np.ndarray | None]:
-    with np.load(path) as d:
-        x = np.asarray(d["x"], dtype=np.float32)
-        y = np.asarray(d["y"], dtype=np.int64) if "y" in d else None
-    x = x.reshape(len(x), -1)
-    if x.max(initial=0) > 1.0:
-        x = x / 255.0
-    return x.astype(np.float32), y
+    # the node data door: size limits, finite pixel values, class-number labels, data-free
+    # and path-free errors (fedclust.data.local.load_pixel_table)
+    from fedclust.data.local import load_pixel_table
+
+    return load_pixel_table(path)
 
 
 def _data(context: Context, cfg: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None, int]:

@@ -10,7 +10,9 @@ to fix it.
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
+import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -43,6 +45,14 @@ def _csv_floats(value: str) -> str | None:
 SEED_MAX = 2**32 - 1   # scikit-learn's random_state and numpy's RandomState stop here
 
 
+def _is_link_loop(path: Path) -> bool:
+    try:
+        os.stat(path)
+    except OSError as exc:
+        return exc.errno == errno.ELOOP
+    return False
+
+
 def _folder_path(value: str) -> str | None:
     """``output-dir`` must be a folder or a path that can become one: not an existing file, and
     not below one (checked here, before any node is asked anything)."""
@@ -50,6 +60,10 @@ def _folder_path(value: str) -> str | None:
         return None
     path = Path(value).expanduser()
     for part in (path, *path.parents):
+        if part.is_symlink() and _is_link_loop(part):
+            what = "it" if part == path else f"{str(part)!r}"
+            return (f"{what} is a symbolic link loop (following its links comes back to a "
+                    f"link already seen), not a folder: point output-dir at a real folder")
         if part.exists() or part.is_symlink():
             if part.is_dir():
                 return None
@@ -150,9 +164,11 @@ def validate(run_config: Mapping[str, Any], keys: Iterable[Key] | None = None) -
     Raises
     ------
     ConfigError
-        On an unknown key, a value of the wrong type or outside its range, or an
-        inconsistent combination (e.g. ``fedfcm.k-min > fedfcm.k-max``).
+        On an unknown key, a value of the wrong type or outside its range, a key of another
+        method that the user set (:func:`foreign_keys`), or an inconsistent combination (e.g.
+        ``fedfcm.k-min > fedfcm.k-max``).
     """
+    default_keys = keys is None
     keys = list(all_keys() if keys is None else keys)
     by_name = {k.name: k for k in keys}
     unknown = sorted(set(run_config) - set(by_name))
@@ -177,6 +193,8 @@ def validate(run_config: Mapping[str, Any], keys: Iterable[Key] | None = None) -
                      if all(_available(p) for p in s.keys)]
         raise ConfigError(f"run config 'method' = {cfg['method']!r} is not installed in this "
                           f"build. Allowed: {', '.join(installed)}.")
+    if default_keys:
+        _refuse_foreign_keys(run_config, cfg)
     require(cfg["num-clients"] == 0 or cfg["min-clients"] <= cfg["num-clients"], "min-clients",
             cfg["min-clients"], f"at most num-clients ({cfg['num-clients']}), or 0",
             f"pass min-clients={cfg['num-clients']} or raise num-clients")
@@ -184,6 +202,68 @@ def validate(run_config: Mapping[str, Any], keys: Iterable[Key] | None = None) -
         module, _, attr = check.partition(":")
         getattr(importlib.import_module(module), attr)(cfg)
     return cfg
+
+
+def method_keys() -> dict[str, list[Key]]:
+    """The keys of every installed method, by method (common keys not included)."""
+    from fedclust.registry import METHODS
+
+    return {m: [k for path in spec.keys for k in _load_keys(path)]
+            for m, spec in METHODS.items() if all(_available(p) for p in spec.keys)}
+
+
+def foreign_keys(run_config: Mapping[str, Any], cfg: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Keys of ``run_config`` that belong to another method than ``cfg["method"]`` and that
+    the user set, by the method they belong to.
+
+    Flower's run config carries every key of ``[tool.flwr.app.config]`` (pyproject.toml lists
+    all keys of all methods with their defaults), so what the user set cannot be told from
+    what is present: a method's keys all present count as that table, and only those with a
+    value other than the default count as set (a foreign key set to its default value is
+    harmless and cannot be told apart). Where only some of a method's keys are present (the
+    Python API's ``run_config``, a Hydra override ``+app.<key>=…``), every one present was
+    given by the user and counts as set, whatever its value.
+    """
+    out: dict[str, list[str]] = {}
+    for method, keys in method_keys().items():
+        if method == cfg["method"]:
+            continue
+        present = [k for k in keys if k.name in run_config]
+        complete = len(present) == len(keys)
+        given = [k.name for k in present if not complete or cfg[k.name] != k.default]
+        if given:
+            out[method] = given
+    return out
+
+
+def without_foreign_defaults(run_config: Mapping[str, Any], given: Iterable[str] = ()
+                             ) -> dict[str, Any]:
+    """``run_config`` without the keys of other methods than its ``method`` that the user did
+    not give: what a composition brings along for other methods (a Hydra dataset file sets
+    ``fcm.n-clusters`` for every method). Keys in ``given`` stay, for :func:`validate` to
+    refuse them."""
+    method = run_config.get("method", next(k for k in COMMON_KEYS if k.name == "method").default)
+    given = set(given)
+    drop = {k.name for m, keys in method_keys().items() if m != method for k in keys
+            if k.name not in given}
+    return {k: v for k, v in run_config.items() if k not in drop}
+
+
+def _refuse_foreign_keys(run_config: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
+    foreign = foreign_keys(run_config, cfg)
+    if not foreign:
+        return
+    listing = "; ".join(f"{', '.join(repr(k) for k in names)} belong(s) to method={method!r}"
+                        for method, names in foreign.items())
+    names = [k for ks in foreign.values() for k in ks]
+    other = next(iter(foreign))
+    raise ConfigError(
+        f"run config key(s) of another method in a run of method={cfg['method']!r}: "
+        f"{listing}; this run would ignore them. Allowed: the common keys and the "
+        f"{cfg['method']!r} keys (`python -m fedclust.config list`). Fix: remove "
+        f"{', '.join(repr(k) for k in names)} from the run config (--run-config, the API's "
+        f"run_config, or the Hydra overrides), or run method={other!r} if that is the method "
+        f"you meant.")
 
 
 def own_data(cfg: Mapping[str, Any]) -> bool:

@@ -45,8 +45,10 @@ FEDFCM_KEYS: list[Key] = [
     Key("fedfcm.local-max-iter", int, 50, "maximum local FCM iterations per round", low=1),
     Key("fedfcm.local-index", bool, True,
         "clients also report their local (non-federated) fuzzy DB index per K"),
-    Key("fedfcm.local-k-max", int, 0, "largest K of the local index (0 = fedfcm.k-max); paper "
-        "003 Table 1 uses 5", low=0),
+    Key("fedfcm.local-k-max", int, 0, "largest K of the local index (0 = fedfcm.k-max; else "
+        "at least 2 and at least fedfcm.k-min); paper 003 Table 1 uses 5", low=0,
+        check=lambda v: ("1 is not a cluster count: the local index needs K >= 2 (0 means "
+                         "fedfcm.k-max)") if v == 1 else None),
     Key("fedfcm.p", float, 2.0, "Minkowski p of the center distances M_ij", low=1.0),
     Key("fedfcm.q", float, 1.0, "power q of the spread S_i", low=1.0),
     Key("fedfcm.privacy-guard", bool, True,
@@ -90,8 +92,40 @@ def check_fedfcm(cfg: dict[str, Any]) -> None:
             "swap the two values or raise fedfcm.k-max")
     require(cfg["fedfcm.k-max"] - cfg["fedfcm.k-min"] <= 50, "fedfcm.k-max", cfg["fedfcm.k-max"],
             "at most 51 values of K in one run", "narrow [fedfcm.k-min, fedfcm.k-max]")
-    largest = max(cfg["fedfcm.k-max"], cfg["fedfcm.local-k-max"])
+    local = cfg["fedfcm.local-k-max"]
+    require(not cfg["fedfcm.local-index"] or local == 0 or local >= cfg["fedfcm.k-min"],
+            "fedfcm.local-k-max", local, f"0 (= fedfcm.k-max) or an int >= fedfcm.k-min "
+            f"({cfg['fedfcm.k-min']}): below it no K of the run gets a local index",
+            "pass fedfcm.local-k-max=0, or fedfcm.local-index=false")
+    largest = max(cfg["fedfcm.k-max"], local)
     _check_m(cfg, "fedfcm.m", largest, "the largest K (fedfcm.k-max, fedfcm.local-k-max)")
+
+
+def cluster_count(cfg: dict[str, Any]) -> tuple[str, int] | None:
+    """``(key, C)``: the most clusters the run fits (exact FCM: ``fcm.n-clusters``; FedFCM:
+    ``fedfcm.k-max``), or None for the other methods."""
+    key = {"exact-fcm": "fcm.n-clusters", "fedfcm": "fedfcm.k-max"}.get(cfg.get("method", ""))
+    return None if key is None or key not in cfg else (key, int(cfg[key]))
+
+
+def check_rows(cfg: dict[str, Any], rows: int, whose: str) -> None:
+    """Refuse a run that fits more clusters than ``rows`` (``whose``: "dataset 'iris'", "the
+    site files of data-dir", "this run's only node"): FCM would put a center on every row and
+    report a zero objective as convergence.
+
+    Raises
+    ------
+    ConfigError
+        Naming the key, the row count and the fix.
+    """
+    count = cluster_count(cfg)
+    if count is None:
+        return
+    key, c = count
+    require(c <= rows, key, c, f"at most {rows}, the number of rows ({whose}: {rows} row(s) "
+            f"in all); more clusters than rows is degenerate (a center on every row, "
+            f"objective 0)",
+            f"pass {key}={max(2, min(rows, c) // 2)} or fewer, or give the run more rows")
 
 
 def preflight(cfg: dict[str, Any]) -> None:
@@ -110,6 +144,7 @@ def preflight(cfg: dict[str, Any]) -> None:
     from fedclust.data.tabular import load_dataset
 
     ds = load_dataset(cfg)
+    check_rows(cfg, int(ds.x.shape[0]), f"dataset {cfg['dataset']!r}")
     if cfg["num-clients"]:   # 0: the engine's node count, checked when the run starts
         make_partition(cfg["partition.kind"], ds, cfg["num-clients"], cfg["seed"],
                        cfg["partition.alpha"], cfg["partition.column"])

@@ -41,6 +41,31 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def job_run_config(app: Any, given: set[str] | None = None) -> dict[str, Any]:
+    """The flat run config of a composed ``app`` node. Keys of other methods that the config
+    groups bring along (a dataset file's ``fcm.n-clusters`` in a FedCRef job) are dropped;
+    those the user gave (``given``, default: this job's ``app.*`` command-line overrides) stay,
+    and the run config check refuses them, naming their method."""
+    from fedclust.config import without_foreign_defaults
+
+    flat = flatten(OmegaConf.to_container(app, resolve=True))
+    return without_foreign_defaults(flat, override_keys() if given is None else given)
+
+
+def override_keys() -> set[str]:
+    """Run-config keys this job's command line sets (``app.<key>=…``, ``+app.<key>=…``)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return set()
+    keys = set()
+    for override in HydraConfig.get().overrides.task:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key.startswith("app."):
+            keys.add(key[len("app."):])
+    return keys
+
+
 def total_jobs(argv: list[str], sweeper_params: dict[str, Any] | None) -> int | None:
     """Number of jobs of this multirun (product of the sweep dimensions), if it can be told."""
     try:
@@ -85,7 +110,7 @@ def _flower_link():
 
 def run_job(cfg: DictConfig) -> dict[str, Any]:
     """Run one composed job; return its summary."""
-    run_config = flatten(OmegaConf.to_container(cfg.app, resolve=True))
+    run_config = job_run_config(cfg.app)
     from fedclust.config import ConfigError
     from fedclust.data.sites import simulated_nodes
     from strategies.run import check_run_config

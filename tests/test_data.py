@@ -168,7 +168,7 @@ def test_local_files_edge_cases(tmp_path):
         load_local_table(str(tmp_path / "n.csv"), label_column="label")
     with pytest.raises(LocalDataError, match="out of range"):
         load_local_table(str(tmp_path / "n.csv"), label_column="3")
-    with pytest.raises(LocalDataError, match="names no column.*'f1', 'f2', 'label'"):
+    with pytest.raises(LocalDataError, match="header has 3 column\\(s\\), none named 'class'"):
         load_local_table(str(tmp_path / "s.csv"), label_column="class")
     with pytest.raises(LocalDataError, match="label-column"):
         load_local_table(str(tmp_path / "s.csv"))          # text labels, no label column

@@ -232,8 +232,8 @@ def test_guarded_clients_send_nothing_in_any_phase_and_still_get_their_results(t
 
     write_sites(tmp_path / "sites", sizes=(400, 400, 400, 3), width=2)
     replies = []
-    extra = {"fedfcm.k-max": 4} if method == "fedfcm" else {}
-    summary, _ = run_server({"method": method, "dataset": "files", "fcm.n-clusters": 4,
+    extra = {"fedfcm.k-max": 4} if method == "fedfcm" else {"fcm.n-clusters": 4}
+    summary, _ = run_server({"method": method, "dataset": "files",
                              "data-dir": str(tmp_path / "sites"), "plots": False,
                              "files.label-column": "diagnosis", **extra,
                              "output-dir": str(tmp_path / "run")},

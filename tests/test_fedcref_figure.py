@@ -75,7 +75,7 @@ def test_experiment_files_compose_to_valid_run_configs(name: str, tmp_path: Path
 
     from fedclust.config import validate
     from fedclust.fedcref.client import build_system
-    from server_app.sweep import CONF_DIR, flatten
+    from server_app.sweep import CONF_DIR, job_run_config
 
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = compose(config_name="config",
@@ -91,7 +91,7 @@ def test_experiment_files_compose_to_valid_run_configs(name: str, tmp_path: Path
         job = cfg.copy()
         for key, value in combo:
             OmegaConf.update(job, key, value, merge=False)
-        run = validate(flatten(OmegaConf.to_container(job.app, resolve=True)))
+        run = validate(job_run_config(job.app, given=set()))
         assert run["method"] == "fedcref"
         for key, value in combo:
             assert run[key.removeprefix("app.")] == value

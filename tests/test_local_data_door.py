@@ -1,6 +1,8 @@
 """A node's data is checked at the door (fedclust/data/local.py): every refusal is a
-LocalDataError that names the file and never quotes the data (cells, labels, bytes, lines),
-and what is accepted loads correctly (16-bit images, node-independent label codes)."""
+LocalDataError whose message names the place by its kind only (never the file's path or name:
+that is in the error's ``detail``, for the node's log) and never quotes the data (cells,
+labels, bytes, lines), and what is accepted loads correctly (16-bit images, node-independent
+label codes)."""
 
 from __future__ import annotations
 
@@ -114,7 +116,7 @@ def _images_of_two_sizes(root: Path) -> Path:
 
 
 # (id, builder(tmp_path) -> data path, kwargs, a fragment the message must contain,
-#  the name the message must contain ("" = the data path's own name))
+#  the name the detail must contain and the message must not ("" = the data path's own name))
 REFUSED = [
     # ---- csv / tsv
     ("csv-text-cell", lambda t: _write(t / "s.csv", f"a,b\n1,2\n3,{SECRET}\n"), {},
@@ -167,7 +169,7 @@ REFUSED = [
     ("dev-zero", lambda t: Path("/dev/zero"), {"data_format": "csv"},
      "is a device, not a regular file", "/dev/zero"),
     ("link-to-dev-zero", lambda t: _link(t / "s.csv", "/dev/zero"), {},
-     "(a symbolic link) points to a device", ""),
+     "a symbolic link that points to a device", ""),
     ("link-to-fifo", lambda t: _link(t / "s.npz", _fifo(t / "pipe")), {},
      "points to a FIFO", ""),
     ("broken-link", lambda t: _link(t / "s.csv", t / "gone.csv"), {}, "broken link", ""),
@@ -178,7 +180,7 @@ REFUSED = [
     ("npz-truncated", lambda t: _truncated_npz(t / "s.npz"), {}, ".npz", ""),
     ("npz-corrupt-member", lambda t: _corrupt_member_npz(t / "s.npz"), {}, "malformed", ""),
     ("npz-no-x", lambda t: _npz(t / "s.npz", features=np.ones((2, 2))), {},
-     "has arrays ['features']; expected 'x'", ""),
+     "has 1 array(s) but lacks ['x']", ""),
     ("npz-zero-rows", lambda t: _npz(t / "s.npz", x=np.zeros((0, 3))), {}, "no data rows", ""),
     ("npz-zero-features", lambda t: _npz(t / "s.npz", x=np.zeros((3, 0))), {},
      "no feature columns", ""),
@@ -251,7 +253,9 @@ def test_refused_with_a_data_free_message(tmp_path, build, kwargs, fragment, nam
         load_local_table(str(path), **kwargs)
     msg = str(info.value)
     assert fragment in msg
-    assert (name or path.name) in msg, msg
+    assert (name or path.name) not in msg, msg
+    assert str(tmp_path) not in msg and "/dev/" not in msg, msg
+    assert (name or path.name) in info.value.detail, info.value.detail
     for leak in LEAKS:
         assert leak not in msg, f"{leak!r} leaked into: {msg}"
     assert info.value.__cause__ is None or isinstance(info.value.__cause__, LocalDataError)

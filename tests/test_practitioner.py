@@ -69,7 +69,8 @@ def test_site_files_in_simulation_and_results_for_each_owner(tmp_path, method):
     paths = write_sites(tmp_path / "sites")
     out = tmp_path / "run"
     extra = {"fedfcm.k-max": 4} if method == "fedfcm" else {}
-    summary, grid = run_server({**FILES_CFG, **extra, "method": method,
+    own = {k: v for k, v in FILES_CFG.items() if method == "exact-fcm" or k != "fcm.n-clusters"}
+    summary, grid = run_server({**own, **extra, "method": method,
                                 "data-dir": str(tmp_path / "sites"), "output-dir": str(out)})
     assert summary["num_clients"] == len(SIZES) == len(grid.contexts)   # one client per file
     m = 2.0

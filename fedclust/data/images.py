@@ -67,14 +67,17 @@ def read_idx(path: str | Path) -> NDArray[np.uint8]:
     with opener(path, "rb") as fh:
         raw = fh.read()
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
-        raise DatasetError(f"{path}: not an IDX file (bad magic number)")
+        raise DatasetError(f"data-dir file {path.name}: not an IDX file (bad magic number). "
+                           f"Fix: download it again")
     if raw[2] != 0x08:
-        raise DatasetError(f"{path}: IDX type 0x{raw[2]:02x} is not unsigned byte")
+        raise DatasetError(f"data-dir file {path.name}: its IDX data type is not unsigned byte "
+                           f"(0x08). Fix: download the released file again")
     ndim = raw[3]
     dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">i4", count=ndim, offset=4))
     data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
     if data.size != int(np.prod(dims)):
-        raise DatasetError(f"{path}: IDX header says {dims} but the file holds {data.size} bytes")
+        raise DatasetError(f"data-dir file {path.name}: its IDX header says {dims} but the "
+                           f"file holds {data.size} bytes. Fix: download it again")
     return data.reshape(dims).copy()
 
 

@@ -2,20 +2,29 @@
 
 Formats (inferred from the suffix or given as ``data-format``): a folder of images
 (``images``; ``<class>/`` subfolders give evaluation labels), ``.npz`` with array ``x``
-(and optional ``y`` for evaluation), ``.npy`` (features only), ``.csv``/``.tsv`` (numeric, with
-or without a header; ``label-column`` names/indexes an optional ground-truth column that is
-removed from the features).
+(and optional ``y`` for evaluation), ``.npy`` (features only), ``.csv``/``.tsv``/``.txt``
+(numeric, with or without a header; ``label-column`` names/indexes an optional ground-truth
+column that is removed from the features). The separator of a delimited file is detected
+(comma, semicolon, tab or spaces; the suffix's own separator wins a tie), and so is a decimal
+comma (``1,5`` in a ``;``- or tab-separated file).
 
-Everything is checked at the door and refused with a :class:`LocalDataError` that names the
-file, the place (row and column numbers, 1-based) and the fix, and is **data-free**: messages
-end up in the server's logs, so they never quote a cell, a label, a line or bytes of the file
-(nor the text of a numpy/zipfile/Pillow exception, which may quote them). Refused: paths that
-are not regular files (devices, FIFOs, sockets, links to them) and files over ``max_bytes``
-(default :data:`MAX_BYTES`); malformed or pickled ``.npz``/``.npy``; empty tables (no rows or
-no feature columns); ragged rows; non-numeric cells; non-finite values and values with
-``|x| > MAX_ABS`` (their squares overflow); ``y`` of another length than ``x``; image modes
-other than 1/L/LA/P/PA/RGB/RGBA/RGBX/CMYK/YCbCr (8-bit, divided by 255) and 16-bit greyscale
-(``I;16*``, and ``I`` with values in 0..65535: divided by 65535).
+Everything is checked at the door and refused with a :class:`LocalDataError` whose message is
+**data-free and path-free**: messages end up in the server's logs, so they name the place by
+its kind (``data-path (a .csv file)``, ``image 3 of 12``), row and column numbers (1-based),
+counts and the fix, and never quote a cell, a label, a header name the user did not configure,
+a line or bytes of the file (nor the text of a numpy/zipfile/Pillow exception, which may quote
+them), nor the file's path or name. The exception's ``detail`` adds the path for the node's own
+log. Refused: paths that are not regular files (devices, FIFOs, sockets, links to them,
+symbolic link loops) and files over ``max_bytes`` (default :data:`MAX_BYTES`); malformed or
+pickled ``.npz``/``.npy``; empty tables (no rows or no feature columns); duplicate header
+names; ragged rows; non-numeric cells; non-finite values and values with ``|x| > MAX_ABS``
+(their squares overflow); ``y`` of another length than ``x``; image modes other than
+1/L/LA/P/PA/RGB/RGBA/RGBX/CMYK/YCbCr (8-bit, divided by 255) and 16-bit greyscale (``I;16*``,
+and ``I`` with values in 0..65535: divided by 65535).
+
+Image-like node data (FedCRef, EMD-CFL) goes through the same door: :func:`load_pixel_table`
+(any format above, pixel values in [0, 1] or [0, 255]) and :func:`load_image_arrays` (named
+arrays of an ``.npz``: images of given shapes, class labels in a given range).
 
 Evaluation labels: :func:`label_codes` gives every label the same code on every node
 (``stable_labels=True``); the default still returns the former small per-node indices until the
@@ -24,11 +33,14 @@ evaluation path compacts stable codes (:func:`compact_codes`).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import re
 import stat
 import warnings
 import zipfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -44,9 +56,38 @@ TEXT_CODE_BASE = 2 ** 30
 """Label codes below this are the labels' own non-negative integers; codes in
 ``[TEXT_CODE_BASE, 2 * TEXT_CODE_BASE)`` are hashes of text labels (see :func:`label_codes`)."""
 
+PIXEL_MAX = 255.0
+"""Largest pixel value of image-like data (8-bit scale; data in [0, 1] is taken as is)."""
+
+MAX_CLASS = 65_535
+"""Largest class number of image-like data's labels (they index per-class tables)."""
+
+SUFFIXES = (".csv", ".tsv", ".txt", ".npz", ".npy")
+"""File suffixes of the formats :func:`load_local_table` reads (besides image folders)."""
+
 
 class LocalDataError(ValueError):
-    """A node's local data file is missing, unreadable or invalid (data-free message)."""
+    """A node's local data is missing, unreadable or invalid.
+
+    ``str(exc)`` is data-free and path-free (it may reach the server, see the module
+    docstring); ``detail`` is the same problem with the file's path, for the node's own log.
+    """
+
+    def __init__(self, message: str, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.detail = message if detail is None else detail
+
+
+def _public(p: Path) -> str:
+    """How a public message names the node's data: by its kind, never by its path or name."""
+    suffix = p.suffix.lower()
+    return f"data-path (a {suffix} file)" if suffix in SUFFIXES else "data-path"
+
+
+def _fail(p: Path, problem: str, name: str | None = None) -> LocalDataError:
+    """A refusal: ``name`` (default :func:`_public` of ``p``) and ``problem`` in public; the
+    path of ``p`` instead of ``name`` in the detail for the node's log."""
+    return LocalDataError(f"{name or _public(p)}: {problem}", f"{p}: {problem}")
 
 
 def load_local_table(path: str, data_format: str = "", label_column: str = "",
@@ -65,20 +106,31 @@ def load_local_table(path: str, data_format: str = "", label_column: str = "",
       the class folder). These are NOT comparable across nodes that hold different label
       sets; they are kept until the evaluation path compacts stable codes, because tables
       sized ``y.max() + 1`` with stable codes would need ~2**31 rows.
+
+    Raises
+    ------
+    LocalDataError
+        Data-free and path-free message; ``detail`` names the path.
     """
     p = Path(path).expanduser()
+    _check_not_a_loop(p)
     if not p.exists() and not p.is_symlink():
-        raise LocalDataError(f"node config 'data-path' = {path!r} does not exist on this node. "
-                             f"Fix: flower-supernode --node-config 'data-path=\"/abs/file.csv\"'.")
+        raise LocalDataError(
+            "node config 'data-path' does not exist on this node (no file or folder at that "
+            "path). Fix: flower-supernode --node-config 'data-path=\"/abs/file.csv\"'.",
+            f"node config 'data-path' = {path!r} does not exist on this node")
     fmt = (data_format or ("images" if p.is_dir() else p.suffix.lstrip("."))).lower()
     if fmt == "images":
         if not p.is_dir():
-            raise LocalDataError(f"{p} is not a folder; data-format 'images' needs a folder of "
-                                 f"image files. Fix: point 'data-path' at the image folder")
+            raise _fail(p, "is not a folder; data-format 'images' needs a folder of image "
+                           "files. Fix: point 'data-path' at the image folder")
         return load_image_folder(p, max_bytes, stable_labels)
     if fmt not in ("npz", "npy", "csv", "tsv", "txt"):
-        raise LocalDataError(f"unsupported data format {fmt!r} for {p}. Allowed: npz, npy, csv, "
-                             f"tsv, images (a folder). Fix: set node config 'data-format'.")
+        given = (f"node config 'data-format' = {data_format!r} is not a known format" if
+                 data_format else "its name ends in no known suffix")
+        raise _fail(p, f"unsupported data format: {given}. Allowed: npz, npy, csv, tsv, txt, "
+                       f"images (a folder). Fix: rename the file or set node config "
+                       f"'data-format'")
     _check_regular_file(p, max_bytes)
     if fmt == "npz":
         return _load_npz(p, max_bytes, stable_labels)
@@ -89,28 +141,45 @@ def load_local_table(path: str, data_format: str = "", label_column: str = "",
 
 # --------------------------------------------------------------------------- file checks
 
-def _check_regular_file(p: Path, max_bytes: int) -> int:
+def _is_loop(p: Path) -> bool:
+    """Whether resolving ``p`` runs into a symbolic link loop."""
+    try:
+        os.stat(p)
+    except OSError as exc:
+        return exc.errno == errno.ELOOP
+    return False
+
+
+def _check_not_a_loop(p: Path, name: str | None = None) -> None:
+    if _is_loop(p):
+        raise _fail(p, "is a symbolic link loop (following its links comes back to a link "
+                       "already seen; it names no file). Fix: point 'data-path' at the data "
+                       "file or folder itself", name)
+
+
+def _check_regular_file(p: Path, max_bytes: int, name: str | None = None) -> int:
     """The size of ``p`` if it is a regular file (after links) of at most ``max_bytes``."""
     link = " (a symbolic link)" if p.is_symlink() else ""
+    _check_not_a_loop(p, name)
     try:
         st = os.stat(p)
     except OSError:
-        raise LocalDataError(f"{p}{link} cannot be opened: it is a broken link or not "
-                             f"accessible. Fix: point 'data-path' at a readable file") from None
+        raise _fail(p, f"cannot be opened{link}: it is a broken link or not accessible. Fix: "
+                       f"point 'data-path' at a readable file", name) from None
     if stat.S_ISDIR(st.st_mode):
-        raise LocalDataError(f"{p}{link} is a folder, not a data file. Allowed: a csv/tsv/npz/"
-                             f"npy file, or data-format 'images' for a folder of images")
+        raise _fail(p, f"is a folder{link}, not a data file. Allowed: a csv/tsv/txt/npz/npy "
+                       f"file, or data-format 'images' for a folder of images", name)
     if not stat.S_ISREG(st.st_mode):
         kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else
                 "a socket" if stat.S_ISSOCK(st.st_mode) else
                 "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else
                 "not a regular file")
-        target = "points to" if link else "is"
-        raise LocalDataError(f"{p}{link} {target} {kind}, not a regular file. Allowed: a regular "
-                             f"file. Fix: copy the data into a regular file")
+        target = "is a symbolic link that points to" if link else "is"
+        raise _fail(p, f"{target} {kind}, not a regular file. Allowed: a regular file. Fix: "
+                       f"copy the data into a regular file", name)
     if st.st_size > max_bytes:
-        raise LocalDataError(f"{p} is {st.st_size} bytes, over the limit of {max_bytes} bytes. "
-                             f"Fix: split the data or raise the limit (max_bytes)")
+        raise _fail(p, f"is {st.st_size} bytes, over the limit of {max_bytes} bytes. Fix: "
+                       f"split the data or raise the limit (max_bytes)", name)
     return int(st.st_size)
 
 
@@ -122,18 +191,18 @@ def _check_features(x: np.ndarray, p: Path, rows: list[int] | None = None,
     """
     kind = x.dtype.kind
     if kind not in "biuf":
-        raise LocalDataError(f"{p}: {what} has dtype {x.dtype}, not a real number type. Fix: "
-                             f"save the features as a numeric (int or float) array")
+        raise _fail(p, f"{what} has dtype {x.dtype}, not a real number type. Fix: save the "
+                       f"features as a numeric (int or float) array")
     if x.ndim == 0:
-        raise LocalDataError(f"{p}: {what} is a single number, not a table. Fix: save an array "
-                             f"of shape (rows, features)")
+        raise _fail(p, f"{what} is a single number, not a table. Fix: save an array of shape "
+                       f"(rows, features)")
     if x.shape[0] == 0:
-        raise LocalDataError(f"{p}: no data rows ({what} has shape {x.shape}). Fix: give this "
-                             f"node at least one row")
+        raise _fail(p, f"no data rows ({what} has shape {x.shape}). Fix: give this node at "
+                       f"least one row")
     x = x.reshape(x.shape[0], -1)
     if x.shape[1] == 0:
-        raise LocalDataError(f"{p}: no feature columns ({what} has shape {x.shape}). Fix: give "
-                             f"every row at least one feature")
+        raise _fail(p, f"no feature columns ({what} has shape {x.shape}). Fix: give every row "
+                       f"at least one feature")
     x = x.astype(np.float64)
     if kind == "f":
         with np.errstate(invalid="ignore"):
@@ -145,56 +214,72 @@ def _check_features(x: np.ndarray, p: Path, rows: list[int] | None = None,
                      else f"{what} row {r + 1}, column {c + 1}")
             problem = ("is not a finite number (NaN or infinite)" if nonfinite else
                        f"has a magnitude above {MAX_ABS:g} (its square overflows)")
-            raise LocalDataError(
-                f"{p}: {where} {problem}; {int(bad.sum())} cell(s) in all (rows and columns "
-                f"are 1-based). Fix: fill or drop missing values and rescale such features "
-                f"before federating")
+            raise _fail(p, f"{where} {problem}; {int(bad.sum())} cell(s) in all (rows and "
+                           f"columns are 1-based). Fix: fill or drop missing values and "
+                           f"rescale such features before federating")
     return x
 
 
 # --------------------------------------------------------------------------- npz / npy
 
-def _load_npz(p: Path, max_bytes: int, stable_labels: bool = False
-              ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
+def _npz_arrays(p: Path, max_bytes: int, required: Sequence[str], optional: Sequence[str] = ()
+                ) -> dict[str, np.ndarray]:
+    """The arrays ``required`` (all) and ``optional`` (those present) of the archive ``p``,
+    unpacked only after their sizes are checked; no pickles."""
+    hint = "numpy.savez(path, " + ", ".join(f"{n}=..." for n in required) + ")"
     if not zipfile.is_zipfile(p):
-        raise LocalDataError(f"{p} is not a valid .npz archive (not a zip file, or cut short). "
-                             f"Fix: write it "
-                             f"with numpy.savez(path, x=features, y=labels)")
+        raise _fail(p, f"is not a valid .npz archive (not a zip file, or cut short). Fix: "
+                       f"write it with {hint}")
     try:
         with zipfile.ZipFile(p) as zf:
             infos = {i.filename: i for i in zf.infolist()}
     except (zipfile.BadZipFile, OSError, ValueError, EOFError):
-        raise LocalDataError(f"{p} is a damaged .npz archive. Fix: write it again with "
-                             f"numpy.savez") from None
+        raise _fail(p, "is a damaged .npz archive. Fix: write it again with numpy.savez"
+                    ) from None
     names = sorted(n[:-4] for n in infos if n.endswith(".npy"))
-    if "x" not in names:
-        raise LocalDataError(f"{p} has arrays {names}; expected 'x' (and optional 'y'). Fix: "
-                             f"numpy.savez(path, x=features, y=labels)")
-    for name in ("x", "y"):
-        info = infos.get(f"{name}.npy")
-        if info is not None and info.file_size > max_bytes:
-            raise LocalDataError(f"{p}: array {name!r} unpacks to {info.file_size} bytes, over "
-                                 f"the limit of {max_bytes} bytes. Fix: split the data or raise "
-                                 f"the limit (max_bytes)")
+    missing = [n for n in required if n not in names]
+    if missing:
+        known = [n for n in names if n in (*required, *optional)]
+        raise _fail(p, f"has {len(names)} array(s){f' (of the expected: {known})' if known else ''}"
+                       f" but lacks {missing}. Allowed: arrays {list(required)}"
+                       f"{f' and optional {list(optional)}' if optional else ''}. Fix: {hint}")
+    wanted = [n for n in (*required, *optional) if n in names]
+    total = 0
+    for name in wanted:
+        size = infos[f"{name}.npy"].file_size
+        total += size
+        if size > max_bytes or total > max_bytes:
+            raise _fail(p, f"array {name!r} unpacks to {size} bytes ({total} with the arrays "
+                           f"before it), over the limit of {max_bytes} bytes. Fix: split the "
+                           f"data or raise the limit (max_bytes)")
     try:
         with np.load(p, allow_pickle=False) as z:
-            x = _read_member(z, "x", p)
-            y = _read_member(z, "y", p) if "y" in names else None
+            return {name: _read_member(z, name, p) for name in wanted}
     except LocalDataError:
         raise
     except Exception:     # noqa: BLE001 - any numpy/zipfile error text may quote the bytes
-        raise LocalDataError(f"{p} is a damaged .npz archive. Fix: write it again with "
-                             f"numpy.savez") from None
-    x = _check_features(x, p)
+        raise _fail(p, "is a damaged .npz archive. Fix: write it again with numpy.savez"
+                    ) from None
+
+
+def _load_npz(p: Path, max_bytes: int, stable_labels: bool = False
+              ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
+    arrays = _npz_arrays(p, max_bytes, ("x",), ("y",))
+    x = _check_features(arrays["x"], p)
+    y = arrays.get("y")
     if y is None:
         return x, None
+    _check_label_shape(p, y, "y", x.shape[0], "x")
+    return x, _labels(y.reshape(-1), f"{_public(p)}: 'y'", stable_labels, p)
+
+
+def _check_label_shape(p: Path, y: np.ndarray, name: str, rows: int, of: str) -> None:
     if y.ndim == 0 or y.reshape(y.shape[0], -1).shape[1] != 1:
-        raise LocalDataError(f"{p}: 'y' has shape {y.shape}; expected one label per row, "
-                             f"shape ({x.shape[0]},)")
-    if y.shape[0] != x.shape[0]:
-        raise LocalDataError(f"{p}: 'y' has {y.shape[0]} labels but 'x' has {x.shape[0]} rows. "
-                             f"Fix: save one label per row of x")
-    return x, _labels(y.reshape(-1), f"{p}: 'y'", stable_labels)
+        raise _fail(p, f"{name!r} has shape {y.shape}; expected one label per row, shape "
+                       f"({rows},)")
+    if y.shape[0] != rows:
+        raise _fail(p, f"{name!r} has {y.shape[0]} labels but {of!r} has {rows} rows. Fix: "
+                       f"save one label per row of {of}")
 
 
 def _read_member(z, name: str, p: Path) -> np.ndarray:
@@ -202,22 +287,22 @@ def _read_member(z, name: str, p: Path) -> np.ndarray:
         return np.asarray(z[name])
     except ValueError as exc:
         if "pickle" in str(exc):
-            raise LocalDataError(f"{p}: array {name!r} holds Python objects (pickled data), "
-                                 f"which are refused. Fix: save numbers (x) and numbers or "
-                                 f"strings (y)") from None
-        raise LocalDataError(f"{p}: array {name!r} is malformed. Fix: write the file again "
-                             f"with numpy.savez") from None
+            raise _fail(p, f"array {name!r} holds Python objects (pickled data), which are "
+                           f"refused. Fix: save numbers (x) and numbers or strings (y)"
+                        ) from None
+        raise _fail(p, f"array {name!r} is malformed. Fix: write the file again with "
+                       f"numpy.savez") from None
 
 
 def _load_npy(p: Path, max_bytes: int) -> np.ndarray:
     with open(p, "rb") as fh:
         head = fh.read(6)
         if head[:2] == b"PK":
-            raise LocalDataError(f"{p} is an .npz archive, not an .npy array. Fix: rename it to "
-                                 f".npz (or set data-format 'npz')")
+            raise _fail(p, "is an .npz archive, not an .npy array. Fix: rename it to .npz (or "
+                           "set data-format 'npz')")
         if head != b"\x93NUMPY":
-            raise LocalDataError(f"{p} is not an .npy array (no NumPy header). Fix: write it "
-                                 f"with numpy.save(path, features)")
+            raise _fail(p, "is not an .npy array (no NumPy header). Fix: write it with "
+                           "numpy.save(path, features)")
         fh.seek(0)
         try:
             version = np.lib.format.read_magic(fh)
@@ -229,31 +314,30 @@ def _load_npy(p: Path, max_bytes: int) -> np.ndarray:
                 shape, dtype = None, None
             offset = fh.tell()
         except Exception:     # noqa: BLE001 - keep numpy's text (it may quote bytes) out
-            raise LocalDataError(f"{p} has a malformed .npy header. Fix: write it again with "
-                                 f"numpy.save") from None
+            raise _fail(p, "has a malformed .npy header. Fix: write it again with numpy.save"
+                        ) from None
     if shape is not None:
         if dtype.hasobject:
-            raise LocalDataError(f"{p} holds Python objects (pickled data), which are refused. "
-                                 f"Fix: save a numeric array")
+            raise _fail(p, "holds Python objects (pickled data), which are refused. Fix: save "
+                           "a numeric array")
         need = int(np.prod(shape, dtype=object)) * dtype.itemsize
         if need > max_bytes:
-            raise LocalDataError(f"{p}: the array is {need} bytes, over the limit of "
-                                 f"{max_bytes} bytes. Fix: split the data or raise the limit "
-                                 f"(max_bytes)")
+            raise _fail(p, f"the array is {need} bytes, over the limit of {max_bytes} bytes. "
+                           f"Fix: split the data or raise the limit (max_bytes)")
         if need > os.stat(p).st_size - offset:
-            raise LocalDataError(f"{p} is truncated: its header announces shape {shape} but "
-                                 f"the file is shorter. Fix: write it again with numpy.save")
+            raise _fail(p, f"is truncated: its header announces shape {shape} but the file is "
+                           f"shorter. Fix: write it again with numpy.save")
     try:
         return np.asarray(np.load(p, allow_pickle=False))
     except ValueError as exc:
         if "pickle" in str(exc):
-            raise LocalDataError(f"{p} holds Python objects (pickled data), which are refused. "
-                                 f"Fix: save a numeric array") from None
-        raise LocalDataError(f"{p} is a malformed .npy array. Fix: write it again with "
-                             f"numpy.save") from None
+            raise _fail(p, "holds Python objects (pickled data), which are refused. Fix: save "
+                           "a numeric array") from None
+        raise _fail(p, "is a malformed .npy array. Fix: write it again with numpy.save"
+                    ) from None
     except Exception:     # noqa: BLE001
-        raise LocalDataError(f"{p} is a malformed .npy array. Fix: write it again with "
-                             f"numpy.save") from None
+        raise _fail(p, "is a malformed .npy array. Fix: write it again with numpy.save"
+                    ) from None
 
 
 # --------------------------------------------------------------------------- images
@@ -261,6 +345,12 @@ def _load_npy(p: Path, max_bytes: int) -> np.ndarray:
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".pgm")
 MODES_8BIT = ("1", "L", "LA", "P", "PA", "RGB", "RGBA", "RGBX", "CMYK", "YCbCr")
 MODES_16BIT = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+FOLDER = "data-path (an image folder)"
+
+
+def _image_name(f: Path, i: int, n: int) -> str:
+    """Public name of the ``i``-th (0-based) of ``n`` images in sorted order."""
+    return f"{FOLDER}, image {i + 1} of {n} (a {f.suffix.lower()} file, in sorted order)"
 
 
 def load_image_folder(root: Path, max_bytes: int = MAX_BYTES, stable_labels: bool = False
@@ -283,31 +373,34 @@ def load_image_folder(root: Path, max_bytes: int = MAX_BYTES, stable_labels: boo
 
     files = sorted(f for f in root.rglob("*") if f.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
-        raise LocalDataError(f"no images ({', '.join(IMAGE_SUFFIXES)}) under {root}")
+        raise _fail(root, f"no images ({', '.join(IMAGE_SUFFIXES)}) in the folder or its "
+                          f"sub-folders. Fix: point 'data-path' at the image folder", FOLDER)
     total = 0
-    for f in files:
-        total += _check_regular_file(f, max_bytes)
+    for i, f in enumerate(files):
+        total += _check_regular_file(f, max_bytes, _image_name(f, i, len(files)))
     if total > max_bytes:
-        raise LocalDataError(f"the images under {root} are {total} bytes together, over the "
-                             f"limit of {max_bytes} bytes. Fix: split the data or raise the "
-                             f"limit (max_bytes)")
-    arrays = [_grey_unit(f, Image) for f in files]
-    shapes = {a.shape for a in arrays}
+        raise _fail(root, f"the {len(files)} images are {total} bytes together, over the limit "
+                          f"of {max_bytes} bytes. Fix: split the data or raise the limit "
+                          f"(max_bytes)", FOLDER)
+    arrays = [_grey_unit(f, Image, _image_name(f, i, len(files))) for i, f in enumerate(files)]
+    shapes = sorted({a.shape for a in arrays})
     if len(shapes) > 1:
-        raise LocalDataError(f"images under {root} have different sizes {sorted(shapes)}; "
-                             f"resize them to one size first")
+        first = next(i for i, a in enumerate(arrays) if a.shape != arrays[0].shape)
+        raise _fail(root, f"the images have {len(shapes)} different sizes {shapes} (image 1 is "
+                          f"{arrays[0].shape}, image {first + 1} is {arrays[first].shape}, in "
+                          f"sorted order); resize them to one size first", FOLDER)
     x = np.stack([a.ravel() for a in arrays])
     parts = [f.relative_to(root).parts for f in files]
     if all(len(q) > 1 for q in parts):   # the class is the first folder under root
         names = np.array([q[0] for q in parts])
-        codes = label_codes(names, where=f"{root}: class folders")
+        codes = _codes(names, f"{FOLDER}: class folders", root)
         if stable_labels:
             return x, codes
         return x, np.unique(names, return_inverse=True)[1].reshape(-1).astype(np.int64)
     return x, None
 
 
-def _grey_unit(f: Path, Image) -> NDArray[np.float64]:
+def _grey_unit(f: Path, Image, name: str) -> NDArray[np.float64]:
     """One image as float64 grey values in [0, 1] (see :func:`load_image_folder`)."""
     try:
         with warnings.catch_warnings():
@@ -320,27 +413,172 @@ def _grey_unit(f: Path, Image) -> NDArray[np.float64]:
                     a = np.asarray(img)
                     a = a.astype(np.float64)
                     if a.size and (a.min() < 0 or a.max() > 65535):
-                        raise LocalDataError(
-                            f"{f}: 32-bit integer image (mode 'I') with values outside "
-                            f"0..65535. Allowed: 8-bit or 16-bit images. Fix: save it as "
-                            f"8-bit or 16-bit greyscale")
+                        raise _fail(f, "32-bit integer image (mode 'I') with values outside "
+                                       "0..65535. Allowed: 8-bit or 16-bit images. Fix: save "
+                                       "it as 8-bit or 16-bit greyscale", name)
                     return a / 65535.0
     except LocalDataError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise LocalDataError(f"{f}: the image has too many pixels (over Pillow's limit of "
-                             f"{Image.MAX_IMAGE_PIXELS}). Fix: downscale it") from None
+        raise _fail(f, f"the image has too many pixels (over Pillow's limit of "
+                       f"{Image.MAX_IMAGE_PIXELS}). Fix: downscale it", name) from None
     except Exception:     # noqa: BLE001 - Pillow's text is not ours to pass on
-        raise LocalDataError(f"{f} cannot be read as an image (damaged or not an image). Fix: "
-                             f"re-save it, or move it out of the data folder") from None
-    raise LocalDataError(f"{f}: image mode {mode!r} is not supported. Allowed: "
-                         f"{', '.join(MODES_8BIT)} (8-bit), {', '.join(MODES_16BIT)} (16-bit "
-                         f"greyscale). Fix: save it as 8-bit or 16-bit greyscale or RGB")
+        raise _fail(f, "cannot be read as an image (damaged or not an image). Fix: re-save "
+                       "it, or move it out of the data folder", name) from None
+    raise _fail(f, f"image mode {mode!r} is not supported. Allowed: {', '.join(MODES_8BIT)} "
+                   f"(8-bit), {', '.join(MODES_16BIT)} (16-bit greyscale). Fix: save it as "
+                   f"8-bit or 16-bit greyscale or RGB", name)
+
+
+# --------------------------------------------------------------------------- image-like data
+
+def _pixel_problem(x: np.ndarray) -> tuple[int, tuple[int, ...]] | None:
+    """``(count, first index)`` of the values of ``x`` outside [0, PIXEL_MAX] (NaN included),
+    or None."""
+    with np.errstate(invalid="ignore"):
+        bad = ~((x >= 0) & (x <= PIXEL_MAX))
+    if not bad.any():
+        return None
+    return int(bad.sum()), tuple(int(i) + 1 for i in np.argwhere(bad)[0])
+
+
+def load_pixel_table(path: str, data_format: str = "", label_column: str = "",
+                     max_bytes: int = MAX_BYTES
+                     ) -> tuple[NDArray[np.float32], NDArray[np.int64] | None]:
+    """A node's image-like data as FedCRef's autoencoders take it, through the checks of
+    :func:`load_local_table` (any of its formats) and these:
+
+    - pixel values in [0, 1] or [0, 255] (all finite); the table is divided by 255 when any
+      value is above 1;
+    - labels (evaluation and the simulated ``dirty`` start only), when present: class numbers
+      0..:data:`MAX_CLASS`, equal on every node (they index the per-class tables the server
+      adds up).
+
+    Returns
+    -------
+    x : float32 (rows, features), in [0, 1]
+    y : int64 (rows,) or None
+    """
+    x, y = load_local_table(path, data_format, label_column, max_bytes, stable_labels=True)
+    p = Path(path).expanduser()
+    bad = _pixel_problem(x)
+    if bad is not None:
+        count, (r, c) = bad
+        raise _fail(p, f"row {r}, column {c} is not a pixel value; {count} value(s) in all "
+                       f"are outside [0, {PIXEL_MAX:g}]. Allowed: pixel values in [0, 1] or "
+                       f"[0, 255]. Fix: save the images as 8-bit values or scaled to [0, 1]")
+    x32 = x.astype(np.float32)
+    if x32.size and x32.max() > 1.0:
+        x32 = x32 / np.float32(PIXEL_MAX)    # in float32, as the simulated clients' pixels
+    if y is not None:
+        _check_class_numbers(p, y, "labels", MAX_CLASS + 1)
+    return x32, y
+
+
+def _check_class_numbers(p: Path, y: np.ndarray, name: str, n_classes: int) -> None:
+    """``y`` (codes of :func:`label_codes`) are class numbers ``0..n_classes-1``."""
+    bad = (y < 0) | (y >= n_classes)
+    if bad.any():
+        r = int(np.argmax(bad))
+        raise _fail(p, f"{name}: the label of row {r + 1} is not a class number in "
+                       f"0..{n_classes - 1}; {int(bad.sum())} label(s) in all. Allowed: class "
+                       f"numbers 0..{n_classes - 1} (the same on every node). Fix: number the "
+                       f"classes 0, 1, 2, … (or leave the labels out)")
+
+
+def load_image_arrays(path: str, images: Mapping[str, str], image_shapes: Sequence[tuple],
+                      n_classes: int, optional: Sequence[str] = (),
+                      max_bytes: int = MAX_BYTES) -> dict[str, np.ndarray]:
+    """Named image and label arrays of a node's ``.npz`` (EMD-CFL's train/validation/test
+    splits), with the door's checks.
+
+    Parameters
+    ----------
+    path : str
+        The node's ``data-path`` (an ``.npz``; the file checks of :func:`load_local_table`).
+    images : mapping
+        Image array name → the name of its label array (``{"x_train": "y_train", …}``); all
+        required.
+    image_shapes : sequence of tuple
+        Allowed shapes of one image (e.g. ``[(28, 28)]`` or ``[(28, 28, 3)]``).
+    n_classes : int
+        Labels must be class numbers ``0..n_classes-1``.
+    optional : sequence of str
+        Other arrays to return when present; each must be a single integer (e.g. a node's
+        ground-truth group ``cluster``, evaluation only).
+
+    Returns
+    -------
+    dict
+        Image arrays ``(rows ≥ 1, *shape)`` with values in [0, 255] (uint8 kept, other
+        types as float32), label
+        arrays ``int64 (rows,)``, and the optional integers present as 0-d int64 arrays.
+    """
+    p = Path(path).expanduser()
+    _check_not_a_loop(p)
+    if not p.exists() and not p.is_symlink():
+        raise LocalDataError(
+            "node config 'data-path' does not exist on this node (no file at that path). Fix: "
+            "flower-supernode --node-config 'data-path=\"/abs/client.npz\"'.",
+            f"node config 'data-path' = {path!r} does not exist on this node")
+    if p.is_dir() or p.suffix.lower() != ".npz":
+        raise _fail(p, f"is not an .npz file. Allowed: an .npz with arrays "
+                       f"{', '.join(k for pair in images.items() for k in pair)}. Fix: write "
+                       f"it with numpy.savez")
+    _check_regular_file(p, max_bytes)
+    required = [k for pair in images.items() for k in pair]
+    arrays = _npz_arrays(p, max_bytes, required, optional)
+    shapes = [tuple(int(v) for v in s) for s in image_shapes]
+    out: dict[str, np.ndarray] = {}
+    for name, label_name in images.items():
+        x = arrays[name]
+        if x.dtype.kind not in "biuf":
+            raise _fail(p, f"{name!r} has dtype {x.dtype}, not a real number type. Fix: save "
+                           f"the images as numbers (uint8 0..255, or floats)")
+        if x.ndim < 1 or x.shape[0] == 0:
+            raise _fail(p, f"{name!r} has shape {x.shape}: no images. Fix: give this node at "
+                           f"least one image in every split")
+        if tuple(x.shape[1:]) not in shapes:
+            raise _fail(p, f"{name!r} has shape {x.shape}: images of shape "
+                           f"{tuple(x.shape[1:])}. Allowed: (rows, "
+                           f"{' or '.join(str(s)[1:-1] for s in shapes)}) for this run's "
+                           f"model. Fix: resize the images, or choose the run's dataset to "
+                           f"match them")
+        bad = _pixel_problem(x)
+        if bad is not None:
+            count, index = bad
+            raise _fail(p, f"{name!r} image {index[0]} holds a value that is not a pixel value "
+                           f"(NaN, infinite, or outside [0, {PIXEL_MAX:g}]); {count} value(s) "
+                           f"in all. Allowed: pixel values 0..255. Fix: save 8-bit images")
+        y = arrays[label_name]
+        _check_label_shape(p, y, label_name, x.shape[0], name)
+        codes = _codes(y.reshape(-1), f"{_public(p)}: {label_name!r}", p)
+        _check_class_numbers(p, codes, repr(label_name), n_classes)
+        out[name] = x if x.dtype == np.uint8 else x.astype(np.float32)
+        out[label_name] = codes
+    for name in optional:
+        if name in arrays:
+            v = arrays[name]
+            if v.dtype.kind not in "biu" or v.size != 1:
+                raise _fail(p, f"{name!r} has dtype {v.dtype} and shape {v.shape}. Allowed: "
+                               f"one integer. Fix: numpy.savez(..., {name}=3)")
+            out[name] = np.asarray(int(v.reshape(-1)[0]), dtype=np.int64)
+    return out
 
 
 # --------------------------------------------------------------------------- csv / tsv
 
-def _data_lines(p: Path, delim: str, skip: int):
+SEPARATORS: dict[str | None, str] = {",": "commas", ";": "semicolons", "\t": "tabs",
+                                     None: "spaces"}
+SNIFF_LINES = 200
+_DECIMAL_COMMA = re.compile(r"^\s*[-+]?\d*,\d+(?:[eE][-+]?\d+)?\s*$")
+
+
+def _split(line: str, delim: str | None) -> list[str]:
+    return line.split(delim) if delim is not None else line.split()
+
+
+def _data_lines(p: Path, delim: str | None, skip: int):
     """``(line number, cells)`` of the data lines as ``numpy.loadtxt`` reads them: the first
     ``skip`` lines are skipped, ``#`` starts a comment, lines empty after that are skipped."""
     with open(p, encoding="utf-8-sig", newline=None) as fh:
@@ -348,89 +586,154 @@ def _data_lines(p: Path, delim: str, skip: int):
             if number <= skip:
                 continue
             line = line.rstrip("\r\n").split("#", 1)[0]
-            if line == "":
+            if line == "" or (delim is None and line.strip() == ""):
                 continue
-            yield number, line.split(delim)
+            yield number, _split(line, delim)
 
 
-def _line_numbers(p: Path, delim: str, skip: int) -> list[int]:
+def _line_numbers(p: Path, delim: str | None, skip: int) -> list[int]:
     return [number for number, _ in _data_lines(p, delim, skip)]
 
 
-def _locate(p: Path, delim: str, skip: int, label_col: int | None) -> LocalDataError:
+def _number(text: str, decimal_comma: bool) -> bool:
+    return _is_number(text.replace(",", ".") if decimal_comma else text)
+
+
+def _sniff(p: Path, preferred: str) -> tuple[str | None, bool]:
+    """``(separator, decimal comma)`` of a delimited file, from its first data lines.
+
+    Each candidate separator (the suffix's first, then comma, semicolon, tab, spaces) splits
+    the lines; it counts if most lines then have one width of at least 2 columns. Its score is
+    the share of lines of that width times the share of their cells (below a header) that are
+    numbers, with a decimal comma where that reads more of them. The best score wins; the
+    suffix's separator wins ties, and a file of one column keeps it.
+    """
+    lines = []
+    with open(p, encoding="utf-8-sig", newline=None) as fh:
+        for line in fh:
+            line = line.rstrip("\r\n").split("#", 1)[0]
+            if line.strip():
+                lines.append(line)
+                if len(lines) == SNIFF_LINES:
+                    break
+    best: tuple[float, str | None, bool] = (0.0, preferred, False)
+    for delim in dict.fromkeys((preferred, ",", ";", "\t", None)):
+        rows = [_split(line, delim) for line in lines]
+        widths = [len(r) for r in rows]
+        width = max(set(widths), key=widths.count) if widths else 0
+        if width < 2:
+            continue
+        share = widths.count(width) / len(widths)
+        comma = delim != "," and any(_DECIMAL_COMMA.match(c) for r in rows for c in r)
+        header = not _number(rows[0][0], comma)
+        cells = [c for r in rows[int(header):] if len(r) == width for c in r]
+        if not cells:
+            cells = rows[0]
+        numeric = sum(_number(c, comma) for c in cells) / len(cells)
+        if share * numeric > best[0]:
+            best = (share * numeric, delim, comma)
+    return best[1], best[2]
+
+
+def _read_as(delim: str | None, decimal_comma: bool) -> str:
+    """How a file was read, for messages (separators are not data)."""
+    return (f"read as separated by {SEPARATORS[delim]}"
+            + (" with decimal commas" if decimal_comma else ""))
+
+
+def _locate(p: Path, delim: str | None, skip: int, label_col: int | None,
+            decimal_comma: bool = False) -> LocalDataError:
     """A data-free error for the first ragged line or non-numeric cell of ``p``."""
     width, first_line = None, 0
+    how = _read_as(delim, decimal_comma)
     for number, cells in _data_lines(p, delim, skip):
         if width is None:
             width, first_line = len(cells), number
         elif len(cells) != width:
-            return LocalDataError(f"{p}: line {number} has {len(cells)} field(s) but line "
-                                  f"{first_line} has {width}. Allowed: the same number of "
-                                  f"columns on every line. Fix: fill in or remove that line")
+            return _fail(p, f"line {number} has {len(cells)} field(s) but line {first_line} "
+                            f"has {width} ({how}). Allowed: the same number of columns on "
+                            f"every line. Fix: fill in or remove that line")
         for c, cell in enumerate(cells):
             if c == label_col:
                 continue
             if cell.strip() == "":
-                return LocalDataError(f"{p}: line {number}, column {c + 1} is empty. Fix: fill "
-                                      f"in missing values (or drop that row)")
-            if not _is_number(cell):
+                return _fail(p, f"line {number}, column {c + 1} is empty ({how}). Fix: fill in "
+                                f"missing values (or drop that row)")
+            if not _number(cell, decimal_comma):
                 hint = ("only the label column may hold text" if label_col is not None else
                         f"a text column holding labels must be named in node config "
                         f"'label-column' (this column is label-column={c})")
-                return LocalDataError(f"{p}: line {number}, column {c + 1} is not a number. "
-                                      f"Every feature must be a number; {hint}")
-    return LocalDataError(f"{p} cannot be read as a numeric table. Fix: save it as plain "
-                          f"numbers separated by {'tabs' if delim == chr(9) else 'commas'}")
+                return _fail(p, f"line {number}, column {c + 1} is not a number ({how}). "
+                                f"Every feature must be a number; {hint}")
+    return _fail(p, f"cannot be read as a numeric table ({how}). Fix: save it as plain numbers "
+                    f"separated by commas")
 
 
 def _load_delimited(p: Path, delim: str, label_column: str, stable_labels: bool = False
                     ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
-    """A numeric CSV/TSV (header detected when its first cell is not a number); the optional
-    ``label_column`` (header name or 0-based index) may hold numbers or strings."""
+    """A numeric CSV/TSV (separator and decimal comma detected, :func:`_sniff`; header detected
+    when its first cell is not a number); the optional ``label_column`` (header name or
+    0-based index) may hold numbers or strings."""
     try:
         return _parse_delimited(p, delim, label_column, stable_labels)
     except UnicodeDecodeError:      # its text quotes the bytes: not passed on
-        raise LocalDataError(f"{p} is not UTF-8 text. Fix: save it as UTF-8 (plain text "
-                             f"numbers)") from None
+        raise _fail(p, "is not UTF-8 text. Fix: save it as UTF-8 (plain text numbers)"
+                    ) from None
 
 
-def _parse_delimited(p: Path, delim: str, label_column: str, stable_labels: bool
+def _first_data_line(p: Path, delim: str | None) -> tuple[int, list[str]]:
+    """``(line number, cells)`` of the first line that is not empty or a comment (0, [])."""
+    lines = _data_lines(p, delim, 0)
+    try:
+        return next(lines, (0, []))
+    finally:
+        lines.close()
+
+
+def _parse_delimited(p: Path, preferred: str, label_column: str, stable_labels: bool
                      ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
-    with open(p, encoding="utf-8-sig") as fh:
-        first = fh.readline().rstrip("\r\n").split(delim)
-    if first == [""] and os.stat(p).st_size == 0:
-        raise LocalDataError(f"{p} is empty (no rows, no columns). Fix: give this node data")
-    has_header = bool(first and first[0]) and not _is_number(first[0])
-    skip = int(has_header)
-    col = None if label_column == "" else _label_index(p, first, has_header, label_column)
+    if os.stat(p).st_size == 0:
+        raise _fail(p, "is empty (no rows, no columns). Fix: give this node data")
+    delim, comma = _sniff(p, preferred)
+    number, first = _first_data_line(p, delim)
+    has_header = bool(first and first[0].strip()) and not _number(first[0], comma)
+    skip = number if has_header else 0
+    names = [c.strip() for c in first] if has_header else []
+    if has_header:
+        _check_unique_names(p, names, label_column)
+    col = (None if label_column == "" else
+           _label_index(p, names, len(first), has_header, label_column))
+    text = col is not None or comma
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")           # "input contained no data": checked below
             cells = np.loadtxt(p, delimiter=delim, skiprows=skip, ndmin=2, encoding="utf-8-sig",
-                               dtype=np.float64 if col is None else str)
+                               dtype=str if text else np.float64)
     except UnicodeDecodeError:
         raise
     except ValueError:
-        raise _locate(p, delim, skip, col) from None
+        raise _locate(p, delim, skip, col, comma) from None
     if cells.shape[0] == 0:
-        raise LocalDataError(f"{p}: no data rows{' below its header line' if has_header else ''}"
-                             f". Fix: give this node at least one row")
+        raise _fail(p, f"no data rows{' below its header line' if has_header else ''}. Fix: "
+                       f"give this node at least one row")
     y = None
+    feats = cells
     if col is not None:
         if cells.shape[1] <= col:
-            raise LocalDataError(f"{p}: the data rows have {cells.shape[1]} columns, fewer than "
-                                 f"the header's {len(first)}; the label column {col} is missing")
+            raise _fail(p, f"the data rows have {cells.shape[1]} columns, fewer than the "
+                           f"header's {len(first)}; the label column {col} is missing")
         feats = np.delete(cells, col, axis=1)
+        y = _labels(cells[:, col], f"{_public(p)}: label column {col + 1}", stable_labels, p)
+    if text:
         try:
-            x = feats.astype(np.float64)
+            x = (np.char.replace(feats, ",", ".") if comma else feats).astype(np.float64)
         except ValueError:
-            raise _locate(p, delim, skip, col) from None
-        y = _labels(cells[:, col], f"{p}: label column {col + 1}", stable_labels)
+            raise _locate(p, delim, skip, col, comma) from None
     else:
-        x = cells
+        x = feats
     if x.shape[1] == 0:
-        raise LocalDataError(f"{p}: no feature columns (only the label column). Fix: give every "
-                             f"row at least one feature")
+        raise _fail(p, "no feature columns (only the label column). Fix: give every row at "
+                       "least one feature")
     try:
         x = _check_features(x, p)
     except LocalDataError:
@@ -438,23 +741,51 @@ def _parse_delimited(p: Path, delim: str, label_column: str, stable_labels: bool
     return x, y
 
 
-def _label_index(p: Path, first: list[str], has_header: bool, label_column: str) -> int:
-    """0-based index of ``label_column`` (a header name or an index), or a clear error."""
-    if has_header and label_column in first:
-        return first.index(label_column)
+def _check_unique_names(p: Path, names: list[str], label_column: str) -> None:
+    """Refuse a header that gives two columns one name (a label column named twice would
+    silently swap a feature and the label). The public message names the columns by number
+    and echoes only the configured ``label-column``."""
+    seen: dict[str, list[int]] = {}
+    for i, name in enumerate(names):
+        if name:
+            seen.setdefault(name, []).append(i + 1)
+    dups = {n: cols for n, cols in seen.items() if len(cols) > 1}
+    if not dups:
+        return
+    shared = [f"columns {', '.join(map(str, cols[:-1]))} and {cols[-1]} share "
+              + (f"the name {n!r} (node config 'label-column')" if n == label_column.strip()
+                 else "one name") for n, cols in dups.items()]
+    problem = (f"duplicate header names: {'; '.join(shared)}. Allowed: a different name for "
+               f"every column (a label-column named twice would take one of them and keep the "
+               f"other as a feature). Fix: rename the duplicate columns")
+    detail = "; ".join(f"{n!r} in columns {cols}" for n, cols in dups.items())
+    raise LocalDataError(f"{_public(p)}: {problem}", f"{p}: {problem} ({detail})")
+
+
+def _label_index(p: Path, names: list[str], width: int, has_header: bool,
+                 label_column: str) -> int:
+    """0-based index of ``label_column`` (a header name or an index), or a clear error that
+    quotes no header name but the configured one."""
+    if has_header and label_column.strip() in names:
+        return names.index(label_column.strip())
     try:
         col = int(label_column)
     except ValueError:
-        where = (f"its header has {first}" if has_header else
-                 "it has no header row (its first cell is a number)")
+        where = (f"its header has {width} column(s), none named {label_column!r}" if has_header
+                 else "it has no header row (its first cell is a number)")
+        fix = ("label-column=<index>, or the header name of the label column" if has_header
+               else "label-column=<index> or add a header row")
         raise LocalDataError(
-            f"node config 'label-column' = {label_column!r} names no column of {p}: {where}. "
-            f"Allowed: a header name or a 0-based column index (0..{len(first) - 1}). Fix: "
-            f"label-column=<index> or add a header row.") from None
-    if not -len(first) <= col < len(first):
+            f"node config 'label-column' = {label_column!r} names no column of {_public(p)}: "
+            f"{where}. Allowed: a header name or a 0-based column index (0..{width - 1}). "
+            f"Fix: {fix}.",
+            f"node config 'label-column' = {label_column!r} names no column of {p}: {where}"
+            + (f" (header: {names})" if has_header else "")) from None
+    if not -width <= col < width:
         raise LocalDataError(f"node config 'label-column' = {label_column!r} is out of range: "
-                             f"{p} has {len(first)} columns (0..{len(first) - 1})")
-    return col % len(first)
+                             f"{_public(p)} has {width} columns (0..{width - 1})",
+                             f"{p} has {width} columns; label-column = {label_column!r}")
+    return col % width
 
 
 # --------------------------------------------------------------------------- labels
@@ -569,10 +900,22 @@ def labels_to_int(values: np.ndarray) -> NDArray[np.int64]:
     return label_codes(values)
 
 
-def _labels(values: np.ndarray, where: str, stable: bool) -> NDArray[np.int64]:
-    """Validated labels: :func:`label_codes`, or (not ``stable``) per-node indices."""
-    codes = label_codes(values, where)
+def _labels(values: np.ndarray, where: str, stable: bool, p: Path | None = None
+            ) -> NDArray[np.int64]:
+    """Validated labels: :func:`label_codes`, or (not ``stable``) per-node indices. A refusal
+    names ``p`` in its detail (``where`` is the public name)."""
+    codes = _codes(values, where, p)
     return codes if stable else _node_label_index(values)
+
+
+def _codes(values: np.ndarray, where: str, p: Path | None) -> NDArray[np.int64]:
+    """:func:`label_codes`, with the path ``p`` in a refusal's detail."""
+    try:
+        return label_codes(values, where)
+    except LocalDataError as exc:
+        if p is None:
+            raise
+        raise LocalDataError(str(exc), f"{p}: {exc}") from None
 
 
 def _node_label_index(values: np.ndarray) -> NDArray[np.int64]:

@@ -19,6 +19,27 @@ class SiteFilesError(ValueError):
     """``data-dir`` does not hold one usable file per client."""
 
 
+def is_simulated(node_config: Mapping[str, Any], cfg: Mapping[str, Any] | None = None) -> bool:
+    """Whether a node reads data the run config determines — the one definition every method
+    uses (evaluation permission, EMD-CFL's key pairs and seeds, FedCRef's start).
+
+    A node is *simulated* when its node config has ``partition-id`` and either no
+    ``data-path`` of its own (a partition of the run's dataset) or run config
+    ``dataset="files"`` (the engine set ``data-path`` to its site file of ``data-dir``). A node
+    with a ``data-path`` of its own is *deployed*, whatever else its node config says.
+
+    Parameters
+    ----------
+    node_config : mapping
+        The node's node config (after the engine's ``dataset="files"`` resolution).
+    cfg : mapping, optional
+        The run config (only ``dataset`` is read); None counts as no ``dataset="files"``.
+    """
+    if "partition-id" not in node_config:
+        return False
+    return "data-path" not in node_config or (cfg or {}).get("dataset") == "files"
+
+
 def site_files(data_dir: str | Path) -> list[Path]:
     """The per-site entries of ``data_dir``, sorted by name."""
     root = Path(str(data_dir)).expanduser()
@@ -54,7 +75,8 @@ def check_sites(cfg: Mapping[str, Any], num_nodes: int | None = None) -> list[in
 
     Loads every file once with the node loader (on the machine running the simulation, where
     the files are) and returns the feature count of each. Raises :class:`SiteFilesError` naming
-    the files at fault; only shapes leave this function.
+    the files at fault, and :class:`~fedclust.config.ConfigError` when an FCM method fits more
+    clusters than the files hold rows; only shapes leave this function.
     """
     from fedclust.data.local import load_local_table
 
@@ -65,7 +87,7 @@ def check_sites(cfg: Mapping[str, Any], num_nodes: int | None = None) -> list[in
             f"with dataset='files' each simulated client reads one file. Fix: pass "
             f"--federation-config 'num-supernodes={len(files)}' to flwr run (or "
             f"num_supernodes={len(files)} to fedclust-sweep), or move files out of data-dir")
-    widths, bad = [], []
+    widths, bad, rows = [], [], 0
     for path in files:
         try:
             x, _ = load_local_table(str(path), cfg.get("files.format", ""),
@@ -76,6 +98,7 @@ def check_sites(cfg: Mapping[str, Any], num_nodes: int | None = None) -> list[in
         if x.shape[0] == 0:
             bad.append(f"{path.name}: no rows")
         widths.append(int(x.shape[1]))
+        rows += int(x.shape[0])
     if bad:
         raise SiteFilesError("unreadable site files in data-dir: " + "; ".join(bad))
     if len(set(widths)) > 1:
@@ -85,6 +108,9 @@ def check_sites(cfg: Mapping[str, Any], num_nodes: int | None = None) -> list[in
                              f"Allowed: the same columns in every file. Fix: give every site "
                              f"the same features (a label column is named by "
                              f"files.label-column and not counted)")
+    from fedclust.fcm_keys import check_rows
+
+    check_rows(dict(cfg), rows, "the site files of data-dir")
     return widths
 
 

@@ -165,7 +165,8 @@ def load_g2(cfg: dict[str, Any]) -> Dataset:
                f"{stem}-gt.pa", f"g2/{stem}-gt.pa")
     y = np.loadtxt(_skip_pa_header(gt), dtype=np.int64)
     if y.size != x.shape[0]:
-        raise DatasetError(f"{gt} has {y.size} labels but {path} has {x.shape[0]} points")
+        raise DatasetError(f"data-dir file {gt.name} has {y.size} labels but {path.name} has "
+                           f"{x.shape[0]} points. Fix: download both files of {stem} again")
     return Dataset(stem, x, y - y.min())
 
 
@@ -222,10 +223,27 @@ DATASETS: dict[str, Callable[[dict[str, Any]], Dataset]] = {
 FILE_DATASETS = ("xclara", "s-set1", "g2", "pendigits", "waveform", "bank")
 
 
+#: What a node without data of its own is told (a user of ``dataset='local'``/``'files'``).
+OWN_DATA_HELP = {
+    "local": "run config 'dataset' = 'local' means every node reads its own file, named by its "
+             "node config 'data-path', but this node has no data-path. Fix: start each "
+             "SuperNode with --node-config 'data-path=\"/path/to/its/data.csv\"' (a csv, tsv, "
+             "txt, npz or npy file, or a folder of images); in a simulation, use "
+             "dataset='files' with data-dir = a folder holding one file per client",
+    "files": "run config 'dataset' = 'files' gives each simulated client one file of data-dir, "
+             "but this node is not a simulated client (it has no partition-id). Fix: on a "
+             "deployed node use dataset='local' and node config 'data-path'",
+}
+
+
 def load_dataset(cfg: dict[str, Any]) -> Dataset:
     """Load ``cfg["dataset"]``; raise :class:`DatasetError` with a fix if it cannot be loaded."""
     name = cfg["dataset"]
     if name not in DATASETS:
+        if name in ("local", "files"):
+            raise DatasetError(OWN_DATA_HELP[name])
         raise DatasetError(f"run config 'dataset' = {name!r} is not a tabular dataset. Allowed: "
-                           f"{', '.join(sorted(DATASETS))}. Fix: --run-config 'dataset=\"blobs\"'.")
+                           f"{', '.join(sorted(DATASETS))}, or 'local' (each deployed node "
+                           f"reads its own data-path) or 'files' (one file per simulated "
+                           f"client in data-dir). Fix: --run-config 'dataset=\"blobs\"'.")
     return DATASETS[name](cfg)

@@ -17,7 +17,8 @@ Gaussian draw by an orthonormal basis of their span (``Q`` of its QR decompositi
 kept, where the Gaussian matrix also distorts them.
 
 Reproducible simulation: a *simulated* node (node config with ``partition-id`` and no
-``data-path``) derives its key pair from the run seed and its partition id
+``data-path``, or a site file of ``dataset="files"``: :func:`fedclust.data.sites.is_simulated`,
+re-exported here) derives its key pair from the run seed and its partition id
 (:func:`simulated_keypair`), and the pair seeds of simulated nodes name the two members by
 :func:`key_id` of their public keys instead of Flower node ids (random in every simulation run).
 The same seed then gives the same projections and subsamples. Such keys are known to anyone who
@@ -36,6 +37,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from numpy.typing import NDArray
+
+from fedclust.data.sites import is_simulated  # re-exported: the one rule for every method
 
 PURPOSE = "projection"
 
@@ -66,15 +69,12 @@ def simulated_keypair(seed: int, partition: int) -> tuple[bytes, bytes]:
     return _raw_pair(X25519PrivateKey.from_private_bytes(raw))
 
 
-def is_simulated(node_config: Mapping[str, Any]) -> bool:
-    """A simulated node: its node config has ``partition-id`` and no ``data-path``."""
-    return "partition-id" in node_config and "data-path" not in node_config
-
-
-def node_keypair(node_config: Mapping[str, Any], seed: int) -> tuple[bytes, bytes]:
+def node_keypair(node_config: Mapping[str, Any], seed: int,
+                 cfg: Mapping[str, Any] | None = None) -> tuple[bytes, bytes]:
     """This node's key pair: derived from ``seed`` and its ``partition-id`` when simulated
-    (:func:`is_simulated`), else fresh from the OS (:func:`generate_keypair`)."""
-    if is_simulated(node_config):
+    (:func:`fedclust.data.sites.is_simulated` with the run config ``cfg``: a partition, or a
+    site file of ``dataset="files"``), else fresh from the OS (:func:`generate_keypair`)."""
+    if is_simulated(node_config, cfg):
         return simulated_keypair(seed, int(node_config["partition-id"]))
     return generate_keypair()
 
