@@ -41,7 +41,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
-from fedclust.fedcref import algorithm
+from fedclust.fedcref import algorithm, wire
 from fedclust.fedcref import autoencoder as ae
 from fedclust.fedcref.algorithm import Contribution, LocalReply, Model, Node, RefineReply
 from fedclust.fedcref.client import hidden_sizes
@@ -111,15 +111,25 @@ def model_shapes(sizes: list[int], rows: int) -> dict[str, tuple[int, ...]]:
     return out
 
 
+def decoded(content: RecordDict, name: str) -> dict[str, np.ndarray]:
+    """The float32 model arrays of array record ``name`` (any ``fedcref.wire`` format)."""
+    return wire.decode({k: v.numpy() for k, v in content.array_records[name].items()})
+
+
 def _models(content: RecordDict, name: str, shapes: dict[str, tuple[int, ...]]) -> str | None:
-    """Array record ``name`` holds exactly the arrays ``shapes`` names, of those shapes, finite."""
+    """Array record ``name`` holds, once decoded (:mod:`fedclust.fedcref.wire`), exactly the
+    arrays ``shapes`` names, of those shapes, finite."""
     if name not in content.array_records:
         return f"missing array record '{name}'"
-    rec = content.array_records[name]
+    raw = {k: v.numpy() for k, v in content.array_records[name].items()}
+    problem = wire.problem(raw)
+    if problem:
+        return f"'{name}': {problem}"
+    rec = wire.decode(raw)
     if set(rec) != set(shapes):
         return f"'{name}' has arrays {sorted(rec)}, expected {sorted(shapes)}"
     for k, shape in shapes.items():
-        a = rec[k].numpy()
+        a = rec[k]
         if a.shape != shape:
             return f"'{name}.{k}' has shape {a.shape}, expected {shape}"
         if not np.all(np.isfinite(a)):
@@ -147,7 +157,8 @@ def _check_local(content: RecordDict, sizes: list[int] | None, hidden: list[int]
             return (f"'clusters' must list distinct local clusters in 0..{k - 1}, got "
                     f"{clusters.tolist()}")
     if "models" in content.array_records:
-        w0 = content.array_records["models"].get("W0")
+        rec = content.array_records["models"]
+        w0 = rec.get("W0", rec.get("W0.q"))
         if w0 is None or w0.numpy().ndim != 3:
             return "'models' lacks a 3-D 'W0'"
         dims = sizes or ae.layer_sizes(int(w0.numpy().shape[1]), hidden)
@@ -303,8 +314,7 @@ class FlowerClients:
         def check(nid: int, c: RecordDict) -> str | None:
             problem = _check_local(c, self.layer, self.hidden)
             if problem is None and self.layer is None and "models" in c.array_records:
-                self.layer = ae.layer_sizes(c.array_records["models"]["W0"].numpy().shape[1],
-                                            self.hidden)
+                self.layer = ae.layer_sizes(decoded(c, "models")["W0"].shape[1], self.hidden)
             return problem
 
         ex = send_and_collect(self.grid, self.nodes, content, "train.fedcref_local",
@@ -333,12 +343,14 @@ class FlowerClients:
                 reply.modelled = clusters
                 if "models" in c.array_records:
                     rec = c.array_records["models"]
+                    models = decoded(c, "models")
                     reply.models = {}
                     for j, q in enumerate(clusters):
-                        arrays = {name: rec[name].numpy()[j:j + 1] for name in rec}
-                        reply.models[q] = arrays
+                        reply.models[q] = {name: a[j:j + 1] for name, a in models.items()}
+                        # relayed for cross-evaluation as sent, in the wire format
                         self.arrays[_key((i, q), reply.version)] = {
-                            name: Array(a) for name, a in arrays.items()}
+                            name: Array(np.ascontiguousarray(rec[name].numpy()[j:j + 1]))
+                            for name in rec}
             if reply.hist is not None:
                 self.hists[i] = reply.hist
             out[i] = reply
@@ -356,8 +368,9 @@ class FlowerClients:
             del self.arrays[key]
         for node, (_, model) in models.items():
             if keys_all[node] not in self.arrays:
-                self.arrays[keys_all[node]] = {k: Array(np.ascontiguousarray(v))
-                                               for k, v in model.items()}
+                self.arrays[keys_all[node]] = {
+                    k: Array(np.ascontiguousarray(v))
+                    for k, v in wire.encode(model, self.cfg["fedcref.wire"]).items()}
 
         def foreign(nid: int) -> list[Node]:
             return [node for node in models if node[0] != self.index[nid]]
@@ -421,7 +434,8 @@ class FlowerClients:
             mine = members[self.index[nid]]
             gs = [g for g, _ in mine]
             return RecordDict({
-                "models": _arrays({k: v[gs] for k, v in np_params.items()}),
+                "models": _arrays(wire.encode({k: v[gs] for k, v in np_params.items()},
+                                              self.cfg["fedcref.wire"])),
                 "config": ConfigRecord({
                     "communities": gs, "members-len": [len(qs) for _, qs in mine],
                     "members-flat": [q for _, qs in mine for q in qs], "seed": seed}),
@@ -437,7 +451,7 @@ class FlowerClients:
         self._account("community_training", ex, "comm")
         out: dict[int, list[Contribution]] = {}
         for nid, c in ex.replies.items():
-            got = ae.from_numpy({k: v.numpy() for k, v in c.array_records["models"].items()})
+            got = ae.from_numpy(decoded(c, "models"))
             counts = c.array_records["counts"]["counts"].numpy()
             out[self.index[nid]] = [
                 Contribution(g, [p[j:j + 1] for p in got], float(counts[j]))
@@ -462,7 +476,8 @@ class FlowerClients:
                 "members-flat": [q for qs in mine for q in qs]}),
                 "result": result_record(self.result)})
             if len(ids):
-                c["models"] = _arrays({k: v[ids] for k, v in np_params.items()})
+                c["models"] = _arrays(wire.encode({k: v[ids] for k, v in np_params.items()},
+                                                  self.cfg["fedcref.wire"]))
             return c
 
         def check(nid: int, c: RecordDict) -> str | None:

@@ -116,7 +116,7 @@ def test_held_out_rules_send_only_bits_and_models(data_root: Path, tmp_path: Pat
                             inspect=lambda m, r: replies.append(r)
                             if "fedcref" in m.metadata.message_type else None)
     assert summary["metrics"]["iterations"] >= 1 and replies
-    scalars = {"k", "key", "version", "n", "seconds", "agreement"}
+    scalars = {"k", "key", "version", "n", "seconds", "agreement", "community-share"}
     for r in replies:
         assert not r.has_error()
         assert set(r.content.array_records) <= {"models", "clusters", "accept", "counts"}
@@ -203,7 +203,8 @@ def test_client_cache_reports_missing_models() -> None:
     st.own_errors = np.random.default_rng(0).random((2, 4)).astype(np.float32)
     cfg = {"fedcref.theta": 0.2, "fedcref.alpha": 0.75, "fedcref.min-cluster-size": 1,
            "fedcref.assoc-best-per-client": True, "fedcref.assoc-rule": "eq2",
-           "fedcref.epsilon": 0.2, "fedcref.ratio-quantile": 0.5, "fedcref.lambda": 0.9}
+           "fedcref.epsilon": 0.2, "fedcref.ratio-quantile": 0.5, "fedcref.lambda": 0.9,
+           "fedcref.beta": 0.02}
     acc, missing, _ = core.associate(st, np.zeros((4, 3), np.float32), ["1:0:1"], {}, cfg)
     assert missing == ["1:0:1"]
     st.cache["1:0:1"] = st.own_errors[0]

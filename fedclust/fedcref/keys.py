@@ -68,6 +68,9 @@ KEYS: list[Key] = [
     Key("fedcref.best-margin", float, 0.1, "assoc-rule=confident: a foreign model must be "
         "within a factor e^best-margin of the best foreign model's error on most of the "
         "cluster's samples", low=0.0),
+    Key("fedcref.wire", str, "float32", "number format of model weights in messages: "
+        "'float32', 'float16' or 'int8' (8-bit weights with one scale per output unit: about "
+        "a quarter of the bytes)", choices=("float32", "float16", "int8")),
     Key("fedcref.cannot-link", bool, True, "cut the cluster graph so that no community holds "
         "two clusters of one client (a minimum edge cut between them; not in the paper)"),
     Key("fedcref.refine", str, "paper", "refinement (Algorithm 2): 'paper' (every sample may "
