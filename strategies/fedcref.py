@@ -554,8 +554,10 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     from fedclust.fedcref.predict import COMMUNITY_MODELS, save_models
 
     if ae.n_models(comm_params):
-        save_models(recorder.path(COMMUNITY_MODELS), comm_params,
-                    np.arange(ae.n_models(comm_params)))
+        # as the clients received them (in the wire format), so that the server's models and
+        # the copies in the clients' models.npz are the same numbers
+        sent = ae.from_numpy(wire.roundtrip(ae.to_numpy(comm_params), cfg["fedcref.wire"]))
+        save_models(recorder.path(COMMUNITY_MODELS), sent, np.arange(ae.n_models(sent)))
     else:   # no community at the end (and none left from an earlier run in this folder)
         recorder.path(COMMUNITY_MODELS).unlink(missing_ok=True)
     if cfg["plots"]:

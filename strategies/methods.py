@@ -347,10 +347,21 @@ class FedCRef(FedclustStrategy):
 
     Parameters
     ----------
-    assoc_rule : str, default "ratio"
-        The association test: ``"ratio"`` (accept a foreign model whose median log error
-        ratio over the cluster's held-out samples is ≤ ``epsilon``; one setting for every
-        dataset) or ``"eq2"`` (the paper's eq. 2, with ``theta`` and ``alpha``).
+    assoc_rule : str, default "confident"
+        The association test: ``"confident"`` (sign tests at level ``beta`` that a foreign
+        model is within ``margin`` of the own model on held-out samples, within
+        ``best_margin`` of the best foreign model, and better than the client's other cluster
+        models; it abstains when the samples are too few), ``"ratio"`` (the median held-out
+        log error ratio ≤ ``epsilon``) or ``"eq2"`` (the paper's eq. 2, with ``theta`` and
+        ``alpha``).
+    margin, best_margin, beta : float, default 0.3, 0.1, 0.02
+        The confident test's margins (in log reconstruction error) and level.
+    refine : str, default "covered"
+        Algorithm 2's candidates: ``"covered"`` (community models take only samples whose
+        best own model is a member of a community the client confirms), ``"gated"`` or
+        ``"paper"``.
+    wire : str, default "int8"
+        Number format of model weights in messages (``"float32"``, ``"float16"``, ``"int8"``).
     epsilon : float, default 0.15
         ``ε`` of the ratio test: "within a factor ``e^ε`` of the own model's error".
     theta : float, default 0.2
@@ -379,12 +390,15 @@ class FedCRef(FedclustStrategy):
     method = "fedcref"
     prefixes = ("fedcref.",)
 
-    def __init__(self, assoc_rule: str = "ratio", epsilon: float = 0.15, theta: float = 0.2,
+    def __init__(self, assoc_rule: str = "confident", margin: float = 0.3,
+                 best_margin: float = 0.1, beta: float = 0.02, refine: str = "covered",
+                 wire: str = "int8", epsilon: float = 0.15, theta: float = 0.2,
                  alpha: float = 0.75, tau: float = 0.8, max_iterations: int = 10,
                  fl_rounds: int = 15, init: str = "auto", **options: Any) -> None:
-        super().__init__(assoc_rule=assoc_rule, epsilon=epsilon, theta=theta, alpha=alpha,
-                         tau=tau, max_iterations=max_iterations, fl_rounds=fl_rounds,
-                         init=init, **options)
+        super().__init__(assoc_rule=assoc_rule, margin=margin, best_margin=best_margin,
+                         beta=beta, refine=refine, wire=wire, epsilon=epsilon, theta=theta,
+                         alpha=alpha, tau=tau, max_iterations=max_iterations,
+                         fl_rounds=fl_rounds, init=init, **options)
 
 
 class EMDCFL(FedclustStrategy):
