@@ -20,10 +20,10 @@ from client_apps.data import ClientData, load_client_data
 from fedclust import fcm
 from fedclust.data import scaling
 from fedclust.data.local import compact_codes
-from fedclust.fcm_keys import check_rows
-from fedclust.fedfcm import labels_from_centers, local_step
+from fedclust.fcm.keys import check_rows
+from fedclust.fedfcm import local_step
+from fedclust.fedfcm.validity import db_statistics, fuzzy_db
 from fedclust.metrics import contingency
-from fedclust.validity import db_statistics, fuzzy_db
 
 
 def _scaled_data(msg: Message, context: Context) -> tuple[ClientData, dict, np.ndarray]:
@@ -46,7 +46,7 @@ def _eval_codes(data: ClientData) -> tuple[np.ndarray, np.ndarray]:
 def _eval_table(data: ClientData, x: np.ndarray, centers: np.ndarray) -> np.ndarray:
     """Label × cluster counts (evaluation path), one row per code of :func:`_eval_codes`."""
     codes, rows = _eval_codes(data)
-    return contingency(rows, labels_from_centers(x, centers), len(codes), centers.shape[0])
+    return contingency(rows, fcm.labels_from_centers(x, centers), len(codes), centers.shape[0])
 
 
 WITHHELD = {"withheld": 1}
@@ -178,13 +178,13 @@ def secure_final_vector(data: ClientData, x: np.ndarray, centers: np.ndarray, m:
     none: no evaluation; a client without labels sends zeros), then (when the server asks
     with ``fedclust.with-rows``) its row count, so that the server can check the totals.
     """
-    from fedclust.secagg import LIMBS, pack_final
+    from fedclust.fcm.secagg import LIMBS, pack_final
 
     vocab = np.frombuffer(fit_cfg.get("fedclust.eval-codes", b""), dtype="<i8").astype(np.int64)
     c = centers.shape[0]
     table = np.zeros((len(vocab), c))
     if len(vocab) and data.y_eval is not None and data.y_eval.size:
-        table = contingency(compact_codes(data.y_eval, vocab), labels_from_centers(x, centers),
+        table = contingency(compact_codes(data.y_eval, vocab), fcm.labels_from_centers(x, centers),
                             len(vocab), c)
     return pack_final(fcm.objective(x, centers, m), table, float(fit_cfg["fedclust.secure-scale"]),
                       float(fit_cfg["fedclust.secure-scale-table"]),

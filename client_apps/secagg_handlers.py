@@ -24,7 +24,7 @@ from client_apps.data import load_client_data
 from client_apps.fcm_handlers import guard_withholds, keep_owner_results, secure_final_vector
 from fedclust import fcm
 from fedclust.data import scaling
-from fedclust.secagg import LIMBS, PHASE_FINAL, PHASE_SUMS, pack
+from fedclust.fcm.secagg import LIMBS, PHASE_FINAL, PHASE_SUMS, pack
 
 
 @app.train(mods=[secaggplus_mod])

@@ -16,8 +16,8 @@ from flwr.serverapp import Grid
 
 from fedclust import fcm
 from fedclust.fedfcm import average, center_shift
+from fedclust.fedfcm.validity import DBStatistics, choose_k, federated_fuzzy_db
 from fedclust.results import Progress, RunRecorder
-from fedclust.validity import DBStatistics, choose_k, federated_fuzzy_db
 from strategies.common import (
     arrays,
     check_each,

@@ -12,7 +12,7 @@ mod (``secaggplus_mod``) that only handles the default ``"train"`` message type.
 drives that workflow for one round between the Message-API phases of
 :mod:`strategies.exact_fcm`; the client side is :mod:`client_apps.secagg_handlers`.
 
-The encoding of the sums (exact through SecAgg+'s quantizer) is :mod:`fedclust.secagg`.
+The encoding of the sums (exact through SecAgg+'s quantizer) is :mod:`fedclust.fcm.secagg`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid
 
-from fedclust.secagg import (
+from fedclust.fcm.secagg import (
     CLIP,
     LIMBS,
     MOD,

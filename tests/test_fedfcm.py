@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fedclust.fedfcm import fedfcm_simulate, kmeans_average, support_weighted_average
-from fedclust.validity import choose_k, elbow
+from fedclust.fedfcm.validity import choose_k, elbow
 from tests.fake_grid import run_server
 
 MOTIVATIONAL = {"method": "fedfcm", "dataset": "motivational", "partition.kind": "recipe",

@@ -21,7 +21,7 @@ import pytest
 from flwr.common.secure_aggregation.quantization import dequantize, quantize
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 
-from fedclust.secagg import CLIP, QUANT, pack, scale_for, unpack
+from fedclust.fcm.secagg import CLIP, QUANT, pack, scale_for, unpack
 from tests.fake_grid import run_server
 
 CFG = {"method": "exact-fcm", "num-clients": 4, "seed": 3, "fcm.max-rounds": 3,
@@ -150,7 +150,7 @@ def test_every_secure_phase_carries_only_the_listed_records(tmp_path):
 
 def test_secure_final_sums_objective_and_tables_exactly():
     """The final-phase encoding: ΣJ and Σ contingency survive Flower's quantizer (counts exact)."""
-    from fedclust.secagg import pack_final, unpack_final
+    from fedclust.fcm.secagg import pack_final, unpack_final
     from strategies.secure_fcm import final_scales
 
     rng = np.random.default_rng(1)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.typing import ArrayLike
+from numpy.typing import ArrayLike, NDArray
 
 from fedclust.fcm.kernel import BLOCK, TINY, Float, Pass, augment, fcm_pass
 
@@ -133,6 +133,12 @@ def local_sums(x: ArrayLike, centers: ArrayLike, m: float = 2.0, chunk_size: int
     res = _checked(fcm_pass(x, centers, m, n_threads=n_threads, block=chunk_size), x)
     assert res.u is not None and res.ws is not None
     return res.u, res.ws
+
+
+def labels_from_centers(x: ArrayLike, centers: ArrayLike) -> NDArray[np.int64]:
+    """Crisp labels ``(n,)``: the highest membership, which is the nearest center."""
+    return squared_distances(np.asarray(x, dtype=np.float64),
+                             np.asarray(centers, dtype=np.float64)).argmin(axis=1)
 
 
 def update_centers(u_sum: Float, ws_sum: Float, previous: Float) -> Float:

@@ -1,4 +1,8 @@
-r"""FedFCM: federated fuzzy c-means with k-means averaging (paper 003, §2.2.1).
+r"""FedFCM: federated fuzzy c-means with k-means averaging (paper 003, §2.2.1), FedFuzzDB and
+the choice of K.
+
+This module holds the averaging functions and the client step; the index is
+:mod:`fedclust.fedfcm.validity`, the run-config keys :mod:`fedclust.fedfcm.keys`.
 
 Protocol (paper 003, steps 1–6): the server shares global centers; every client runs local
 FCM to convergence from them (:func:`fedclust.fcm.fcm_until_stable`) and returns its local
@@ -18,7 +22,6 @@ import warnings
 from collections.abc import Sequence
 
 import numpy as np
-from numpy.typing import NDArray
 
 from fedclust.fcm import Float, fcm_until_stable
 
@@ -124,10 +127,3 @@ def fedfcm_simulate(client_data: Sequence[Float], n_clusters: int, m: float = 2.
         if shift <= tol:
             return centers, rnd
     return centers, max_rounds
-
-
-def labels_from_centers(x: Float, centers: Float) -> NDArray[np.int64]:
-    """Crisp labels (highest membership = nearest center)."""
-    from fedclust.fcm import squared_distances
-
-    return squared_distances(np.asarray(x, dtype=np.float64), centers).argmin(axis=1)
