@@ -1,14 +1,17 @@
-"""Run-config keys of exact federated FCM (``fcm.*``), and the checks the FCM family shares:
-the fuzzifier against underflow, clusters against rows, the server's preflight.
+"""Run-config keys of exact federated FCM (``fcm.*``), the typed settings built from them
+(:class:`FCMSettings`), and the checks the FCM family shares: the fuzzifier against underflow,
+clusters against rows, the server's preflight.
 
-FedFCM's keys are :mod:`fedclust.fedfcm.keys`.
+FedFCM's keys and settings are :mod:`fedclust.fedfcm.keys`.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from fedclust.fcm import M_MAX, MAX_UNDERFLOW_DIGITS, SECURE_UNDERFLOW_DIGITS, fuzzifier_problem
 from fedclust.schema import Key, require
@@ -33,6 +36,110 @@ FCM_KEYS: list[Key] = [
         "(incremental EM): with fcm.fraction < 1 the fixed point is centralized FCM's; "
         "not with fcm.secure-aggregation"),
 ]
+
+
+class FamilySettings:
+    """What the two FCM-family settings share: the privacy guard of paper 004 §4.2 and the
+    names of the keys that messages about it quote."""
+
+    method: ClassVar[str]         #: run config ``method``
+    clusters_key: ClassVar[str]   #: the key of :attr:`clusters`
+    guard_key: ClassVar[str]      #: the key of ``privacy_guard``
+    clusters_symbol: ClassVar[str]   #: the symbol of :attr:`clusters` in messages
+    m_key: ClassVar[str]          #: the key of ``m``
+    privacy_guard: bool
+    m: float
+
+    @property
+    def clusters(self) -> int:
+        """The most clusters the run fits (exact FCM: ``C``; FedFCM: ``K`` max)."""
+        raise NotImplementedError
+
+    @property
+    def hides_rows(self) -> bool:
+        """Whether the nodes keep their row counts to themselves (exact FCM with SecAgg+)."""
+        return False
+
+    def guard_bound(self, n_features: int) -> float | None:
+        """``C(F+1)/F`` when the privacy guard is on (None when off): a client with at most
+        that many rows sends no statistic in any phase."""
+        if not self.privacy_guard:
+            return None
+        return self.clusters * (n_features + 1) / n_features
+
+    def withholds(self, n_rows: int, n_features: int) -> bool:
+        """Whether the privacy guard keeps a client of ``n_rows × n_features`` silent."""
+        bound = self.guard_bound(n_features)
+        return bound is not None and n_rows <= bound
+
+
+@dataclass(frozen=True)
+class FCMSettings(FamilySettings):
+    """Exact federated FCM (paper 004), typed, from a validated run config
+    (:func:`fedclust.config.validate`; nothing here checks again).
+
+    Attributes
+    ----------
+    n_clusters : int
+        ``C`` (``fcm.n-clusters``).
+    m : float
+        Fuzzifier ``m``, the paper's ``λ`` (``fcm.m``).
+    epsilon : float
+        Stop when ``‖V(t+1) − V(t)‖_F < ε`` (``fcm.epsilon``).
+    max_rounds : int
+        Most federated rounds ``T`` (``fcm.max-rounds``).
+    fraction : float
+        Participation ``γ``: ``⌈γM⌉`` of the ``M`` clients per round (``fcm.fraction``).
+    privacy_guard : bool
+        A client with ``N ≤ C(F+1)/F`` rows sends no statistic (``fcm.privacy-guard``).
+    secure_aggregation : bool
+        Sums through SecAgg+ (``fcm.secure-aggregation``).
+    incremental : bool
+        Keep every client's latest sums on the server (``fcm.incremental``).
+    scaling : str
+        Federated feature scaling: ``"minmax"``, ``"standard"`` or ``"none"`` (``scaling``).
+    seed : int
+        Draws the initial centers and each round's clients (``seed``).
+    evaluate : bool
+        Collect the label × cluster tables for the ``eval_*`` metrics (``evaluate``).
+    """
+
+    method: ClassVar[str] = "exact-fcm"
+    clusters_key: ClassVar[str] = "fcm.n-clusters"
+    guard_key: ClassVar[str] = "fcm.privacy-guard"
+    clusters_symbol: ClassVar[str] = "C"
+    m_key: ClassVar[str] = "fcm.m"
+
+    n_clusters: int
+    m: float
+    epsilon: float
+    max_rounds: int
+    fraction: float
+    privacy_guard: bool
+    secure_aggregation: bool
+    incremental: bool
+    scaling: str
+    seed: int
+    evaluate: bool
+
+    @property
+    def clusters(self) -> int:
+        return self.n_clusters
+
+    @property
+    def hides_rows(self) -> bool:
+        return self.secure_aggregation
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> FCMSettings:
+        """The settings of a validated run config."""
+        return cls(n_clusters=int(cfg["fcm.n-clusters"]), m=float(cfg["fcm.m"]),
+                   epsilon=float(cfg["fcm.epsilon"]), max_rounds=int(cfg["fcm.max-rounds"]),
+                   fraction=float(cfg["fcm.fraction"]),
+                   privacy_guard=bool(cfg["fcm.privacy-guard"]),
+                   secure_aggregation=bool(cfg["fcm.secure-aggregation"]),
+                   incremental=bool(cfg["fcm.incremental"]), scaling=str(cfg["scaling"]),
+                   seed=int(cfg["seed"]), evaluate=bool(cfg["evaluate"]))
 
 def check_fcm(cfg: dict[str, Any]) -> None:
     require(cfg["fcm.n-clusters"] >= 2, "fcm.n-clusters", cfg["fcm.n-clusters"],

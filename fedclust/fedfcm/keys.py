@@ -1,11 +1,14 @@
-"""Run-config keys of FedFCM with FedFuzzDB and the choice of K (``fedfcm.*``, paper 003)."""
+"""Run-config keys of FedFCM with FedFuzzDB and the choice of K (``fedfcm.*``, paper 003),
+and the typed settings built from them (:class:`FedFCMSettings`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from fedclust.fcm import M_MAX, MAX_UNDERFLOW_DIGITS
-from fedclust.fcm.keys import check_m
+from fedclust.fcm.keys import FamilySettings, check_m
 from fedclust.schema import Key, require
 
 FEDFCM_KEYS: list[Key] = [
@@ -33,6 +36,97 @@ FEDFCM_KEYS: list[Key] = [
         "a client with N <= K(F+1)/F points (K = fedfcm.k-max) sends no statistic in any phase "
         "(paper 004 §4.2's rule applied to FedFCM: a tiny client's local centers are its rows)"),
 ]
+
+
+@dataclass(frozen=True)
+class FedFCMSettings(FamilySettings):
+    """FedFCM with FedFuzzDB and the choice of K (paper 003), typed, from a validated run
+    config (:func:`fedclust.config.validate`; nothing here checks again).
+
+    Attributes
+    ----------
+    k_min, k_max : int
+        The K tried: ``k_min..k_max`` (``fedfcm.k-min``, ``fedfcm.k-max``).
+    m : float
+        Fuzzifier ``m`` (``fedfcm.m``).
+    averaging : str
+        ``"kmeans"`` (eq. 14, the paper) or ``"fedavg"`` (support-weighted) (``fedfcm.averaging``).
+    tol : float
+        A K stops when ``Σ_k ‖c_k(t) − c_k(t+1)‖ ≤ tol`` (``fedfcm.tol``).
+    max_rounds : int
+        Most federated rounds (``fedfcm.max-rounds``).
+    local_tol : float
+        Local FCM stops when ``‖U(t+1) − U(t)‖_F ≤ local_tol`` (``fedfcm.local-tol``).
+    local_max_iter : int
+        Most local FCM iterations per round (``fedfcm.local-max-iter``).
+    local_index : bool
+        Clients also report their own fuzzy DB index per K (``fedfcm.local-index``).
+    local_k_max : int
+        Largest K of the local index, 0 for ``k_max`` (``fedfcm.local-k-max``).
+    p, q : float
+        Minkowski ``p`` of the center distances, power ``q`` of the spread (``fedfcm.p``,
+        ``fedfcm.q``).
+    privacy_guard : bool
+        A client with ``N ≤ K(F+1)/F`` rows, ``K = k_max``, sends no statistic
+        (``fedfcm.privacy-guard``).
+    scaling : str
+        Federated feature scaling: ``"minmax"``, ``"standard"`` or ``"none"`` (``scaling``).
+    seed : int
+        Draws the initial centers; seeds k-means averaging and the local index (``seed``).
+    evaluate : bool
+        Collect the label × cluster tables for the ``eval_*`` metrics (``evaluate``).
+    """
+
+    method: ClassVar[str] = "fedfcm"
+    clusters_key: ClassVar[str] = "fedfcm.k-max"
+    guard_key: ClassVar[str] = "fedfcm.privacy-guard"
+    clusters_symbol: ClassVar[str] = "K"
+    m_key: ClassVar[str] = "fedfcm.m"
+
+    k_min: int
+    k_max: int
+    m: float
+    averaging: str
+    tol: float
+    max_rounds: int
+    local_tol: float
+    local_max_iter: int
+    local_index: bool
+    local_k_max: int
+    p: float
+    q: float
+    privacy_guard: bool
+    scaling: str
+    seed: int
+    evaluate: bool
+
+    @property
+    def clusters(self) -> int:
+        return self.k_max
+
+    @property
+    def ks(self) -> list[int]:
+        """Every K tried, ascending."""
+        return list(range(self.k_min, self.k_max + 1))
+
+    @property
+    def local_k(self) -> int:
+        """The largest K of the local index."""
+        return self.local_k_max or self.k_max
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> FedFCMSettings:
+        """The settings of a validated run config."""
+        return cls(k_min=int(cfg["fedfcm.k-min"]), k_max=int(cfg["fedfcm.k-max"]),
+                   m=float(cfg["fedfcm.m"]), averaging=str(cfg["fedfcm.averaging"]),
+                   tol=float(cfg["fedfcm.tol"]), max_rounds=int(cfg["fedfcm.max-rounds"]),
+                   local_tol=float(cfg["fedfcm.local-tol"]),
+                   local_max_iter=int(cfg["fedfcm.local-max-iter"]),
+                   local_index=bool(cfg["fedfcm.local-index"]),
+                   local_k_max=int(cfg["fedfcm.local-k-max"]), p=float(cfg["fedfcm.p"]),
+                   q=float(cfg["fedfcm.q"]), privacy_guard=bool(cfg["fedfcm.privacy-guard"]),
+                   scaling=str(cfg["scaling"]), seed=int(cfg["seed"]),
+                   evaluate=bool(cfg["evaluate"]))
 
 
 def check_fedfcm(cfg: dict[str, Any]) -> None:
