@@ -54,10 +54,10 @@ from fedclust.data import scaling  # noqa: E402
 from fedclust.data.partition import make_partition  # noqa: E402
 from fedclust.data.tabular import Dataset, load_dataset  # noqa: E402
 from fedclust.fcm import labels_from_centers  # noqa: E402
+from fedclust.fcm.phases import combine_scaling, eval_ari  # noqa: E402
 from fedclust.fedfcm import average, center_shift, local_step  # noqa: E402
 from fedclust.fedfcm.validity import DBStatistics, choose_k, db_statistics, federated_fuzzy_db  # noqa: E402
 from fedclust.metrics import contingency  # noqa: E402
-from strategies.fcm_common import combine_scaling, eval_ari  # noqa: E402
 
 DIMS = (2, 4, 8, 16, 32, 64, 128, 256)
 SIGMAS = tuple(range(10, 101, 10))

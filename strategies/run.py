@@ -22,8 +22,8 @@ LOG = logging.getLogger("fedclust")
 # The server loop and the server-side preflight (before any message) of each method of
 # :data:`fedclust.registry.METHODS`, as import paths: nothing heavy until a method is chosen.
 SERVER: dict[str, tuple[str, str]] = {
-    "exact-fcm": ("strategies.exact_fcm:run", "fedclust.fcm.keys:preflight"),
-    "fedfcm": ("strategies.fedfcm:run", "fedclust.fcm.keys:preflight"),
+    "exact-fcm": ("strategies.fcm.exact:run", "fedclust.fcm.keys:preflight"),
+    "fedfcm": ("strategies.fcm.fedfcm:run", "fedclust.fcm.keys:preflight"),
     "fedcref": ("strategies.fedcref:run", "strategies.fedcref:preflight"),
     "emdcfl": ("strategies.emdcfl:run", "strategies.emdcfl:preflight"),
 }

@@ -151,10 +151,10 @@ def test_every_secure_phase_carries_only_the_listed_records(tmp_path):
 def test_secure_final_sums_objective_and_tables_exactly():
     """The final-phase encoding: ΣJ and Σ contingency survive Flower's quantizer (counts exact)."""
     from fedclust.fcm.secagg import pack_final, unpack_final
-    from strategies.secure_fcm import final_scales
+    from strategies.fcm.secure import final_scales
 
     rng = np.random.default_rng(1)
-    s_j, s_t = final_scales(5, {"scaling": "minmax"})
+    s_j, s_t = final_scales(5, 1.0)   # min-max scaled rows: max|x| <= 1
     js = rng.random(7) * 5 * 4000                   # J <= N F for min-max data
     tables = [rng.integers(0, 5000, size=(3, 4)) for _ in js]
     q = [quantize([pack_final(j, t, s_j, s_t)], CLIP, QUANT)[0].astype(np.int64)
