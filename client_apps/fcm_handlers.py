@@ -22,10 +22,10 @@ from client_apps.data import ClientData, load_client_data
 from fedclust import fcm
 from fedclust.data import scaling
 from fedclust.data.local import compact_codes
+from fedclust.fcm.client import eval_codes, eval_table
 from fedclust.fcm.keys import FamilySettings, FCMSettings, check_rows
-from fedclust.fedfcm import local_step
+from fedclust.fedfcm.client import index_stats, local_centers
 from fedclust.fedfcm.keys import FedFCMSettings
-from fedclust.fedfcm.validity import db_statistics, fuzzy_db
 from fedclust.metrics import contingency
 from strategies.wire import fcm as wire
 from strategies.wire import fedfcm as fedfcm_wire
@@ -46,18 +46,6 @@ def _scaled_data(msg: Message, context: Context
     sc = wire.read_scaling(msg.content)
     x = scaling.apply(data.x, *sc) if sc is not None else data.x
     return data, cfg, x
-
-
-def _eval_codes(data: ClientData) -> tuple[np.ndarray, np.ndarray]:
-    """``(codes, rows)``: this node's distinct label codes (sorted) and each row's index in them."""
-    codes, rows = np.unique(data.y_eval, return_inverse=True)
-    return codes.astype(np.int64), rows.reshape(-1).astype(np.int64)
-
-
-def _eval_table(data: ClientData, x: np.ndarray, centers: np.ndarray) -> np.ndarray:
-    """Label × cluster counts (evaluation path), one row per code of :func:`_eval_codes`."""
-    codes, rows = _eval_codes(data)
-    return contingency(rows, fcm.labels_from_centers(x, centers), len(codes), centers.shape[0])
 
 
 def guard_withholds(s: FamilySettings, x: np.ndarray) -> bool:
@@ -91,7 +79,7 @@ def fcm_stats(msg: Message, context: Context) -> Message:
     secure = s.hides_rows
     # the label codes this node holds: the server's union sets the rows of the securely
     # summed contingency table (evaluation path only)
-    codes = (_eval_codes(data)[0] if secure and s.evaluate and data.y_eval is not None
+    codes = (eval_codes(data.y_eval)[0] if secure and s.evaluate and data.y_eval is not None
              else None)
     # the row count lets the server check every later statistic of this node against it
     # (sums of memberships add up to N); under SecAgg+ N stays hidden (standard scaling
@@ -156,8 +144,8 @@ def fcm_final(msg: Message, context: Context) -> Message:
     objective = fcm.objective(x, centers, s.m)
     # FedFCM's evaluation tables of every K already came with the FedFuzzDB statistics.
     if s.evaluate and data.y_eval is not None and isinstance(s, FCMSettings):
-        return Message(wire.final_reply(objective, _eval_table(data, x, centers),
-                                        _eval_codes(data)[0]), reply_to=msg)
+        return Message(wire.final_reply(objective, eval_table(data.y_eval, x, centers),
+                                        eval_codes(data.y_eval)[0]), reply_to=msg)
     return Message(wire.final_reply(objective), reply_to=msg)
 
 
@@ -193,12 +181,8 @@ def fedfcm_local(msg: Message, context: Context) -> Message:
     s = FedFCMSettings.from_config(cfg)
     if guard_withholds(s, x):
         return Message(wire.withheld_reply(), reply_to=msg)
-    out, iters = {}, []
-    for name, arr in fedfcm_wire.read_centers(msg.content):
-        centers, support, n_iter = local_step(x, arr, s.m, s.local_tol, s.local_max_iter)
-        out[name] = (centers, support if s.averaging == "fedavg" else None)
-        iters.append(n_iter)
-    return Message(fedfcm_wire.local_reply(out, max(iters, default=0)), reply_to=msg)
+    out, iters = local_centers(x, fedfcm_wire.read_centers(msg.content), s)
+    return Message(fedfcm_wire.local_reply(out, iters), reply_to=msg)
 
 
 @app.query("fedfcm_db")
@@ -208,28 +192,7 @@ def fedfcm_db(msg: Message, context: Context) -> Message:
     s = FedFCMSettings.from_config(cfg)
     if guard_withholds(s, x):
         return Message(wire.withheld_reply(), reply_to=msg)
-    stats, local, tables = {}, {}, {}
-    for name, centers in fedfcm_wire.read_centers(msg.content):
-        k = centers.shape[0]
-        stats[name] = db_statistics(x, centers, s.m, s.q)
-        if s.local_index:
-            local[name] = _local_index(x, k, s) if k <= s.local_k else float("nan")
-        if s.evaluate and data.y_eval is not None:
-            tables[name] = _eval_table(data, x, centers)
-    codes = _eval_codes(data)[0] if tables else None
+    y = data.y_eval if s.evaluate else None
+    stats, local, tables = index_stats(x, fedfcm_wire.read_centers(msg.content), s, y)
+    codes = eval_codes(data.y_eval)[0] if tables else None
     return Message(fedfcm_wire.db_reply(stats, local, tables, codes), reply_to=msg)
-
-
-def _local_index(x: np.ndarray, k: int, s: FedFCMSettings) -> float:
-    """Non-federated fuzzy DB of this client's own FCM with K clusters (NaN if too few points).
-
-    Local FCM from k-means++ seeding until ``‖U(t+1) − U(t)‖_F ≤ fedfcm.local-tol`` (paper 003
-    §2.1.2, the same stopping rule as the federated local step).
-    """
-    if x.shape[0] <= k:
-        return float("nan")
-    seed = s.seed + 7919 * k
-    centers, _, _ = fcm.fcm_until_stable(
-        x, fcm.kmeans_plusplus_centers(x, k, seed), s.m, s.local_tol,
-        s.local_max_iter * s.max_rounds)
-    return fuzzy_db(x, centers, s.m, s.p, s.q)

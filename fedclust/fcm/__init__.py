@@ -32,7 +32,7 @@ from fedclust.fcm.kernel import BLOCK, TINY, Float, Pass, augment, fcm_pass
 # m log10(C) = MAX_UNDERFLOW_DIGITS the sums sink towards the float64 underflow (1e-308): with
 # m = 1000 and C = 4 every U_c is exactly 0, the centers never move and the run "converges" on
 # its random initial centers. M_MAX keeps m in a range with meaning (paper 004: m around 2).
-# SecAgg+ sums U in fixed point with an absolute step of about 1e-15 (strategies/secure_fcm.py),
+# SecAgg+ sums U in fixed point with an absolute step of about 1e-15 (fedclust/fcm/secagg.py),
 # so there U_c ~ N C^-m must stay far above it: m log10(C) <= SECURE_UNDERFLOW_DIGITS (with
 # C = 4, m = 19 still matches the plain run to 2e-7; m = 30 is off by 1.5).
 M_MAX = 100.0

@@ -27,7 +27,7 @@ sum was computed from; the loop stops when every client has answered and the dri
 
 This module is numpy only (no Flower): :class:`LatestSums` is the server's store, and
 :func:`partial_participation_fcm` runs either rule over a list of client arrays, sampling the
-participants like the server loop (``strategies/exact_fcm.py``) does.
+participants like the server loop (:func:`fedclust.fcm.loop.run`) does.
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def partial_participation_fcm(parts: Sequence[ArrayLike], centers: ArrayLike, m:
     """Exact federated FCM over in-memory clients, with the server loop's participation.
 
     Each round draws ``⌈γM⌉`` of the ``M`` clients (``rng.choice`` over positions, without
-    replacement, as ``strategies/exact_fcm.py`` does), computes their
+    replacement, as :func:`fedclust.fcm.loop.run` does), computes their
     :func:`fedclust.fcm.local_sums` from the current centers and updates with
     :func:`fedclust.fcm.update_centers` from either this round's sums (``incremental=False``,
     paper 004) or every client's latest sums (:class:`LatestSums`).
