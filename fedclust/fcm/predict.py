@@ -66,7 +66,10 @@ def fcm_model(run_dir: Path, summary: dict[str, Any]
         raise PredictError(f"{run_dir / 'scaling_scale.npy'} holds {int((scale <= 0).sum())} "
                            f"value(s) <= 0 (rows are divided by it). Allowed: values > 0. "
                            f"Fix: {FIX_RUN}")
-    key = "fcm.m" if summary["method"] == "exact-fcm" else "fedfcm.m"
+    from fedclust.fcm.keys import FCMSettings
+    from fedclust.fedfcm.keys import FedFCMSettings
+
+    key = (FCMSettings if summary["method"] == FCMSettings.method else FedFCMSettings).m_key
     src = run_dir / ("predict.json" if summary.get("scope") == "client" else "summary.json")
     if key not in summary["config"]:
         raise PredictError(f"{src} has no {key!r} in its config. Allowed: the run's fuzzifier, "
