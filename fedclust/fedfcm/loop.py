@@ -165,35 +165,12 @@ def run(clients: Clients, s: FedFCMSettings, record: Record) -> dict[str, Any]:
                                                 len(r.withheld), r, clients.name))
 
     # 4. FedFuzzDB (eq. 15-17), the optional local index and the evaluation tables
-    index_progress = Progress(1, "fedfuzzdb")
-    index_progress.logger.info("fedfuzzdb: asking %d clients for the statistics of K %d..%d%s",
-                               len(nodes), ks[0], ks[-1],
-                               " and their local index" if s.local_index else "")
-    ix = clients.index(centers, sc)
-    if not ix.got:
-        raise RuntimeError(no_statistic_message(s, "the FedFuzzDB phase", len(ix.withheld), ix,
-                                                clients.name))
-    if not any(sc.rows.get(nid, 1) for nid in ix.got):
-        raise RuntimeError(f"fedfcm: the {len(ix.got)} node(s) that answered the FedFuzzDB "
-                           "phase hold no row, so no K can be scored. Fix: check the nodes' "
-                           "logs for dropouts and the run config 'timeout', then run again.")
-    index_progress.step(1, f"K {ks[0]}..{ks[-1]} scored | {len(ix.got)} clients"
-                        + (" (with local index)" if s.local_index else ""))
+    ix, fed_db, aris, local_db = _index(clients, s, centers, sc)
     dropped_all |= set(ix.failed)
-    fed_db, local_db, aris = [], {}, {}
-    for k in ks:
-        stats = [got.db[k] for got in ix.got.values()]
-        fed_db.append(federated_fuzzy_db(stats, centers[k], s.p, s.q))
-        if s.evaluate:
-            aris[k] = eval_ari(_tables(ix, k))
     if s.evaluate:
         tables = _tables(ix, ks[0])
         coverage = eval_coverage("fedfcm", len(tables), len(nodes),
                                  sum(int(t.sum()) for _, t in tables))
-    if s.local_index:
-        for nid, got in sorted(ix.got.items()):
-            if got.local_index is not None:
-                local_db[str(nid)] = got.local_index
     choice = choose_k(ks, fed_db)
     for k in ks:
         record.save_array(f"centers_k{k}", centers[k])
@@ -226,6 +203,39 @@ def run(clients: Clients, s: FedFCMSettings, record: Record) -> dict[str, Any]:
         metrics["eval_ari_best_k"] = aris[choice.best_k]
         metrics["eval_coverage"] = coverage
     return metrics
+
+
+def _index(clients: Clients, s: FedFCMSettings, centers: dict[int, Float], sc: Scaling
+           ) -> tuple[Replies[IndexStats], list[float], dict[int, float], dict[str, list[float]]]:
+    """Step 4: FedFuzzDB of every K from the clients' sums (eq. 15-17); with ``evaluate``, the
+    ARI of every K; with ``local-index``, each client's own index per K. Returns the phase's
+    replies, the index per K, the ARI per K and the local indexes by client."""
+    ks = s.ks
+    index_progress = Progress(1, "fedfuzzdb")
+    index_progress.logger.info("fedfuzzdb: asking %d clients for the statistics of K %d..%d%s",
+                               len(clients.ids), ks[0], ks[-1],
+                               " and their local index" if s.local_index else "")
+    ix = clients.index(centers, sc)
+    if not ix.got:
+        raise RuntimeError(no_statistic_message(s, "the FedFuzzDB phase", len(ix.withheld), ix,
+                                                clients.name))
+    if not any(sc.rows.get(nid, 1) for nid in ix.got):
+        raise RuntimeError(f"fedfcm: the {len(ix.got)} node(s) that answered the FedFuzzDB "
+                           "phase hold no row, so no K can be scored. Fix: check the nodes' "
+                           "logs for dropouts and the run config 'timeout', then run again.")
+    index_progress.step(1, f"K {ks[0]}..{ks[-1]} scored | {len(ix.got)} clients"
+                        + (" (with local index)" if s.local_index else ""))
+    fed_db, aris, local_db = [], {}, {}
+    for k in ks:
+        stats = [got.db[k] for got in ix.got.values()]
+        fed_db.append(federated_fuzzy_db(stats, centers[k], s.p, s.q))
+        if s.evaluate:
+            aris[k] = eval_ari(_tables(ix, k))
+    if s.local_index:
+        for nid, got in sorted(ix.got.items()):
+            if got.local_index is not None:
+                local_db[str(nid)] = got.local_index
+    return ix, fed_db, aris, local_db
 
 
 def _tables(ix: Replies[IndexStats], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
