@@ -51,6 +51,7 @@ from fedclust.fcm.keys import FCMSettings
 from fedclust.fcm.phases import (
     Client,
     FinalStats,
+    Namer,
     NodeStats,
     Replies,
     Scaling,
@@ -297,7 +298,7 @@ class _Silence:
             else:
                 self.dropped[nid] = why
 
-    def message(self, rounds: int, c: int, f: int, s: FCMSettings, name) -> str:
+    def message(self, rounds: int, c: int, f: int, s: FCMSettings, name: Namer) -> str:
         """The stop message of a run nobody contributed to, naming the causes seen."""
         guard = s.privacy_guard and self.withheld
         parts, fixes = [], []
@@ -326,7 +327,7 @@ class _Silence:
 
 
 def _no_contribution(rnd: int, n_sampled: int, n_nodes: int, r: RoundSums, c: int, f: int,
-                     s: FCMSettings, name) -> None:
+                     s: FCMSettings, name: Namer) -> None:
     """Warn about a round nobody contributed to; stop at once when every later round must be
     the same (all clients sampled, none dropped or excluded: the guard depends only on N, C
     and F)."""
