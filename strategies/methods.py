@@ -27,7 +27,8 @@ iteration; EMD-CFL clusters once between rounds), so each class overrides
 The constructor parameters are the method's run-config keys (``fcm.n-clusters`` →
 ``n_clusters``); :meth:`FedclustStrategy.run_config` turns them back into keys, validated by
 the same schema as ``flwr run --run-config`` (:mod:`fedclust.config`). ``start`` goes through
-:func:`strategies.run.run_method`, the ServerApp's own path.
+:func:`strategies.run.execute`, the ServerApp's own path, and returns the run as it built it
+(the files are written too, never read back).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fedclust.config import ConfigError, all_keys
+from fedclust.results import RunRecorder
 
 LOG = logging.getLogger("fedclust")
 
@@ -85,6 +87,14 @@ class RunResult(Result):
         return None
 
     @classmethod
+    def from_recorder(cls, summary: dict[str, Any], recorder: RunRecorder) -> RunResult:
+        """The run as ``recorder`` holds it in memory, with its ``summary``."""
+        arrays = ArrayRecord({name: _array(recorder.arrays[name])
+                              for name in sorted(recorder.arrays, key=lambda n: f"{n}.npy")})
+        return cls(arrays=arrays, summary=summary, history=list(recorder.history),
+                   run_dir=recorder.dir)
+
+    @classmethod
     def from_dir(cls, run_dir: str | Path) -> RunResult:
         """Read a finished run's folder (``summary.json``, ``history.jsonl``, ``*.npy``)."""
         run_dir = Path(run_dir)
@@ -115,6 +125,9 @@ class FedclustStrategy(Strategy):
     def __init__(self, **params: Any) -> None:
         self.params = dict(params)
         self.run_config()    # bad names and values are refused here, before any run
+        #: ``(raw run config, its validation)`` when :func:`from_run_config` built this
+        #: object: :meth:`start` with the same run config does not validate it again
+        self._validated: tuple[dict[str, Any], dict[str, Any]] | None = None
 
     # ------------------------------------------------------------------ parameters ↔ keys
     @classmethod
@@ -187,8 +200,9 @@ class FedclustStrategy(Strategy):
 
         cfg = self.full_run_config(dataset=dataset, seed=seed, output_dir=output_dir,
                                    evaluate=evaluate, timeout=timeout, run_config=run_config)
-        _, run_dir = execute(grid, cfg)
-        return RunResult.from_dir(run_dir)
+        raw, validated = self._validated or (None, None)
+        summary, recorder = execute(grid, cfg, validated if raw == cfg else None)
+        return RunResult.from_recorder(summary, recorder)
 
     def full_run_config(self, *, dataset: str | None = None, seed: int | None = None,
                         output_dir: str | Path | None = None, evaluate: bool | None = None,
@@ -458,8 +472,13 @@ def from_run_config(run_config: Mapping[str, Any]
     """
     from fedclust.config import validate
 
-    cls = STRATEGIES[validate(run_config)["method"]]   # every key, as flwr run --run-config
+    cfg = validate(run_config)   # every key, as flwr run --run-config
+    cls = STRATEGIES[cfg["method"]]
     param_of = {key: name for name, key in cls.param_keys().items()}
     params = {param_of[k]: v for k, v in run_config.items() if k in param_of}
     rest = {k: v for k, v in run_config.items() if k not in param_of and k != "method"}
-    return cls(**params), rest
+    strategy = cls(**params)
+    # start(run_config=rest) runs this run config with the method's other parameters at their
+    # defaults, which validates to the same ``cfg``: validated once
+    strategy._validated = (strategy.full_run_config(run_config=rest), cfg)
+    return strategy, rest
