@@ -294,7 +294,8 @@ def _int8_step(a: np.ndarray) -> np.ndarray:
     return np.zeros_like(a)
 
 
-def _check_refine(content: RecordDict, n_confirmed: int | None = None) -> str | None:
+def _check_refine(content: RecordDict, n_confirmed: int | None = None,
+                  rows: int | None = None) -> str | None:
     """Reply of ``train.fedcref_refine``: the agreement in [0, 1], the community share in
     [0, 1] when sent, and with ``refine=covered`` one confirmation bit per community sent."""
     problem = _metrics(content, "agreement")
@@ -318,6 +319,8 @@ def _check_refine(content: RecordDict, n_confirmed: int | None = None) -> str | 
         h = content.array_records["eval"]["hist"].numpy()
         if h.ndim != 2 or h.dtype.kind not in "iu" or np.any(h < 0):
             return "'eval.hist' must be a 2-D table of non-negative whole counts"
+        if rows is not None and int(h.sum()) > rows:
+            return f"'eval.hist' counts {int(h.sum())} rows, more than the node's {rows}"
     return None
 
 
@@ -602,7 +605,8 @@ class FlowerClients:
             return c
 
         def check(nid: int, c: RecordDict) -> str | None:
-            return _check_refine(c, sent[nid] if mode == "covered" else None)
+            return _check_refine(c, sent[nid] if mode == "covered" else None,
+                                 self.declared.get(nid, (0, None))[1])
 
         ex = send_and_collect(self.grid, [self.nodes[i] for i in targets], content,
                               "train.fedcref_refine", f"refine-{t}", self.timeout)
