@@ -295,7 +295,7 @@ def _int8_step(a: np.ndarray) -> np.ndarray:
 
 
 def _check_refine(content: RecordDict, n_confirmed: int | None = None,
-                  rows: int | None = None) -> str | None:
+                  k: int | None = None, rows: int | None = None) -> str | None:
     """Reply of ``train.fedcref_refine``: the agreement in [0, 1], the community share in
     [0, 1] when sent, and with ``refine=covered`` one confirmation bit per community sent."""
     problem = _metrics(content, "agreement")
@@ -315,13 +315,10 @@ def _check_refine(content: RecordDict, n_confirmed: int | None = None,
         bits = content.array_records["confirmed"]["confirmed"].numpy()
         if bits.shape != (n_confirmed,) or not np.isin(bits, (0, 1)).all():
             return f"'confirmed' must be {n_confirmed} bits, got shape {bits.shape}"
-    if "eval" in content.array_records:
-        h = content.array_records["eval"]["hist"].numpy()
-        if h.ndim != 2 or h.dtype.kind not in "iu" or np.any(h < 0):
-            return "'eval.hist' must be a 2-D table of non-negative whole counts"
-        if rows is not None and int(h.sum()) > rows:
-            return f"'eval.hist' counts {int(h.sum())} rows, more than the node's {rows}"
-    return None
+    if k is None:
+        return None if "eval" not in content.array_records else (
+            "'eval.hist' from a node that declared no clusters")
+    return _check_hist(content, k, rows)
 
 
 def _hist(content: RecordDict) -> np.ndarray | None:
@@ -605,8 +602,8 @@ class FlowerClients:
             return c
 
         def check(nid: int, c: RecordDict) -> str | None:
-            return _check_refine(c, sent[nid] if mode == "covered" else None,
-                                 self.declared.get(nid, (0, None))[1])
+            _, rows, k = self.declared.get(nid, (None, None, None))
+            return _check_refine(c, sent[nid] if mode == "covered" else None, k, rows)
 
         ex = send_and_collect(self.grid, [self.nodes[i] for i in targets], content,
                               "train.fedcref_refine", f"refine-{t}", self.timeout)
