@@ -184,6 +184,38 @@ def _move_owner_results(grid: Any, result: RunResult) -> None:
                 record_tree(dst)     # in the run folder's manifest: overwrite=true may clear it
 
 
+def check(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """``fedclust check``: the run config as the ServerApp validates it before any message
+    (every key and value, the cross-key rules, the method's preflight: the data files a
+    simulation reads, the site files of ``dataset="files"``); returns the typed config.
+
+    Raises
+    ------
+    ConfigError
+        Or the data checks' own errors (:func:`server_app.sweep.bad_input_errors`).
+    """
+    from strategies.run import check_run_config
+
+    return check_run_config(dict(run_config))
+
+
+def sweep(argv: Sequence[str]) -> int:
+    """``fedclust sweep …``: ``fedclust-sweep`` (:func:`server_app.sweep.main`, Hydra)."""
+    import sys
+
+    from server_app.sweep import main
+
+    saved = sys.argv
+    sys.argv = ["fedclust sweep", *argv]
+    try:
+        main()
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = saved
+    return 0
+
+
 def deploy(argv: Sequence[str]) -> int:
     """``fedclust deploy …``: :func:`server_app.deploy.main` (``up``, ``certs``,
     ``fleet-gateway``)."""
