@@ -116,6 +116,11 @@ COMMON_KEYS: list[Key] = [
     Key("g2.dim", int, 2, "G2 set dimension D (file g2-D-sigma)", low=1),
     Key("g2.sigma", int, 10, "G2 set standard deviation sigma (file g2-D-sigma)", low=1),
     Key("plots", bool, True, "write PNG plots of the iteration story"),
+    Key("tracker", str, "", "experiment tracker the server also logs the run to: mlflow "
+        "(params, per-round metrics, artifacts; the store MLFLOW_TRACKING_URI names) or "
+        "tensorboard (scalars in <output-dir>/tensorboard); needs pip install "
+        "'fedclust[mlflow]' or 'fedclust[tensorboard]' on the server only",
+        choices=("", "mlflow", "tensorboard")),
 ]
 
 

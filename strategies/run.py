@@ -64,6 +64,9 @@ def check_run_config(run_config: dict[str, Any]) -> dict[str, Any]:
     config.
     """
     cfg = validate(run_config)
+    from fedclust.trackers import check as check_tracker
+
+    check_tracker(cfg)      # its package is installed here (the server), not on the nodes
     if cfg["dataset"] == "files":   # the nodes read the site files with the node loader
         from fedclust.data.sites import check_sites
 
