@@ -28,11 +28,12 @@ if TYPE_CHECKING:   # pragma: no cover
 EMDCFL_PARTS = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test")
 
 
-def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any],
+def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any] | None = None,
              labels: Sequence[Any] | None = None, *, seed: int = 0,
-             output_dir: str | Path | None = None, dataset: str = "local",
+             output_dir: str | Path | None = None, dataset: Any = "local",
              run_config: Mapping[str, Any] | None = None, label_column: str | None = None,
-             **params: Any) -> RunResult:
+             partitioner: Any = None, feature_columns: Sequence[str] | None = None,
+             image_column: str | None = None, **params: Any) -> RunResult:
     """Run a method on one array (or pandas DataFrame) per client and return its result.
 
     Parameters
@@ -59,9 +60,20 @@ def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any],
     output_dir : str or Path, optional
         Where the results go (default: a new folder under ``~/fedclust-runs``); every client's
         own results are in ``<output_dir>/clients/<i>/``.
-    dataset : str, default "local"
+    dataset : str or datasets.Dataset, default "local"
         ``"local"``: the clients' arrays. EMD-CFL's model takes 28×28 grey images with
-        ``"local"``; pass ``"rotdigits"`` for 8×8 ones.
+        ``"local"``; pass ``"rotdigits"`` for 8×8 ones. A Hugging Face ``datasets.Dataset``
+        (with ``partitioner``, instead of ``clients``): each partition is one client.
+    partitioner : flwr_datasets.partitioner.Partitioner, optional
+        Splits ``dataset`` (or the dataset already assigned to it) into the clients:
+        ``partitioner.num_partitions`` clients, client ``i`` = ``load_partition(i)``.
+    feature_columns : sequence of str, optional
+        With ``partitioner``: the feature columns (default: every numeric column but
+        ``label_column``).
+    image_column : str, optional
+        With ``partitioner``: an image column instead of feature columns (FCM methods and
+        FedCRef: each image's pixels as one row; EMD-CFL: the images, with ``label_column``
+        as the training targets).
     run_config : mapping, optional
         Other run-config keys (``plots``, ``timeout`` …).
     **params
@@ -95,6 +107,21 @@ def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any],
     else:
         raise ConfigError(f"simulate(): unknown method {method_or_strategy!r}. Allowed: "
                           f"{', '.join(STRATEGIES)} or a strategy object")
+    hf_names = None
+    if partitioner is not None or not isinstance(dataset, str):
+        if clients is not None:
+            raise ConfigError("simulate(): give either clients or dataset= with partitioner=, "
+                              "not both")
+        clients, labels, hf_names = _from_partitioner(dataset, partitioner, label_column,
+                                                      feature_columns, image_column,
+                                                      images=strategy.method == "emdcfl")
+        dataset, label_column = "local", None
+        if strategy.method == "emdcfl" and clients and clients[0].shape[1:] == (8, 8):
+            dataset = "rotdigits"      # the model of 8×8 images (28×28: "local")
+    elif clients is None:
+        raise ConfigError("simulate() needs clients (one array or DataFrame per client), or "
+                          "dataset=<datasets.Dataset> with partitioner=<flwr_datasets "
+                          "Partitioner>")
     clients = list(clients)
     if len(clients) < 1:
         raise ConfigError("simulate() needs at least one client array in 'clients'")
@@ -127,12 +154,50 @@ def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any],
             nodes.append({"data-path": str(path), "allow-evaluation": allow})
         result = _run(strategy, nodes, seed, output_dir, dataset, dict(run_config or {}),
                       evaluate=any(n["allow-evaluation"] for n in nodes))
-    result.feature_names = feature_names
+    result.feature_names = feature_names or hf_names
     if not emdcfl and result.labels is not None and result.summary["config"].get("plots"):
         _plot_clusters(result, clients)
     if index is not None:
         _as_frames(result, index)
     return result
+
+
+def _from_partitioner(dataset: Any, partitioner: Any, label_column: str | None,
+                      feature_columns: Sequence[str] | None, image_column: str | None,
+                      images: bool) -> tuple[list[np.ndarray], list[Any] | None, list[str]]:
+    """The clients of a flwr-datasets partitioner over a Hugging Face dataset: features (or
+    images), labels, feature names."""
+    from fedclust.data.hf import arrays_from_hf, is_hf_dataset
+    from fedclust.data.tabular import DatasetError
+
+    if partitioner is None or not hasattr(partitioner, "load_partition"):
+        raise ConfigError("simulate(dataset=<datasets.Dataset>) needs partitioner=<a "
+                          "flwr_datasets.partitioner.Partitioner>, e.g. "
+                          "DirichletPartitioner(num_partitions=5, partition_by='label', "
+                          "alpha=0.5)")
+    if not isinstance(dataset, str):
+        if not is_hf_dataset(dataset):
+            raise ConfigError(f"simulate(): dataset is a {type(dataset).__name__}. Allowed: a "
+                              f"run-config dataset name (str) or a Hugging Face "
+                              f"datasets.Dataset (with partitioner=)")
+        partitioner.dataset = dataset
+    elif not partitioner.is_dataset_assigned():
+        raise ConfigError("simulate(partitioner=...) needs the data: pass dataset=<datasets."
+                          "Dataset>, or assign partitioner.dataset first")
+    xs, ys, names = [], [], []
+    try:
+        for i in range(partitioner.num_partitions):
+            part = partitioner.load_partition(i)
+            x, y, names = arrays_from_hf(part, label_column or "", list(feature_columns or []),
+                                         image_column or "", where=f"simulate(): partition {i}")
+            if images and image_column:
+                x = np.stack([np.asarray(im, dtype=np.float64) for im in part[image_column]])
+            xs.append(x)
+            ys.append(y)
+    except DatasetError as exc:
+        raise ConfigError(str(exc)) from None
+    labels = ys if label_column else None
+    return xs, labels, names
 
 
 def _is_frame(data: Any) -> bool:

@@ -239,11 +239,16 @@ OWN_DATA_HELP = {
 def load_dataset(cfg: dict[str, Any]) -> Dataset:
     """Load ``cfg["dataset"]``; raise :class:`DatasetError` with a fix if it cannot be loaded."""
     name = cfg["dataset"]
+    if name == "hf":     # Hugging Face datasets (fedclust[hf]): imported only when asked for
+        from fedclust.data.hf import load_hf
+
+        return load_hf(cfg)
     if name not in DATASETS:
         if name in ("local", "files"):
             raise DatasetError(OWN_DATA_HELP[name])
         raise DatasetError(f"run config 'dataset' = {name!r} is not a tabular dataset. Allowed: "
-                           f"{', '.join(sorted(DATASETS))}, or 'local' (each deployed node "
+                           f"{', '.join(sorted(DATASETS))}, 'hf' (Hugging Face datasets: "
+                           f"hf.path), or 'local' (each deployed node "
                            f"reads its own data-path) or 'files' (one file per simulated "
                            f"client in data-dir). Fix: --run-config 'dataset=\"blobs\"'.")
     return DATASETS[name](cfg)
