@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fedclust.data.tabular import Dataset, DatasetError
+from fedclust.data.base import Dataset, DatasetError
 
 INSTALL = "pip install 'fedclust[hf]'"
 
