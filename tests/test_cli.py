@@ -77,3 +77,26 @@ def test_check_refuses_bad_values_and_missing_data_and_passes_a_good_config(tmp_
     assert "run config OK" in ok.stdout and "fcm.n-clusters=3" in ok.stdout
     other = fedclust("check", "--run-config", 'method="exact-fcm" fedcref.tau=0.5')
     assert other.returncode == 2 and "method='fedcref'" in other.stderr
+
+
+def test_a_config_error_under_flwr_run_is_one_log_line_and_a_short_trace(capfd):
+    """What the ServerApp does with bad input under `flwr run` (Flower logs the exception it
+    raises with its traceback): fedclust logs the message on one line, and the exception
+    carries no chain of fedclust's internals."""
+    import traceback
+
+    from flwr.app import Context, RecordDict
+
+    from client_apps.app import app as client_app
+    from server_app.app import app
+    from server_app.inprocess import InProcessGrid
+
+    cfg = {"method": "exact-fcm", "fcm.m": 0.5}
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg)
+    with pytest.raises(ConfigError) as err:
+        app(InProcessGrid(client_app, 2, cfg), context)
+    log = [line for line in capfd.readouterr().err.splitlines() if "run refused" in line]
+    assert len(log) == 1 and "'fcm.m' = 0.5" in log[0] and "Fix:" in log[0]
+    trace = "".join(traceback.format_exception(err.value)).splitlines()
+    assert len(trace) <= 8 and trace[-1].endswith(log[0].split("run refused: ")[1])
+    assert err.value.__cause__ is None and err.value.__suppress_context__
