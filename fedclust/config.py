@@ -86,7 +86,7 @@ def _folder_path(value: str) -> str | None:
 COMMON_KEYS: list[Key] = [
     Key("method", str, "exact-fcm", "federated clustering method",
         choices=("exact-fcm", "fedfcm", "fedcref", "emdcfl")),
-    Key("dataset", str, "blobs", "dataset name (see README: Datasets)"),
+    Key("dataset", str, "blobs", "dataset name (see docs/datasets.md)"),
     Key("num-clients", int, 0, "number of clients; 0 = as many as the engine has (simulation: "
         "its SuperNodes, each partition partition-id of num-partitions; deployment: the "
         "connected nodes; dataset=files: one per file)", low=0, high=10_000),
@@ -431,7 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     check = args.command == "check"
     changed = sync_pyproject(Path(args.pyproject), check=check)
     changed |= sync_method_yamls(Path(args.pyproject).parent / "conf", check=check)
-    changed |= sync_readme(Path(args.pyproject).parent / "README.md", check=check)
+    for page in ("README.md", "docs/run-config.md"):    # wherever the markers are
+        changed |= sync_readme(Path(args.pyproject).parent / page, check=check)
     if check and changed:
         print("run-config keys in pyproject.toml or conf/method/ are out of date: "
               "run `python -m fedclust.config sync`")

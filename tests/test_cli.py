@@ -100,3 +100,19 @@ def test_a_config_error_under_flwr_run_is_one_log_line_and_a_short_trace(capfd):
     trace = "".join(traceback.format_exception(err.value)).splitlines()
     assert len(trace) <= 8 and trace[-1].endswith(log[0].split("run refused: ")[1])
     assert err.value.__cause__ is None and err.value.__suppress_context__
+
+
+def test_the_readme_is_short_and_its_links_resolve():
+    """README in Flower Baselines shape stays at most 15 KB (the long results live in docs/);
+    every relative link points at a file of the repository."""
+    import re
+
+    readme = ROOT / "README.md"
+    assert readme.stat().st_size <= 15_000
+    text = readme.read_text()
+    for section in ("## Papers", "## Quick start", "## Expected time per job",
+                    "## Where results go", "## fedclust in your own Flower app"):
+        assert section in text
+    links = re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", text)
+    missing = [link for link in links if not (ROOT / link).exists()]
+    assert links and not missing, missing

@@ -34,7 +34,7 @@ def _need(data_dir: str, *relative: str) -> Path:
             return root / rel
     raise DatasetError(
         f"run config 'data-dir' = {data_dir!r} does not contain {' or '.join(relative)}. "
-        f"Fix: point data-dir at the folder that holds the file(s) (see README: Datasets).")
+        f"Fix: point data-dir at the folder that holds the file(s) (see docs/datasets.md).")
 
 
 # ---------------------------------------------------------------------------------------------
