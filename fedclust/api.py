@@ -261,10 +261,16 @@ def _plot_clusters(result: RunResult, clients: list[Any]) -> None:
     from fedclust.plots import plot_clusters
 
     xs = [np.asarray(c, dtype=np.float64) for c in clients]
-    if any(x.ndim != 2 for x in xs) or len(xs) != len(result.labels):
-        return      # images, or clients without results: no table to draw
-    plot_clusters(result.run_dir / "clusters.png", xs, result.labels, result.memberships,
-                  result.centers, result.feature_names)
+    if (any(x.ndim != 2 for x in xs) or len(xs) != len(result.labels)
+            or any(len(x) != len(lab) for x, lab in zip(xs, result.labels))):
+        return      # images, or clients without results for every row: no table to draw
+    try:
+        plot_clusters(result.run_dir / "clusters.png", xs, result.labels, result.memberships,
+                      result.centers, result.feature_names)
+    except (ValueError, np.linalg.LinAlgError) as exc:   # the run's results stand without it
+        import logging
+
+        logging.getLogger("fedclust").warning("clusters.png not drawn: %s", exc)
 
 
 def _write_rows(i: int, data: Any, y: Any, path: Path) -> None:
