@@ -1,12 +1,12 @@
 """``fedclust report DIR``: one table of mean ± sd (n) per setting of a folder of runs.
 
-``DIR`` may be one run's folder, a Hydra sweep (``multirun/<date>/``, one job folder per run)
-or any folder holding run folders at any depth: every ``summary.json`` below it is a finished
-run, of any method. Runs are grouped by the run-config keys that differ between them (the
-swept keys; ``seed`` and ``output-dir`` always differ and are left out, so the seeds of one
-setting form one group), or by the keys given with ``--by``. Each metric cell is
-``mean ± sd (n)``: the sample standard deviation over the ``n`` runs of the group that have the
-metric as a finite number.
+``DIR`` may be one run's folder, a Hydra sweep (``~/fedclust-runs/sweeps/<date>/``, one job
+folder per run) or any folder holding run folders at any depth: every ``summary.json`` below
+it is a finished run, of any method. Runs are grouped by the run-config keys that differ
+between them (the swept keys; ``seed`` and ``output-dir`` always differ and are left out, so
+the seeds of one setting form one group), or by the keys given with ``--by``. Each metric
+cell is ``mean ± sd (n)``: the sample standard deviation over the ``n`` runs of the group
+that have the metric as a finite number.
 
 The table is printed as Markdown and written to ``report.csv`` (one row per group: the keys,
 then ``<metric>_mean``, ``<metric>_sd``, ``<metric>_n``), with ``report.png`` (one panel per
@@ -151,7 +151,8 @@ def find_runs(folder: str | Path) -> tuple[list[Run], list[Path]]:
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise ReportError(f"fedclust report: {str(folder)!r} is not a folder. Allowed: a run "
-                          f"folder, a sweep folder (multirun/<date>) or any folder of runs")
+                          f"folder, a sweep folder (~/fedclust-runs/sweeps/<date>) or any "
+                          f"folder of runs")
     runs, unfinished = [], []
     for path in sorted(folder.rglob(SUMMARY), key=_path_order):
         if "clients" in path.relative_to(folder).parts[:-1]:
@@ -399,8 +400,8 @@ def plot_report(report: Report, path: Path) -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="fedclust report", description=__doc__.split("\n\n")[0],
-        epilog="Example: fedclust report multirun/2026-01-01_12-00-00 --by fcm.fraction "
-               "--metric eval_ari objective")
+        epilog="Example: fedclust report ~/fedclust-runs/sweeps/2026-01-01_12-00-00 "
+               "--by fcm.fraction --metric eval_ari objective")
     parser.add_argument("folder", help="a run folder, a sweep folder or any folder of runs")
     parser.add_argument("--by", nargs="+", default=None, metavar="KEY",
                         help="run-config keys to group by (default: those that differ)")
