@@ -79,7 +79,7 @@ def test_check_refuses_bad_values_and_missing_data_and_passes_a_good_config(tmp_
     assert other.returncode == 2 and "method='fedcref'" in other.stderr
 
 
-def test_a_config_error_under_flwr_run_is_one_log_line_and_a_short_trace(capfd):
+def test_a_config_error_under_flwr_run_is_one_log_line_and_a_short_trace(fedclust_log):
     """What the ServerApp does with bad input under `flwr run` (Flower logs the exception it
     raises with its traceback): fedclust logs the message on one line, and the exception
     carries no chain of fedclust's internals."""
@@ -95,8 +95,9 @@ def test_a_config_error_under_flwr_run_is_one_log_line_and_a_short_trace(capfd):
     context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg)
     with pytest.raises(ConfigError) as err:
         app(InProcessGrid(client_app, 2, cfg), context)
-    log = [line for line in capfd.readouterr().err.splitlines() if "run refused" in line]
-    assert len(log) == 1 and "'fcm.m' = 0.5" in log[0] and "Fix:" in log[0]
+    log = [line for line in fedclust_log if "run refused" in line]
+    assert len(log) == 1 and "\n" not in log[0]
+    assert "'fcm.m' = 0.5" in log[0] and "Fix:" in log[0]
     trace = "".join(traceback.format_exception(err.value)).splitlines()
     assert len(trace) <= 8 and trace[-1].endswith(log[0].split("run refused: ")[1])
     assert err.value.__cause__ is None and err.value.__suppress_context__
