@@ -19,7 +19,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -68,6 +68,36 @@ class Progress:
         return line
 
 
+class Record(Protocol):
+    """Where a server loop puts what it learns as it runs: one record per round, and arrays.
+    :class:`RunRecorder` writes them to the run's folder; :class:`MemoryRecord` keeps them in
+    memory."""
+
+    history: list[dict[str, Any]]
+    arrays: dict[str, np.ndarray]
+
+    def log_round(self, record: Mapping[str, Any]) -> None:
+        """One round's or iteration's record."""
+
+    def save_array(self, name: str, array: np.ndarray) -> Any:
+        """An array of the run's result, named ``name``."""
+
+
+class MemoryRecord:
+    """A :class:`Record` in memory (runs over in-memory clients, tests): the records as
+    ``history.jsonl`` would hold them, the arrays by name."""
+
+    def __init__(self) -> None:
+        self.history: list[dict[str, Any]] = []
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def log_round(self, record: Mapping[str, Any]) -> None:
+        self.history.append(to_jsonable(dict(record)))
+
+    def save_array(self, name: str, array: np.ndarray) -> None:
+        self.arrays[name] = np.array(array, copy=True)
+
+
 class RunRecorder:
     """Write the results of one run to ``output_dir``.
 
@@ -93,6 +123,8 @@ class RunRecorder:
         self.method, self.dataset, self.seed, self.num_clients = method, dataset, seed, num_clients
         self.config = dict(config)
         self.history: list[dict[str, Any]] = []
+        #: every array saved, by name, as saved (the run's result in memory)
+        self.arrays: dict[str, np.ndarray] = {}
         #: called by :meth:`log_round`; what it returns is added to the record (the server
         #: loop's runner uses it for entries every method shares, e.g. ``excluded_nodes``)
         self.round_notes: Callable[[], Mapping[str, Any]] | None = None
@@ -121,7 +153,8 @@ class RunRecorder:
         self.tracker = trackers.safe(self.tracker, "log_round", rec, len(self.history) - 1)
 
     def save_array(self, name: str, array: np.ndarray) -> Path:
-        """Save ``array`` as ``<name>.npy`` (atomically)."""
+        """Save ``array`` as ``<name>.npy`` (atomically), and keep a copy in :attr:`arrays`."""
+        self.arrays[name] = np.array(array, copy=True)
         return outputs.save_npy(self.dir / f"{name}.npy", np.asarray(array))
 
     def save_json(self, name: str, obj: Any) -> Path:

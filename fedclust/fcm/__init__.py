@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.typing import ArrayLike
+from numpy.typing import ArrayLike, NDArray
 
 from fedclust.fcm.kernel import BLOCK, TINY, Float, Pass, augment, fcm_pass
 
@@ -32,7 +32,7 @@ from fedclust.fcm.kernel import BLOCK, TINY, Float, Pass, augment, fcm_pass
 # m log10(C) = MAX_UNDERFLOW_DIGITS the sums sink towards the float64 underflow (1e-308): with
 # m = 1000 and C = 4 every U_c is exactly 0, the centers never move and the run "converges" on
 # its random initial centers. M_MAX keeps m in a range with meaning (paper 004: m around 2).
-# SecAgg+ sums U in fixed point with an absolute step of about 1e-15 (strategies/secure_fcm.py),
+# SecAgg+ sums U in fixed point with an absolute step of about 1e-15 (fedclust/fcm/secagg.py),
 # so there U_c ~ N C^-m must stay far above it: m log10(C) <= SECURE_UNDERFLOW_DIGITS (with
 # C = 4, m = 19 still matches the plain run to 2e-7; m = 30 is off by 1.5).
 M_MAX = 100.0
@@ -133,6 +133,12 @@ def local_sums(x: ArrayLike, centers: ArrayLike, m: float = 2.0, chunk_size: int
     res = _checked(fcm_pass(x, centers, m, n_threads=n_threads, block=chunk_size), x)
     assert res.u is not None and res.ws is not None
     return res.u, res.ws
+
+
+def labels_from_centers(x: ArrayLike, centers: ArrayLike) -> NDArray[np.int64]:
+    """Crisp labels ``(n,)``: the highest membership, which is the nearest center."""
+    return squared_distances(np.asarray(x, dtype=np.float64),
+                             np.asarray(centers, dtype=np.float64)).argmin(axis=1)
 
 
 def update_centers(u_sum: Float, ws_sum: Float, previous: Float) -> Float:

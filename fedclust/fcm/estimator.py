@@ -288,10 +288,8 @@ def xie_beni(X: ArrayLike, centers: ArrayLike, m: float = 2.0) -> float:
 
 
 def _fuzzy_db(x: Float, centers: Float, m: float) -> float:
-    try:        # the index's home may move with FedFCM's package
-        from fedclust.fedfcm.validity import fuzzy_db
-    except ImportError:
-        from fedclust.validity import fuzzy_db
+    from fedclust.fedfcm.validity import fuzzy_db
+
     return fuzzy_db(x, centers, m)
 
 
