@@ -144,8 +144,13 @@ def test_the_flwr_datasets_kinds_split_by_the_label(saved):
     ({"hf.label-column": "", "evaluate": True}, "needs the ground truth"),
     ({"hf.path": "no-such-user/no-such-dataset"}, "no local folder, and the Hugging Face Hub"),
 ])
-def test_bad_hf_settings_are_refused_in_one_line_before_any_work(saved, cfg, message):
+def test_bad_hf_settings_are_refused_in_one_line_before_any_work(saved, cfg, message,
+                                                                 monkeypatch):
     from strategies.run import check_run_config
+
+    # the Hub is out of reach here: answer at once instead of waiting on the network
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
     with pytest.raises((DatasetError, ConfigError), match=message) as err:
         check_run_config({**hf_config(saved), "num-clients": 3, **cfg})
