@@ -23,8 +23,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fedclust import outputs
+from fedclust import outputs, trackers
 from fedclust.outputs import OutputDirError
+from fedclust.trackers import Tracker, open_tracker
 
 LOG = logging.getLogger("fedclust")
 
@@ -130,6 +131,15 @@ class RunRecorder:
         self.start = time.perf_counter()
         self._history_path = self.dir / "history.jsonl"
         outputs.write_text(self._history_path, "")
+        #: the run-config ``tracker`` (:mod:`fedclust.trackers`): MLflow or TensorBoard get
+        #: every record, the final metrics and the artifacts as well
+        self.tracker: Tracker | None = None
+        try:
+            self.tracker = open_tracker(str(self.config.get("tracker", "")), self.dir,
+                                        self.config)
+        except BaseException as exc:
+            self.interrupted(exc)
+            raise
 
     def log_round(self, record: Mapping[str, Any]) -> None:
         """Append one record (a round/iteration) to ``history.jsonl``."""
@@ -140,6 +150,7 @@ class RunRecorder:
         rec.setdefault("elapsed_s", round(time.perf_counter() - self.start, 4))
         self.history.append(rec)
         outputs.append_line(self._history_path, json.dumps(rec))
+        self.tracker = trackers.safe(self.tracker, "log_round", rec, len(self.history) - 1)
 
     def save_array(self, name: str, array: np.ndarray) -> Path:
         """Save ``array`` as ``<name>.npy`` (atomically), and keep a copy in :attr:`arrays`."""
@@ -172,8 +183,10 @@ class RunRecorder:
             "metrics": dict(metrics),
         }
         summary = to_jsonable(summary)
+        self.tracker = trackers.safe(self.tracker, "final", summary)
         outputs.write_json(self.dir / "summary.json", summary)
         (self.dir / RUNNING).unlink(missing_ok=True)
+        self.tracker = trackers.safe(self.tracker, "finish", summary, self.dir)
         LOG.info("results written to %s", self.dir)
         return summary
 
@@ -183,6 +196,7 @@ class RunRecorder:
         outputs.write_json(self.dir / INTERRUPTED, {
             "method": self.method, "error": type(exc).__name__, "message": str(exc)[:2000],
             "wall_time_s": round(time.perf_counter() - self.start, 4)})
+        self.tracker = trackers.safe(getattr(self, "tracker", None), "fail", exc)
 
 
 RUNNING = "RUNNING"            # exists while a run writes to the folder (created exclusively)

@@ -68,11 +68,24 @@ class RunResult(Result):
         One record per round/iteration (``history.jsonl``).
     run_dir : Path
         The run's folder (plots, models, ``summary.json``).
+    labels : list of ndarray, or None
+        Each client's cluster of every row, in row order, by client number (the folders
+        ``clients/<i>/``; exact FCM, FedFCM at the chosen K, FedCRef), from
+        :func:`fedclust.simulate` and :meth:`from_dir` (on an engine the clients keep them:
+        ``start`` leaves None). ``simulate`` gives pandas Series with the rows' index when the
+        client's data was a DataFrame.
+    memberships : list of ndarray (rows, clusters), or None
+        Each client's fuzzy memberships (exact FCM, FedFCM), as ``labels``.
+    feature_names : list of str, or None
+        The feature columns (:func:`fedclust.simulate` with DataFrames).
     """
 
     summary: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
     run_dir: Path | None = None
+    labels: list[Any] | None = None
+    memberships: list[Any] | None = None
+    feature_names: list[str] | None = None
 
     @property
     def metrics(self) -> dict[str, Any]:
@@ -103,7 +116,28 @@ class RunResult(Result):
         history = ([json.loads(line) for line in history_path.read_text().splitlines() if line]
                    if history_path.exists() else [])
         arrays = ArrayRecord({p.stem: _array(np.load(p)) for p in sorted(run_dir.glob("*.npy"))})
-        return cls(arrays=arrays, summary=summary, history=history, run_dir=run_dir)
+        labels, memberships = _owner_results(run_dir)
+        return cls(arrays=arrays, summary=summary, history=history, run_dir=run_dir,
+                   labels=labels, memberships=memberships)
+
+
+def _owner_results(run_dir: Path) -> tuple[list[np.ndarray] | None, list[np.ndarray] | None]:
+    """Every ``clients/<i>/assignments.csv`` (``row,label[,u0,…]``) of a run folder, by ``i``:
+    the labels and, where written, the memberships; ``(None, None)`` without them."""
+    folders = sorted((p for p in (run_dir / "clients").glob("*")
+                      if p.name.isdigit() and (p / "assignments.csv").is_file()),
+                     key=lambda p: int(p.name))
+    if not folders:
+        return None, None
+    labels, memberships = [], []
+    for folder in folders:
+        path = folder / "assignments.csv"
+        header = path.read_text().split("\n", 1)[0].split(",")
+        table = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2)
+        labels.append(table[:, header.index("label")].astype(np.int64))
+        u = [i for i, name in enumerate(header) if name.startswith("u") and name[1:].isdigit()]
+        memberships.append(table[:, u] if u else None)
+    return labels, (memberships if all(m is not None for m in memberships) else None)
 
 
 def _array(a: np.ndarray):

@@ -66,6 +66,9 @@ def check_run_config(run_config: dict[str, Any], validated: dict[str, Any] | Non
     :func:`strategies.methods.from_run_config`), so that it is validated once.
     """
     cfg = validate(run_config) if validated is None else dict(validated)
+    from fedclust.trackers import check as check_tracker
+
+    check_tracker(cfg)      # its package is installed here (the server), not on the nodes
     if cfg["dataset"] == "files":   # the nodes read the site files with the node loader
         from fedclust.data.sites import check_sites
 

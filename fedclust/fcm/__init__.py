@@ -233,11 +233,15 @@ def fcm_until_stable(x: ArrayLike, centers: ArrayLike, m: float = 2.0, tol: floa
     return v, res.memberships, n_iter
 
 
+_ESTIMATOR_NAMES = ("FuzzyCMeans", "SCORERS", "fuzzy_db_scorer", "partition_coefficient",
+                    "partition_coefficient_scorer", "xie_beni", "xie_beni_scorer")
+
+
 def __getattr__(name: str) -> object:
     # The estimator imports scikit-learn (about a second per ClientApp start): it is imported
     # on first access, so that `import fedclust.fcm` stays light.
-    if name == "FuzzyCMeans":
-        from fedclust.fcm.estimator import FuzzyCMeans
+    if name in _ESTIMATOR_NAMES:
+        from fedclust.fcm import estimator
 
-        return FuzzyCMeans
+        return getattr(estimator, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
