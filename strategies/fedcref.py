@@ -227,11 +227,12 @@ def _check_local(content: RecordDict, sizes: list[int] | None, hidden: list[int]
     return problem or _check_hist(content, k, n)
 
 
-def _check_hist(content: RecordDict, k: int, n: int | None = None) -> str | None:
-    """Evaluation statistics: (k, classes) non-negative whole counts, at most ``n`` in all."""
+def _check_hist(content: RecordDict, k: int | None, n: int | None = None) -> str | None:
+    """Evaluation statistics: (k, classes) non-negative whole counts, at most ``n`` in all
+    (``k`` None: any number of rows of at least one class)."""
     if "eval" in content.array_records:
         h = content.array_records["eval"]["hist"].numpy()
-        if h.ndim != 2 or h.shape[0] != k or h.shape[1] < 1:
+        if h.ndim != 2 or h.shape[0] != (h.shape[0] if k is None else k) or h.shape[1] < 1:
             return f"'eval.hist' has shape {h.shape}, expected ({k}, classes)"
         if h.dtype.kind not in "iu" or np.any(h < 0):
             return "'eval.hist' must hold non-negative whole counts"
@@ -315,9 +316,6 @@ def _check_refine(content: RecordDict, n_confirmed: int | None = None,
         bits = content.array_records["confirmed"]["confirmed"].numpy()
         if bits.shape != (n_confirmed,) or not np.isin(bits, (0, 1)).all():
             return f"'confirmed' must be {n_confirmed} bits, got shape {bits.shape}"
-    if k is None:
-        return None if "eval" not in content.array_records else (
-            "'eval.hist' from a node that declared no clusters")
     return _check_hist(content, k, rows)
 
 
