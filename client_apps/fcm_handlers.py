@@ -15,7 +15,7 @@ import numpy as np
 from flwr.app import Context, Message
 
 from client_apps.base import app
-from client_apps.common import reply, run_config
+from client_apps.common import array_record, reply, run_config, to_numpy
 from client_apps.data import ClientData, load_client_data
 from fedclust import fcm
 from fedclust.data import scaling
@@ -29,11 +29,9 @@ from fedclust.validity import db_statistics, fuzzy_db
 def _scaled_data(msg: Message, context: Context) -> tuple[ClientData, dict, np.ndarray]:
     cfg = run_config(context)
     data = load_client_data(context, cfg)
-    if "scaling" in msg.content.array_records:
-        sc = msg.content.array_records["scaling"]
-        x = scaling.apply(data.x, sc["shift"].numpy(), sc["scale"].numpy())
-    else:
-        x = data.x
+    sc = array_record(msg.content, "scaling")
+    x = data.x if sc is None else scaling.apply(data.x, to_numpy(sc["shift"]),
+                                                to_numpy(sc["scale"]))
     return data, cfg, x
 
 
@@ -104,7 +102,7 @@ def fcm_stats(msg: Message, context: Context) -> Message:
 def fcm_sums(msg: Message, context: Context) -> Message:
     """Paper 004 Algorithm 2: ``U_c = Σ u^m``, ``WS_c = Σ u^m x`` for the received centers."""
     data, cfg, x = _scaled_data(msg, context)
-    centers = msg.content.array_records["centers"]["centers"].numpy()
+    centers = to_numpy(msg.content["centers"]["centers"])
     if guard_withholds(cfg, x):
         return reply(msg, metrics=WITHHELD)
     u, ws = fcm.local_sums(x, centers, cfg["fcm.m"])

@@ -27,6 +27,7 @@ from fedclust.fcm import incremental
 from fedclust.results import Progress, RunRecorder
 from strategies.common import (
     Exchange,
+    array_record,
     arrays,
     check_each,
     connected_clients,
@@ -35,6 +36,7 @@ from strategies.common import (
     require_honest,
     result_record,
     send_and_collect,
+    to_numpy,
 )
 from strategies.fcm_common import check_pooled_rows, eval_ari, eval_tables, federated_scaling
 from strategies.fcm_replies import (
@@ -94,9 +96,9 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
             ex = send_and_collect(grid, sampled, content, "query.fcm_sums", f"round-{rnd}",
                                   cfg["timeout"])
             check_each(ex, check_sums, f"round-{rnd}")
-            by_node = {nid: (r.array_records["sums"]["U"].numpy(),
-                             r.array_records["sums"]["WS"].numpy())
-                       for nid, r in ex.replies.items() if "sums" in r.array_records}
+            by_node = {nid: (to_numpy(rec["U"]), to_numpy(rec["WS"]))
+                       for nid, r in ex.replies.items()
+                       if (rec := array_record(r, "sums")) is not None}
             sums = list(by_node.values())
             withheld = len(ex.replies) - len(sums)
             require_honest(ex, f"round-{rnd}", len(sums), len(sampled), cfg)
