@@ -1,7 +1,7 @@
 """An in-process Flower ``Grid`` that calls the real ClientApp.
 
-Used by the tests (fast server-loop tests) and by ``fedclust-sweep engine=inprocess`` for large
-sweeps: the same ServerApp main and ClientApp handlers, without an engine.
+Used by the tests (fast server-loop tests), by ``fedclust.simulate`` and by ``fedclust-sweep``
+(its default engine): the same ServerApp main and ClientApp handlers, without an engine.
 
 Messages are passed to ``client_app(message, context)`` exactly as Flower's engines do, minus
 serialisation. ``drop`` makes chosen nodes fail (no reply) from a given phase on, to test that
