@@ -49,6 +49,9 @@ class RunConfig(dict):
         super().__init__(values)
         self.key = key
 
+    def __reduce__(self) -> tuple[Any, ...]:     # copies and pickles build it, not mutate it
+        return (type(self), (dict(self), self.key))
+
     def _read_only(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError("the run config a node took from the server is read-only: copy it "
                         "(dict(cfg)) to change it")
