@@ -1,12 +1,12 @@
 """Exact federated FCM under partial participation: paper 004's rule against the incremental
 rule (``fcm.incremental``) on label-skewed Dirichlet partitions of paper 004's Table 1 sets.
 
-Every job replays what the ServerApp does for the run config ``dataset=<name>
-num-clients=20 partition.kind=dirichlet partition.alpha=<α> seed=<s> fcm.fraction=<γ>
-fcm.epsilon=<ε> fcm.max-rounds=<T> fcm.incremental=<rule>`` (federated MinMax scaling =
-the pooled one, initial centers and participants from ``default_rng(seed)`` in the server's
-order) with :func:`fedclust.fcm.incremental.partial_participation_fcm`;
-``tests/test_fcm_incremental.py`` checks that this equals the server loop. The reference is
+Every job is the method's loop (:func:`fedclust.fcm.loop.run`) over in-memory clients
+(:mod:`fedclust.fcm.inmemory`) for the run config ``dataset=<name> num-clients=20
+partition.kind=dirichlet partition.alpha=<α> seed=<s> fcm.fraction=<γ> fcm.epsilon=<ε>
+fcm.max-rounds=<T> fcm.incremental=<rule> fcm.privacy-guard=false evaluate=false`` (federated
+MinMax scaling = the pooled one, initial centers and participants from ``default_rng(seed)``):
+what the ServerApp runs, without the messages. The reference is
 centralized FCM (:func:`fedclust.fcm.fcm_from_centers`) from the same initial centers with the
 same ε and T; ``‖T(V) − V‖_F`` (one centralized update from the final centers) is 0 at any
 fixed point of centralized FCM; "= central" counts the runs within 1e-4 of the centralized
@@ -35,8 +35,10 @@ from fedclust import fcm
 from fedclust.config import validate
 from fedclust.data import partition
 from fedclust.data.tabular import load_dataset
-from fedclust.fcm.incremental import partial_participation_fcm
+from fedclust.fcm import inmemory, loop
+from fedclust.fcm.keys import FCMSettings
 from fedclust.metrics import adjusted_rand, format_ci
+from fedclust.results import MemoryRecord
 
 DATASETS = {"xclara": 3, "s-set1": 15, "pendigits": 10, "waveform": 3}   # C = classes
 GAMMAS = (0.25, 0.5, 1.0)
@@ -51,11 +53,12 @@ def seeds_arg(text: str) -> list[int]:
     return [int(s) for s in text.split(",")]
 
 
-def scaled(name: str) -> tuple[np.ndarray, np.ndarray]:
-    """The dataset MinMax-scaled as the federated scaling phase does (pooled min/max)."""
+def scaled(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The dataset MinMax-scaled as the federated scaling phase does (pooled min/max), its
+    labels and its raw rows."""
     ds = load_dataset(validate({"dataset": name, "data-dir": os.environ["FEDCLUST_DATA_DIR"]}))
     lo, hi = ds.x.min(0), ds.x.max(0)
-    return (ds.x - lo) / np.where(hi > lo, hi - lo, 1.0), ds.y
+    return (ds.x - lo) / np.where(hi > lo, hi - lo, 1.0), ds.y, ds.x
 
 
 def matched(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
@@ -67,8 +70,8 @@ def matched(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     return float(np.sqrt(cost[rows, cols].sum())), float(np.sqrt(cost[rows, cols].max()))
 
 
-def job(x: np.ndarray, y: np.ndarray, c: int, seed: int, alpha: float, clients: int,
-        eps: float, max_rounds: int) -> list[dict]:
+def job(x: np.ndarray, y: np.ndarray, raw: np.ndarray, c: int, seed: int, alpha: float,
+        clients: int, eps: float, max_rounds: int) -> list[dict]:
     """Every (γ, rule) of one dataset and seed, and the centralized reference."""
     parts = partition.dirichlet(y, clients, alpha, seed)
     f = x.shape[1]
@@ -84,15 +87,18 @@ def job(x: np.ndarray, y: np.ndarray, c: int, seed: int, alpha: float, clients: 
         for inc in (False, True):
             if gamma == 1.0 and inc:
                 continue   # with γ = 1 both rules are the same computation
-            rng = np.random.default_rng(seed)
-            fcm.random_centers(np.zeros(f), np.ones(f), c, rng)   # the server's order of draws
-            res = partial_participation_fcm([x[p] for p in parts], init, 2.0, gamma, rng, eps,
-                                            max_rounds, incremental=inc)
-            dist, maxdist = matched(res.centers, central.centers)
+            s = FCMSettings.from_config(validate({
+                "fcm.n-clusters": c, "fcm.fraction": gamma, "fcm.epsilon": eps,
+                "fcm.max-rounds": max_rounds, "fcm.incremental": inc, "seed": seed,
+                "fcm.privacy-guard": False, "evaluate": False}))
+            record = MemoryRecord()
+            res = loop.run(inmemory.InMemoryClients([raw[p] for p in parts], s), s, record)
+            centers = record.arrays["centers"]
+            dist, maxdist = matched(centers, central.centers)
             rows.append({"rule": "incremental" if inc else "paper", "gamma": gamma,
-                         "converged": res.converged, "rounds": res.n_rounds, "dist": dist,
-                         "maxdist": maxdist, "residual": residual(x, res.centers),
-                         "ari": adjusted_rand(y, _labels(x, res.centers))})
+                         "converged": res["converged"], "rounds": res["rounds"], "dist": dist,
+                         "maxdist": maxdist, "residual": residual(x, centers),
+                         "ari": adjusted_rand(y, _labels(x, centers))})
     return rows
 
 
@@ -142,9 +148,9 @@ def main() -> None:
         start = time.perf_counter()
         results: dict[tuple[str, str, float], list[dict]] = defaultdict(list)
         for name in args.datasets.split(","):
-            x, y = scaled(name)
+            x, y, raw = scaled(name)
             for seed in seeds:
-                for r in job(x, y, DATASETS[name], seed, args.alpha, args.clients,
+                for r in job(x, y, raw, DATASETS[name], seed, args.alpha, args.clients,
                              args.epsilon, max_rounds):
                     results[(name, r["rule"], r["gamma"])].append(r)
         print(f"\nseeds {args.seeds}, alpha {args.alpha}, {args.clients} clients, "

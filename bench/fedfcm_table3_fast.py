@@ -1,22 +1,11 @@
-"""Paper 003 Table 3 without Flower: FedFCM jobs computed directly with the core numpy functions.
+"""Paper 003 Table 3 without Flower: FedFCM jobs run by the method's own loop
+(:func:`fedclust.fedfcm.loop.run`) over in-memory clients (:mod:`fedclust.fedfcm.inmemory`).
 
-One job here performs exactly the computation of one in-process Flower FedFCM job
-(``strategies/fedfcm.py`` + the ``fcm_stats`` / ``fedfcm_local`` / ``fedfcm_db`` handlers of
-``client_apps/fcm_handlers.py`` + ``strategies/fcm_common.federated_scaling`` + the partition of
-``client_apps/data.simulated_partition``), in the same order and with the same seeds:
-
-* client ``l`` holds partition ``l`` of ``make_partition(partition.kind, ds, P, seed, ...)``;
-  the server's reply dict is filled in node order = partition order, so local centers are
-  stacked (k-means averaging) and statistics summed in that order;
-* federated scaling: per-client min/max (or count/mean/M2 for ``standard``) combined as the
-  server does, every client scales its rows with the resulting ``(shift, scale)``;
-* ``rng = default_rng(seed)`` draws ``random_centers(low, high, k, rng)`` for k = k-min..k-max in
-  order; k-means averaging uses ``random_state = seed * 1000 + k`` and k-means++ in round 1 only
-  (``previous = None``), federated averaging starts from ``previous = initial centers``;
-* every round, only the K still moving are sent; K converges (and is no longer sent) once its
-  center shift is ``<= fedfcm.tol``; at most ``fedfcm.max-rounds`` rounds;
-* FedFuzzDB of every K from the clients' ``db_statistics``; ``choose_k``; evaluation ARI from
-  summed contingency tables when ``evaluate`` is true.
+One job here is one in-process Flower FedFCM job without the messages: the same loop, the
+same client steps (:mod:`fedclust.fedfcm.client`), the same partition
+(``client_apps/data.simulated_partition``: client ``l`` holds partition ``l`` of
+``make_partition(partition.kind, ds, P, seed, ...)``), in the same order and with the same
+seeds; ``tests/test_fedfcm_table3_fast.py`` checks that it equals the Flower run.
 
 Jobs whose local FCM input is identical (round 1 of the k-means and federated-averaging jobs of
 one data set, seed and P) reuse the memoised local step, which is a pure function.
@@ -48,15 +37,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedclust import fcm  # noqa: E402
 from fedclust.config import validate, without_foreign_defaults  # noqa: E402
-from fedclust.data import scaling  # noqa: E402
 from fedclust.data.partition import make_partition  # noqa: E402
 from fedclust.data.tabular import Dataset, load_dataset  # noqa: E402
-from fedclust.fedfcm import average, center_shift, labels_from_centers, local_step  # noqa: E402
-from fedclust.metrics import contingency  # noqa: E402
-from fedclust.validity import DBStatistics, choose_k, db_statistics, federated_fuzzy_db  # noqa: E402
-from strategies.fcm_common import combine_scaling, eval_ari  # noqa: E402
+from fedclust.fcm.phases import Replies, Scaling  # noqa: E402
+from fedclust.fedfcm import inmemory, local_step, loop  # noqa: E402
+from fedclust.fedfcm.keys import FedFCMSettings  # noqa: E402
+from fedclust.results import MemoryRecord  # noqa: E402
 
 DIMS = (2, 4, 8, 16, 32, 64, 128, 256)
 SIGMAS = tuple(range(10, 101, 10))
@@ -82,15 +69,14 @@ class LocalStepCache:
         self.store: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
         self.hits = self.calls = 0
 
-    def step(self, key: tuple, x: np.ndarray, centers: np.ndarray, cfg: dict[str, Any]
+    def step(self, key: tuple, x: np.ndarray, centers: np.ndarray, s: FedFCMSettings
              ) -> tuple[np.ndarray, np.ndarray]:
         self.calls += 1
         full = (key, centers.shape, centers.tobytes())
         got = self.store.get(full)
         if got is None:
-            c, s, _ = local_step(x, centers, cfg["fedfcm.m"], cfg["fedfcm.local-tol"],
-                                 cfg["fedfcm.local-max-iter"])
-            got = self.store[full] = (c, s)
+            c, support, _ = local_step(x, centers, s.m, s.local_tol, s.local_max_iter)
+            got = self.store[full] = (c, support)
         else:
             self.hits += 1
         return got
@@ -99,81 +85,40 @@ class LocalStepCache:
         self.store.clear()
 
 
-def server_scaling(parts: list[np.ndarray], kind: str):
-    """``strategies.fcm_common.federated_scaling`` on the clients' ``fcm_stats`` replies."""
-    stats = []
-    for x in parts:
-        st = scaling.column_stats(x)
-        if kind == "standard":   # the client sends the packed array; the server unpacks it
-            stats.append(scaling.ColumnStats.from_array(st.as_array()))
-        else:
-            stats.append(scaling.ColumnStats(0, st.min, st.max, np.zeros_like(st.min),
-                                             np.zeros_like(st.min)))
-    return combine_scaling(stats, kind)
+class CachedClients(inmemory.InMemoryClients):
+    """In-memory FedFCM clients whose local step goes through a :class:`LocalStepCache` (the
+    step is a pure function of the client's rows and the global centers)."""
+
+    def __init__(self, xs: list[np.ndarray], s: FedFCMSettings, ys: list[np.ndarray],
+                 cache: LocalStepCache, data_key: tuple) -> None:
+        super().__init__(xs, s, ys)
+        self.cache, self.data_key = cache, data_key
+
+    def local(self, rnd: int, centers: dict[int, np.ndarray], sc: Scaling
+              ) -> Replies[loop.LocalCenters]:
+        out: Replies[loop.LocalCenters] = Replies()
+        for i in self.ids:
+            if self._silent(i):
+                out.withheld.append(i)
+                continue
+            x = self.scaled(i, sc)
+            out.got[i] = {k: self.cache.step((*self.data_key, i, k), x, centers[k], self.s)
+                          for k in sorted(centers)}
+        return out
 
 
 def fedfcm_job(ds: Dataset, cfg: dict[str, Any], cache: LocalStepCache | None = None
                ) -> dict[str, Any]:
-    """The metrics dict of ``strategies.fedfcm.run`` for run config ``cfg`` (no Flower)."""
+    """The metrics of the FedFCM run for run config ``cfg``: the method's loop over in-memory
+    clients holding the run's partitions."""
     n_clients, seed = int(cfg["num-clients"]), int(cfg["seed"])
     idx = make_partition(cfg["partition.kind"], ds, n_clients, seed,
                          float(cfg["partition.alpha"]), cfg["partition.column"])
-    raw = [ds.x[i] for i in idx]
-    ys = [ds.y[i] for i in idx]
-    shift, scale, low, high = server_scaling(raw, cfg["scaling"])
-    xs = [scaling.apply(x, shift, scale) for x in raw]   # the server always sends scaling
-    data_key = (ds.name, cfg["partition.kind"], n_clients, seed, cfg["scaling"])
-    cache = cache or LocalStepCache()
-
-    rng = np.random.default_rng(cfg["seed"])
-    ks = list(range(cfg["fedfcm.k-min"], cfg["fedfcm.k-max"] + 1))
-    centers = {k: fcm.random_centers(low, high, k, rng) for k in ks}
-    previous: dict[int, np.ndarray | None] = {
-        k: (None if cfg["fedfcm.averaging"] == "kmeans" else centers[k]) for k in ks}
-    rounds_of = {k: 0 for k in ks}
-    active = set(ks)
-    for rnd in range(1, cfg["fedfcm.max-rounds"] + 1):
-        # one message per client carrying the centers of every active K, in node order
-        replies = [{k: cache.step((*data_key, cl, k), x, centers[k], cfg) for k in sorted(active)}
-                   for cl, x in enumerate(xs)]
-        shifts = {}
-        for k in sorted(active):
-            locals_ = [r[k][0] for r in replies]
-            supports = [r[k][1] for r in replies]
-            new = average(cfg["fedfcm.averaging"], locals_, supports, k, previous[k],
-                          seed * 1000 + k)
-            shifts[k] = center_shift(centers[k], new)
-            centers[k], previous[k] = new, new
-            rounds_of[k] = rnd
-        active -= {k for k, s in shifts.items() if s <= cfg["fedfcm.tol"]}
-        if not active:
-            break
-
-    fed_db, aris = [], {}
-    for k in ks:
-        stats = []
-        for x in xs:
-            s = db_statistics(x, centers[k], cfg["fedfcm.m"], cfg["fedfcm.q"])
-            arr = np.concatenate([[s.n], s.spread_sums, s.membership_sums])   # message packing
-            stats.append(DBStatistics(int(arr[0]), arr[1:1 + k], arr[1 + k:]))
-        fed_db.append(federated_fuzzy_db(stats, centers[k], cfg["fedfcm.p"], cfg["fedfcm.q"]))
-        if cfg["evaluate"]:
-            tables = []
-            for x, y in zip(xs, ys):
-                codes, rows = np.unique(y, return_inverse=True)
-                labels = labels_from_centers(x, centers[k])
-                tables.append((codes, contingency(rows.reshape(-1), labels, len(codes), k)))
-            aris[k] = eval_ari(tables)
-    choice = choose_k(ks, fed_db)
-    metrics: dict[str, Any] = {
-        **choice.as_dict(), "fedfuzzdb": dict(zip(map(str, ks), fed_db)),
-        "rounds": {str(k): rounds_of[k] for k in ks}, "unconverged_k": sorted(active),
-        "averaging": cfg["fedfcm.averaging"], "n_clients": n_clients, "dropped_nodes": [],
-    }
-    if cfg["evaluate"]:
-        metrics["eval_ari"] = {str(k): v for k, v in aris.items()}
-        metrics["eval_ari_best_k"] = aris[choice.best_k]
-    return metrics
+    s = FedFCMSettings.from_config(cfg)
+    data_key = (ds.name, cfg["partition.kind"], n_clients, seed, s.scaling)
+    clients = CachedClients([ds.x[i] for i in idx], s, [ds.y[i] for i in idx],
+                            cache or LocalStepCache(), data_key)
+    return loop.run(clients, s, MemoryRecord())
 
 
 def summary_of(cfg: dict[str, Any], metrics: dict[str, Any], seconds: float) -> dict[str, Any]:

@@ -7,10 +7,10 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message
 
-from fedclust import npy
 from fedclust.config import validate
+from strategies.wire import records
 
 
 def run_config(context: Context) -> dict[str, Any]:
@@ -40,42 +40,10 @@ def _validated(items: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...
     return tuple(validate(dict(items)).items())
 
 
-def to_array(value: np.ndarray) -> Array:
-    """``Array(value)`` (the same bytes, C order), without ``numpy.save``'s per-call cost
-    (:mod:`fedclust.npy`)."""
-    dtype, shape, stype, data = npy.array_fields(value)
-    return Array(dtype=dtype, shape=shape, stype=stype, data=data)
-
-
-def to_numpy(array: Array) -> np.ndarray:
-    """``array.numpy()``, without ``numpy.load``'s per-call cost (:mod:`fedclust.npy`)."""
-    return npy.from_array(array)
-
-
 def reply(msg: Message, arrays: Mapping[str, Mapping[str, np.ndarray]] | None = None,
           metrics: Mapping[str, float | int | list] | None = None) -> Message:
     """Build a reply with named ArrayRecords and one MetricRecord ``"metrics"``."""
-    content = RecordDict()
-    for rec_name, named in (arrays or {}).items():
-        content[rec_name] = array_record_of(named)
-    content["metrics"] = MetricRecord(dict(metrics or {}))
-    return Message(content, reply_to=msg)
-
-
-def array_record_of(named: Mapping[str, np.ndarray]) -> ArrayRecord:
-    """``ArrayRecord`` of named arrays (filled key by key: Flower's constructor, which also
-    takes lists and state dicts, costs several times more)."""
-    rec = ArrayRecord()
-    for k, v in named.items():
-        rec[k] = to_array(v)
-    return rec
-
-
-def array_record(content: RecordDict, name: str) -> ArrayRecord | None:
-    """The ArrayRecord ``name`` of ``content`` (None: none of that name and type); what
-    ``content.array_records.get(name)`` gives, without building that view on every call."""
-    rec = content.get(name)
-    return rec if isinstance(rec, ArrayRecord) else None
+    return Message(records.content(arrays, metrics), reply_to=msg)
 
 
 class LazyModule:

@@ -44,8 +44,11 @@ from fedclust.data.partition import make_partition
 from fedclust.data.tabular import OWN_DATA_HELP, Dataset, load_dataset
 
 DATA_KEYS = ("dataset", "data-dir", "seed", "blobs.n-samples", "blobs.centers",
-             "blobs.n-features", "blobs.std", "g2.dim", "g2.sigma")
-PARTITION_KEYS = ("partition.kind", "partition.alpha", "partition.column")
+             "blobs.n-features", "blobs.std", "g2.dim", "g2.sigma", "hf.path", "hf.split",
+             "hf.label-column", "hf.feature-columns", "hf.image-column")
+PARTITION_KEYS = ("partition.kind", "partition.alpha", "partition.column",
+                  "partition.classes-per-client", "partition.shards-per-client",
+                  "partition.sizes")
 
 
 @dataclass
@@ -130,7 +133,7 @@ def _partition(items: tuple[tuple[str, Any], ...], num_parts: int) -> list[np.nd
     cfg = dict(items)
     ds = _dataset(tuple((k, cfg[k]) for k in DATA_KEYS))
     return make_partition(cfg["partition.kind"], ds, num_parts, int(cfg["seed"]),
-                          float(cfg["partition.alpha"]), cfg["partition.column"])
+                          float(cfg["partition.alpha"]), cfg["partition.column"], options=cfg)
 
 
 def simulated_partition(cfg: dict[str, Any], partition_id: int, num_partitions: int

@@ -38,6 +38,7 @@ from fedclust.config import ConfigError
 torch = LazyModule("torch")
 ae = LazyModule("fedclust.fedcref.autoencoder")
 core = LazyModule("fedclust.fedcref.client")
+wire = LazyModule("fedclust.fedcref.wire")
 _initial = LazyModule("fedclust.fedcref.initial")
 
 
@@ -228,7 +229,15 @@ def _models_by_key(rec: ArrayRecord) -> dict[str, ae.Params]:
     for name, arr in rec.items():
         key, _, layer = name.rpartition("/")
         grouped.setdefault(key, {})[layer] = arr.numpy()
-    return {k: ae.from_numpy(v) for k, v in grouped.items()}
+    return {k: ae.from_numpy(wire.decode(v)) for k, v in grouped.items()}
+
+
+def _received(msg: Message) -> ae.Params:
+    """The models of a message's ``models`` record, decoded (none: an empty list)."""
+    if "models" not in msg.content.array_records:
+        return []
+    return ae.from_numpy(wire.decode({k: v.numpy() for k, v
+                                      in msg.content.array_records["models"].items()}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,7 +322,8 @@ def fedcref_local(msg: Message, context: Context) -> Message:
     if bool(conf.get("active", True)) or not ae.n_models(st.models):
         info = core.train_local(st, x, cfg, _client_seed(conf, key))
         seconds = info["seconds"]
-        arrays["models"] = ae.to_numpy(st.models) if ae.n_models(st.models) else {}
+        arrays["models"] = (wire.encode(ae.to_numpy(st.models), cfg["fedcref.wire"])
+                            if ae.n_models(st.models) else {})
         arrays["clusters"] = {"clusters": st.model_clusters}
     elif core.drop_emptied(st, cfg):   # inactive: the clusters left that still have a model
         arrays["clusters"] = {"clusters": st.model_clusters}
@@ -354,7 +364,7 @@ def fedcref_comm(msg: Message, context: Context) -> Message:
     """Algorithm 1 line 22: one FedAvg round of every community this client is in, together."""
     cfg, x, _, st, conf, key = _setup(msg, context)
     t0 = time.perf_counter()
-    params = ae.from_numpy({k: v.numpy() for k, v in msg.content.array_records["models"].items()})
+    params = _received(msg)
     lens = [int(v) for v in conf["members-len"]]
     flat = np.asarray(conf["members-flat"], dtype=np.int64)
     members = np.split(flat, np.cumsum(lens)[:-1])
@@ -367,7 +377,8 @@ def fedcref_comm(msg: Message, context: Context) -> Message:
     if not np.array_equal(before, own["community"]):   # the first round of an iteration
         _save_owner(context, own)
         _keep_owner_results(msg, context, cfg, st, own, len(x), refined=False)
-    return reply(msg, arrays={"models": ae.to_numpy(out), "counts": {"counts": counts}},
+    return reply(msg, arrays={"models": wire.encode(ae.to_numpy(out), cfg["fedcref.wire"]),
+                              "counts": {"counts": counts}},
                  metrics={"seconds": time.perf_counter() - t0})
 
 
@@ -392,8 +403,7 @@ def fedcref_refine(msg: Message, context: Context) -> Message:
     with the previous labeling (stability test)."""
     cfg, x, y, st, conf, _ = _setup(msg, context)
     t0 = time.perf_counter()
-    comm = ae.from_numpy({k: v.numpy() for k, v in msg.content.array_records["models"].items()}) \
-        if "models" in msg.content.array_records else []
+    comm = _received(msg)
     ids = np.asarray(conf.get("communities", list(range(ae.n_models(comm)))), dtype=np.int64)
     lens = [int(v) for v in conf.get("members-len", [0] * len(ids))]
     flat = np.asarray(conf.get("members-flat", []), dtype=np.int64)

@@ -28,11 +28,13 @@ if TYPE_CHECKING:   # pragma: no cover
 EMDCFL_PARTS = ("x_train", "y_train", "x_val", "y_val", "x_test", "y_test")
 
 
-def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any],
+def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any] | None = None,
              labels: Sequence[Any] | None = None, *, seed: int = 0,
-             output_dir: str | Path | None = None, dataset: str = "local",
-             run_config: Mapping[str, Any] | None = None, **params: Any) -> RunResult:
-    """Run a method on one array per client and return its result.
+             output_dir: str | Path | None = None, dataset: Any = "local",
+             run_config: Mapping[str, Any] | None = None, label_column: str | None = None,
+             partitioner: Any = None, feature_columns: Sequence[str] | None = None,
+             image_column: str | None = None, **params: Any) -> RunResult:
+    """Run a method on one array (or pandas DataFrame) per client and return its result.
 
     Parameters
     ----------
@@ -40,21 +42,38 @@ def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any],
         ``"exact-fcm"``, ``"fedfcm"``, ``"fedcref"``, ``"emdcfl"``, or a strategy object
         (:mod:`strategies.methods`, e.g. ``ExactFCM(n_clusters=3)``).
     clients : sequence
-        One entry per client: a 2-D array ``(rows, features)`` (images may be ``(rows, …)``).
-        EMD-CFL trains a classifier: an entry is a mapping with ``x_train``, ``y_train``,
-        ``x_val``, ``y_val``, ``x_test``, ``y_test`` (optional ``cluster``: the true group, for
-        the evaluation path), or an array whose training labels come in ``labels``.
+        One entry per client: a 2-D array ``(rows, features)`` (images may be ``(rows, …)``),
+        or a pandas DataFrame of numeric columns (every client the same columns; the names are
+        kept: ``RunResult.feature_names``, and ``labels``/``memberships`` come back indexed
+        like the rows). EMD-CFL trains a classifier: an entry is a mapping with ``x_train``,
+        ``y_train``, ``x_val``, ``y_val``, ``x_test``, ``y_test`` (optional ``cluster``: the
+        true group, for the evaluation path), or an array whose training labels come in
+        ``labels``.
     labels : sequence, optional
         One label array per client, for the evaluation path only (``eval_*`` metrics): they
         never drive the clustering. For EMD-CFL they are the training targets.
+    label_column : str, optional
+        With DataFrames: the column holding the ground-truth labels, taken out of the features
+        and used as ``labels`` (instead of passing ``labels``).
     seed : int, default 0
         Run config ``seed``.
     output_dir : str or Path, optional
         Where the results go (default: a new folder under ``~/fedclust-runs``); every client's
         own results are in ``<output_dir>/clients/<i>/``.
-    dataset : str, default "local"
+    dataset : str or datasets.Dataset, default "local"
         ``"local"``: the clients' arrays. EMD-CFL's model takes 28×28 grey images with
-        ``"local"``; pass ``"rotdigits"`` for 8×8 ones.
+        ``"local"``; pass ``"rotdigits"`` for 8×8 ones. A Hugging Face ``datasets.Dataset``
+        (with ``partitioner``, instead of ``clients``): each partition is one client.
+    partitioner : flwr_datasets.partitioner.Partitioner, optional
+        Splits ``dataset`` (or the dataset already assigned to it) into the clients:
+        ``partitioner.num_partitions`` clients, client ``i`` = ``load_partition(i)``.
+    feature_columns : sequence of str, optional
+        With ``partitioner``: the feature columns (default: every numeric column but
+        ``label_column``).
+    image_column : str, optional
+        With ``partitioner``: an image column instead of feature columns (FCM methods and
+        FedCRef: each image's pixels as one row; EMD-CFL: the images, with ``label_column``
+        as the training targets).
     run_config : mapping, optional
         Other run-config keys (``plots``, ``timeout`` …).
     **params
@@ -64,8 +83,11 @@ def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any],
     Returns
     -------
     RunResult
-        ``.summary`` (what ``summary.json`` holds), ``.history``, ``.arrays``, ``.run_dir``
-        and, for the FCM methods, ``.centers`` (in the data's units).
+        ``.summary`` (what ``summary.json`` holds), ``.history``, ``.arrays``, ``.run_dir``;
+        for the FCM methods ``.centers`` (in the data's units); every client's own results in
+        memory, by client number: ``.labels`` (FCM methods, FedCRef) and ``.memberships``
+        (FCM methods). With ``plots`` on (the default), ``clusters.png`` in ``run_dir`` shows
+        the clusters of every client's rows (FCM methods, FedCRef on tables).
 
     Raises
     ------
@@ -85,9 +107,34 @@ def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any],
     else:
         raise ConfigError(f"simulate(): unknown method {method_or_strategy!r}. Allowed: "
                           f"{', '.join(STRATEGIES)} or a strategy object")
+    hf_names = None
+    if partitioner is not None or not isinstance(dataset, str):
+        if clients is not None:
+            raise ConfigError("simulate(): give either clients or dataset= with partitioner=, "
+                              "not both")
+        clients, labels, hf_names = _from_partitioner(dataset, partitioner, label_column,
+                                                      feature_columns, image_column,
+                                                      images=strategy.method == "emdcfl")
+        dataset, label_column = "local", None
+        if strategy.method == "emdcfl" and clients and clients[0].shape[1:] == (8, 8):
+            dataset = "rotdigits"      # the model of 8×8 images (28×28: "local")
+    elif clients is None:
+        raise ConfigError("simulate() needs clients (one array or DataFrame per client), or "
+                          "dataset=<datasets.Dataset> with partitioner=<flwr_datasets "
+                          "Partitioner>")
     clients = list(clients)
     if len(clients) < 1:
         raise ConfigError("simulate() needs at least one client array in 'clients'")
+    frames = [_is_frame(c) for c in clients]
+    if label_column is not None and not any(frames):
+        raise ConfigError("simulate(): label_column names a column of pandas DataFrames, and "
+                          "no client is one. Fix: pass labels=[...] with arrays")
+    index, feature_names = None, None
+    if any(frames):
+        if strategy.method == "emdcfl":
+            raise ConfigError("simulate(): EMD-CFL trains on images: DataFrames are not "
+                              "accepted. Allowed: arrays or mappings of x_train, y_train, …")
+        clients, labels, index, feature_names = _from_frames(clients, labels, label_column)
     if labels is not None and len(labels) != len(clients):
         raise ConfigError(f"simulate(): {len(labels)} label arrays for {len(clients)} clients. "
                           f"Fix: one label array per client, or labels=None")
@@ -105,8 +152,125 @@ def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any],
                 _write_rows(i, data, y, path)
                 allow = y is not None
             nodes.append({"data-path": str(path), "allow-evaluation": allow})
-        return _run(strategy, nodes, seed, output_dir, dataset, dict(run_config or {}),
-                    evaluate=any(n["allow-evaluation"] for n in nodes))
+        result = _run(strategy, nodes, seed, output_dir, dataset, dict(run_config or {}),
+                      evaluate=any(n["allow-evaluation"] for n in nodes))
+    result.feature_names = feature_names or hf_names
+    if not emdcfl and result.labels is not None and result.summary["config"].get("plots"):
+        _plot_clusters(result, clients)
+    if index is not None:
+        _as_frames(result, index)
+    return result
+
+
+def _from_partitioner(dataset: Any, partitioner: Any, label_column: str | None,
+                      feature_columns: Sequence[str] | None, image_column: str | None,
+                      images: bool) -> tuple[list[np.ndarray], list[Any] | None, list[str]]:
+    """The clients of a flwr-datasets partitioner over a Hugging Face dataset: features (or
+    images), labels, feature names."""
+    from fedclust.data.hf import arrays_from_hf, is_hf_dataset
+    from fedclust.data.tabular import DatasetError
+
+    if partitioner is None or not hasattr(partitioner, "load_partition"):
+        raise ConfigError("simulate(dataset=<datasets.Dataset>) needs partitioner=<a "
+                          "flwr_datasets.partitioner.Partitioner>, e.g. "
+                          "DirichletPartitioner(num_partitions=5, partition_by='label', "
+                          "alpha=0.5)")
+    if not isinstance(dataset, str):
+        if not is_hf_dataset(dataset):
+            raise ConfigError(f"simulate(): dataset is a {type(dataset).__name__}. Allowed: a "
+                              f"run-config dataset name (str) or a Hugging Face "
+                              f"datasets.Dataset (with partitioner=)")
+        partitioner.dataset = dataset
+    elif not partitioner.is_dataset_assigned():
+        raise ConfigError("simulate(partitioner=...) needs the data: pass dataset=<datasets."
+                          "Dataset>, or assign partitioner.dataset first")
+    xs, ys, names = [], [], []
+    try:
+        for i in range(partitioner.num_partitions):
+            part = partitioner.load_partition(i)
+            x, y, names = arrays_from_hf(part, label_column or "", list(feature_columns or []),
+                                         image_column or "", where=f"simulate(): partition {i}")
+            if images and image_column:
+                x = np.stack([np.asarray(im, dtype=np.float64) for im in part[image_column]])
+            xs.append(x)
+            ys.append(y)
+    except DatasetError as exc:
+        raise ConfigError(str(exc)) from None
+    labels = ys if label_column else None
+    return xs, labels, names
+
+
+def _is_frame(data: Any) -> bool:
+    """A pandas DataFrame (told by its shape of API: pandas is not needed otherwise)."""
+    return hasattr(data, "columns") and hasattr(data, "dtypes") and hasattr(data, "to_numpy")
+
+
+def _from_frames(clients: list[Any], labels: Sequence[Any] | None, label_column: str | None
+                 ) -> tuple[list[np.ndarray], list[Any] | None, list[Any], list[str]]:
+    """DataFrames as arrays: the label column out, every other column numeric and the same in
+    every client; returns (arrays, labels, each client's row index, feature names)."""
+    if labels is not None and label_column is not None:
+        raise ConfigError("simulate(): both labels and label_column were given. Fix: pass one")
+    arrays, ys, index, names = [], [], [], None
+    for i, frame in enumerate(clients):
+        if not _is_frame(frame):
+            raise ConfigError(f"simulate(): client {i} is a {type(frame).__name__} while other "
+                              f"clients are DataFrames. Fix: give every client a DataFrame "
+                              f"with the same columns")
+        columns = [str(c) for c in frame.columns]
+        if label_column is not None:
+            if label_column not in columns:
+                raise ConfigError(f"simulate(): client {i} has no column {label_column!r} "
+                                  f"(label_column). Its columns: {columns}")
+            ys.append(frame[label_column].to_numpy())
+            frame = frame.drop(columns=[label_column])
+            columns = [str(c) for c in frame.columns]
+        bad = [str(c) for c, dtype in zip(frame.columns, frame.dtypes)
+               if getattr(dtype, "kind", "O") not in "biuf"]
+        if bad:
+            raise ConfigError(f"simulate(): client {i}'s column(s) {bad} are not numeric "
+                              f"(dtype {[str(frame[c].dtype) for c in bad]}). Allowed: numeric "
+                              f"columns only. Fix: drop or encode them (pandas.get_dummies), or "
+                              f"name the label column with label_column=")
+        if names is None:
+            names = columns
+        elif columns != names:
+            raise ConfigError(f"simulate(): client {i}'s columns {columns} differ from client "
+                              f"0's {names}. Fix: give every client the same columns in the "
+                              f"same order (df[columns])")
+        arrays.append(frame.to_numpy(dtype=np.float64))
+        index.append(frame.index)
+    return arrays, (ys if label_column is not None else labels), index, names or []
+
+
+def _as_frames(result: RunResult, index: list[Any]) -> None:
+    """Per-client labels and memberships as pandas objects indexed like the input rows."""
+    import pandas as pd
+
+    if result.labels is not None:
+        result.labels = [pd.Series(lab, index=ix, name="cluster")
+                         for lab, ix in zip(result.labels, index)]
+    if result.memberships is not None:
+        result.memberships = [pd.DataFrame(u, index=ix, columns=[f"u{c}" for c in
+                                                                 range(u.shape[1])])
+                              for u, ix in zip(result.memberships, index)]
+
+
+def _plot_clusters(result: RunResult, clients: list[Any]) -> None:
+    """``clusters.png``: every client's rows (all at hand in a notebook) in 2-D, by cluster."""
+    from fedclust.plots import plot_clusters
+
+    xs = [np.asarray(c, dtype=np.float64) for c in clients]
+    if (any(x.ndim != 2 for x in xs) or len(xs) != len(result.labels)
+            or any(len(x) != len(lab) for x, lab in zip(xs, result.labels))):
+        return      # images, or clients without results for every row: no table to draw
+    try:
+        plot_clusters(result.run_dir / "clusters.png", xs, result.labels, result.memberships,
+                      result.centers, result.feature_names)
+    except (ValueError, np.linalg.LinAlgError) as exc:   # the run's results stand without it
+        import logging
+
+        logging.getLogger("fedclust").warning("clusters.png not drawn: %s", exc)
 
 
 def _write_rows(i: int, data: Any, y: Any, path: Path) -> None:
@@ -163,6 +327,9 @@ def _run(strategy: FedclustStrategy, nodes: list[dict[str, Any]], seed: int,
                          node_configs=nodes)
     result = strategy.start(grid, **args)
     _move_owner_results(grid, result)
+    from strategies.methods import _owner_results
+
+    result.labels, result.memberships = _owner_results(result.run_dir)   # now in run_dir
     return result
 
 
@@ -184,6 +351,38 @@ def _move_owner_results(grid: Any, result: RunResult) -> None:
                 shutil.move(str(run_folder), str(dst))
                 moved.append(dst)
     record_tree(*moved)     # in the run folder's manifest: overwrite=true may clear them
+
+
+def check(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """``fedclust check``: the run config as the ServerApp validates it before any message
+    (every key and value, the cross-key rules, the method's preflight: the data files a
+    simulation reads, the site files of ``dataset="files"``); returns the typed config.
+
+    Raises
+    ------
+    ConfigError
+        Or the data checks' own errors (:func:`server_app.sweep.bad_input_errors`).
+    """
+    from strategies.run import check_run_config
+
+    return check_run_config(dict(run_config))
+
+
+def sweep(argv: Sequence[str]) -> int:
+    """``fedclust sweep …``: ``fedclust-sweep`` (:func:`server_app.sweep.main`, Hydra)."""
+    import sys
+
+    from server_app.sweep import main
+
+    saved = sys.argv
+    sys.argv = ["fedclust sweep", *argv]
+    try:
+        main()
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = saved
+    return 0
 
 
 def deploy(argv: Sequence[str]) -> int:

@@ -1,30 +1,156 @@
-"""``fedclust`` command line: ``fedclust predict RUN_DIR DATA --out FILE`` and
-``fedclust deploy up|certs|fleet-gateway`` (:mod:`server_app.deploy`, reached through the
-facade :func:`fedclust.api.deploy`)."""
+"""The ``fedclust`` command line: one entry point for the tools around a run.
+
+``fedclust sweep``   Hydra sweeps (``fedclust-sweep``, :mod:`server_app.sweep`)
+``fedclust report``  mean ± sd (n) per setting of a folder of runs (:mod:`fedclust.report`)
+``fedclust deploy``  a local SuperLink and SuperNodes, certificates, the Fleet gateway
+``fedclust predict`` apply a finished run to new rows (:mod:`fedclust.predict`)
+``fedclust check``   validate a run config offline, as ``flwr run`` would run it
+
+The commands that need the Flower layers (``sweep``, ``deploy``, ``check``'s data checks) reach
+them through the facade :mod:`fedclust.api`.
+"""
 
 from __future__ import annotations
 
+import argparse
+import re
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-COMMANDS = {"predict": "apply a finished run to new rows (fedclust predict --help)",
-            "deploy": "a SuperLink and SuperNodes on this machine, certificates, the Fleet "
-                      "gateway (fedclust deploy --help)"}
+COMMANDS = {
+    "sweep": "run a Hydra sweep of jobs (fedclust sweep --help; same as fedclust-sweep)",
+    "report": "mean ± sd (n) table per setting of a run, sweep or folder of runs "
+              "(fedclust report --help)",
+    "deploy": "a SuperLink and SuperNodes on this machine, certificates, the Fleet gateway "
+              "(fedclust deploy --help)",
+    "predict": "apply a finished run to new rows (fedclust predict --help)",
+    "check": "validate a run config offline: fedclust check --run-config 'fcm.m=1.5 ...'",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] not in COMMANDS:
-        lines = "\n".join(f"  {name:<10} {text}" for name, text in COMMANDS.items())
-        print(f"usage: fedclust <command> ...\ncommands:\n{lines}", file=sys.stderr)
+        lines = "\n".join(f"  {name:<8} {text}" for name, text in COMMANDS.items())
+        known = "" if not args or args[0] in ("-h", "--help") else (
+            f"fedclust: unknown command {args[0]!r}{_close(args[0], list(COMMANDS))}\n")
+        print(f"{known}usage: fedclust <command> ...\ncommands:\n{lines}", file=sys.stderr)
         return 0 if args[:1] in (["-h"], ["--help"]) else 2
-    if args[0] == "deploy":
-        from fedclust.api import deploy
+    command, rest = args[0], args[1:]
+    if command == "report":
+        from fedclust.report import main as report_main
 
-        return deploy(args[1:])
-    from fedclust.predict import main as predict_main
+        return report_main(rest)
+    if command == "predict":
+        from fedclust.predict import main as predict_main
 
-    return predict_main(args[1:])
+        return predict_main(rest)
+    if command == "check":
+        return check_main(rest)
+    from fedclust import api
+
+    return api.deploy(rest) if command == "deploy" else api.sweep(rest)
+
+
+def _close(word: str, choices: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# ----------------------------------------------------------------------------- check
+
+_PAIR = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")
+
+
+def parse_run_config(text: str) -> dict[str, Any]:
+    """``--run-config`` text as ``flwr run`` reads it: ``key=value`` pairs separated by blanks,
+    each value a TOML value (strings in quotes: ``dataset="files"``), or the path of a
+    ``.toml`` file.
+
+    Raises
+    ------
+    ConfigError
+        A pair that is not ``key=value`` or a value TOML cannot read.
+    """
+    from pathlib import Path
+
+    try:
+        import tomllib
+    except ImportError:     # pragma: no cover - Python 3.10
+        import tomli as tomllib
+
+    from fedclust.config import ConfigError
+
+    text = text.strip()
+    if text.endswith(".toml") and "=" not in text:
+        try:
+            return _flatten(tomllib.loads(Path(text).expanduser().read_text()))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"--run-config file {text!r} cannot be read as TOML: "
+                              f"{str(exc).splitlines()[0]}") from None
+    pairs = _PAIR.findall(text)
+    leftover = _PAIR.sub("", text).strip()
+    if leftover:
+        raise ConfigError(f"--run-config: {leftover.split()[0]!r} is not a key=value pair. "
+                          f"Allowed: key=value pairs separated by blanks, strings in double "
+                          f"quotes (dataset=\"files\" fcm.m=1.5)")
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        try:
+            out.update(_flatten(tomllib.loads(f"{key} = {value}")))
+        except tomllib.TOMLDecodeError:
+            raise ConfigError(f"--run-config: the value of {key!r}, {value}, is not a TOML "
+                              f"value. Allowed: a number, true/false, or a string in double "
+                              f"quotes. Fix: {key}=\"{value.strip(chr(39))}\"") from None
+    return out
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def check_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="fedclust check",
+        description="Validate a run config offline, before `flwr run`: every key and value "
+                    "(a mistyped key is named with the close matches), the cross-key rules, "
+                    "and the data the run would read (data-dir files, site files).")
+    parser.add_argument("--run-config", default="", metavar="TEXT",
+                        help="as flwr run's --run-config: 'key=value ...' or a .toml file")
+    parser.add_argument("--num-clients", type=int, default=None,
+                        help="the federation's node count (flwr run: num-supernodes)")
+    parser.add_argument("--no-data", action="store_true",
+                        help="check the keys only, not the data files")
+    args = parser.parse_args(list(argv))
+    from fedclust.config import ConfigError
+
+    try:
+        run_config = parse_run_config(args.run_config)
+        if args.num_clients is not None:
+            run_config.setdefault("num-clients", args.num_clients)
+        if args.no_data:
+            from fedclust.config import validate
+
+            cfg = validate(run_config)
+        else:
+            from fedclust import api
+
+            cfg = api.check(run_config)
+    except (ConfigError, ValueError, OSError) as exc:
+        print(f"fedclust check: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    given = ", ".join(f"{k}={cfg[k]!r}" for k in run_config if k in cfg) or "all defaults"
+    print(f"run config OK: method={cfg['method']!r} dataset={cfg['dataset']!r} ({given})")
+    return 0
 
 
 if __name__ == "__main__":

@@ -42,6 +42,16 @@ def _csv_floats(value: str) -> str | None:
     return None
 
 
+def _csv_ints(value: str) -> str | None:
+    if value == "":
+        return None
+    try:
+        sizes = [int(v) for v in value.split(",")]
+    except ValueError:
+        return "expected comma-separated whole numbers, e.g. '100,200,300'"
+    return None if min(sizes) >= 1 else "every size must be at least 1"
+
+
 SEED_MAX = 2**32 - 1   # scikit-learn's random_state and numpy's RandomState stop here
 
 
@@ -76,7 +86,7 @@ def _folder_path(value: str) -> str | None:
 COMMON_KEYS: list[Key] = [
     Key("method", str, "exact-fcm", "federated clustering method",
         choices=("exact-fcm", "fedfcm", "fedcref", "emdcfl")),
-    Key("dataset", str, "blobs", "dataset name (see README: Datasets)"),
+    Key("dataset", str, "blobs", "dataset name (see docs/datasets.md)"),
     Key("num-clients", int, 0, "number of clients; 0 = as many as the engine has (simulation: "
         "its SuperNodes, each partition partition-id of num-partitions; deployment: the "
         "connected nodes; dataset=files: one per file)", low=0, high=10_000),
@@ -102,11 +112,20 @@ COMMON_KEYS: list[Key] = [
     Key("min-clients", int, 0,
         "deployment: wait for at least this many nodes before starting (0 = num-clients, "
         "or 1 when num-clients is 0; then every connected node takes part)", low=0),
-    Key("partition.kind", str, "iid", "how the dataset is split across clients (simulation)",
-        choices=("iid", "stratified", "column", "recipe", "dirichlet")),
+    Key("partition.kind", str, "iid", "how the dataset is split across clients (simulation): "
+        "fedclust's iid, stratified, column, recipe, dirichlet; flwr-datasets' pathological, "
+        "shard, size, linear (and iid, dirichlet for dataset=hf)",
+        choices=("iid", "stratified", "column", "recipe", "dirichlet", "pathological", "shard",
+                 "size", "linear")),
     Key("partition.alpha", float, 0.5, "Dirichlet concentration for label skew", low=0.0,
         low_open=True),
     Key("partition.column", str, "", "column to split by (kind=column), e.g. 'job'"),
+    Key("partition.classes-per-client", int, 2, "kind=pathological: classes per client",
+        low=1),
+    Key("partition.shards-per-client", int, 2, "kind=shard: label-sorted shards per client",
+        low=1),
+    Key("partition.sizes", str, "", "kind=size: rows per client, comma-separated "
+        "(one per client)", check=_csv_ints),
     Key("scaling", str, "minmax", "federated feature scaling before clustering",
         choices=("none", "minmax", "standard")),
     Key("blobs.n-samples", int, 1500, "points of the generated 'blobs' dataset", low=10),
@@ -115,7 +134,21 @@ COMMON_KEYS: list[Key] = [
     Key("blobs.std", float, 0.6, "standard deviation of 'blobs'", low=0.0, low_open=True),
     Key("g2.dim", int, 2, "G2 set dimension D (file g2-D-sigma)", low=1),
     Key("g2.sigma", int, 10, "G2 set standard deviation sigma (file g2-D-sigma)", low=1),
+    Key("hf.path", str, "", "dataset=hf: a folder written by Hugging Face datasets' "
+        "save_to_disk (offline), or a dataset name on the Hub (network)"),
+    Key("hf.split", str, "train", "dataset=hf: the split of a DatasetDict"),
+    Key("hf.label-column", str, "", "dataset=hf: the ground-truth column (evaluation only; "
+        "label-skew partitions split by it)"),
+    Key("hf.feature-columns", str, "", "dataset=hf: feature columns, comma-separated "
+        "(empty: every numeric column but the label)"),
+    Key("hf.image-column", str, "", "dataset=hf: an image column whose pixels are the "
+        "features (instead of hf.feature-columns)"),
     Key("plots", bool, True, "write PNG plots of the iteration story"),
+    Key("tracker", str, "", "experiment tracker the server also logs the run to: mlflow "
+        "(params, per-round metrics, artifacts; the store MLFLOW_TRACKING_URI names) or "
+        "tensorboard (scalars in <output-dir>/tensorboard); needs pip install "
+        "'fedclust[mlflow]' or 'fedclust[tensorboard]' on the server only",
+        choices=("", "mlflow", "tensorboard")),
 ]
 
 
@@ -398,7 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     check = args.command == "check"
     changed = sync_pyproject(Path(args.pyproject), check=check)
     changed |= sync_method_yamls(Path(args.pyproject).parent / "conf", check=check)
-    changed |= sync_readme(Path(args.pyproject).parent / "README.md", check=check)
+    for page in ("README.md", "docs/run-config.md"):    # wherever the markers are
+        changed |= sync_readme(Path(args.pyproject).parent / page, check=check)
     if check and changed:
         print("run-config keys in pyproject.toml or conf/method/ are out of date: "
               "run `python -m fedclust.config sync`")

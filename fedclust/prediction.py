@@ -8,6 +8,10 @@ from typing import Any
 
 import numpy as np
 
+#: the fix every refusal of a damaged or unknown run folder names
+FIX_RUN = ("point RUN_DIR at the unchanged results folder of a finished run (or a site's own "
+           "results folder), or run the federation again")
+
 
 class PredictError(ValueError):
     """The run folder or the rows cannot be used for prediction."""

@@ -19,10 +19,10 @@ class MethodSpec:
 
 
 METHODS: dict[str, MethodSpec] = {
-    "exact-fcm": MethodSpec(keys=("fedclust.fcm_keys:FCM_KEYS",),
-                            cross_checks=("fedclust.fcm_keys:check_fcm",)),
-    "fedfcm": MethodSpec(keys=("fedclust.fcm_keys:FEDFCM_KEYS",),
-                         cross_checks=("fedclust.fcm_keys:check_fedfcm",)),
+    "exact-fcm": MethodSpec(keys=("fedclust.fcm.keys:FCM_KEYS",),
+                            cross_checks=("fedclust.fcm.keys:check_fcm",)),
+    "fedfcm": MethodSpec(keys=("fedclust.fedfcm.keys:FEDFCM_KEYS",),
+                         cross_checks=("fedclust.fedfcm.keys:check_fedfcm",)),
     "fedcref": MethodSpec(keys=("fedclust.fedcref.keys:KEYS",),
                           cross_checks=("fedclust.fedcref.keys:check",)),
     "emdcfl": MethodSpec(keys=("fedclust.emdcfl.keys:KEYS",),

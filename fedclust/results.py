@@ -19,12 +19,13 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from fedclust import outputs
+from fedclust import outputs, trackers
 from fedclust.outputs import OutputDirError
+from fedclust.trackers import Tracker, open_tracker
 
 LOG = logging.getLogger("fedclust")
 
@@ -67,6 +68,36 @@ class Progress:
         return line
 
 
+class Record(Protocol):
+    """Where a server loop puts what it learns as it runs: one record per round, and arrays.
+    :class:`RunRecorder` writes them to the run's folder; :class:`MemoryRecord` keeps them in
+    memory."""
+
+    history: list[dict[str, Any]]
+    arrays: dict[str, np.ndarray]
+
+    def log_round(self, record: Mapping[str, Any]) -> None:
+        """One round's or iteration's record."""
+
+    def save_array(self, name: str, array: np.ndarray) -> Any:
+        """An array of the run's result, named ``name``."""
+
+
+class MemoryRecord:
+    """A :class:`Record` in memory (runs over in-memory clients, tests): the records as
+    ``history.jsonl`` would hold them, the arrays by name."""
+
+    def __init__(self) -> None:
+        self.history: list[dict[str, Any]] = []
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def log_round(self, record: Mapping[str, Any]) -> None:
+        self.history.append(to_jsonable(dict(record)))
+
+    def save_array(self, name: str, array: np.ndarray) -> None:
+        self.arrays[name] = np.array(array, copy=True)
+
+
 class RunRecorder:
     """Write the results of one run to ``output_dir``.
 
@@ -92,12 +123,23 @@ class RunRecorder:
         self.method, self.dataset, self.seed, self.num_clients = method, dataset, seed, num_clients
         self.config = dict(config)
         self.history: list[dict[str, Any]] = []
+        #: every array saved, by name, as saved (the run's result in memory)
+        self.arrays: dict[str, np.ndarray] = {}
         #: called by :meth:`log_round`; what it returns is added to the record (the server
         #: loop's runner uses it for entries every method shares, e.g. ``excluded_nodes``)
         self.round_notes: Callable[[], Mapping[str, Any]] | None = None
         self.start = time.perf_counter()
         self._history_path = self.dir / "history.jsonl"
         outputs.write_text(self._history_path, "")
+        #: the run-config ``tracker`` (:mod:`fedclust.trackers`): MLflow or TensorBoard get
+        #: every record, the final metrics and the artifacts as well
+        self.tracker: Tracker | None = None
+        try:
+            self.tracker = open_tracker(str(self.config.get("tracker", "")), self.dir,
+                                        self.config)
+        except BaseException as exc:
+            self.interrupted(exc)
+            raise
 
     def log_round(self, record: Mapping[str, Any]) -> None:
         """Append one record (a round/iteration) to ``history.jsonl``."""
@@ -108,9 +150,11 @@ class RunRecorder:
         rec.setdefault("elapsed_s", round(time.perf_counter() - self.start, 4))
         self.history.append(rec)
         outputs.append_line(self._history_path, json.dumps(rec))
+        self.tracker = trackers.safe(self.tracker, "log_round", rec, len(self.history) - 1)
 
     def save_array(self, name: str, array: np.ndarray) -> Path:
-        """Save ``array`` as ``<name>.npy`` (atomically)."""
+        """Save ``array`` as ``<name>.npy`` (atomically), and keep a copy in :attr:`arrays`."""
+        self.arrays[name] = np.array(array, copy=True)
         return outputs.save_npy(self.dir / f"{name}.npy", np.asarray(array))
 
     def save_json(self, name: str, obj: Any) -> Path:
@@ -139,8 +183,10 @@ class RunRecorder:
             "metrics": dict(metrics),
         }
         summary = to_jsonable(summary)
+        self.tracker = trackers.safe(self.tracker, "final", summary)
         outputs.write_json(self.dir / "summary.json", summary)
         (self.dir / RUNNING).unlink(missing_ok=True)
+        self.tracker = trackers.safe(self.tracker, "finish", summary, self.dir)
         LOG.info("results written to %s", self.dir)
         return summary
 
@@ -150,6 +196,7 @@ class RunRecorder:
         outputs.write_json(self.dir / INTERRUPTED, {
             "method": self.method, "error": type(exc).__name__, "message": str(exc)[:2000],
             "wall_time_s": round(time.perf_counter() - self.start, 4)})
+        self.tracker = trackers.safe(getattr(self, "tracker", None), "fail", exc)
 
 
 RUNNING = "RUNNING"            # exists while a run writes to the folder (created exclusively)

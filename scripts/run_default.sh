@@ -5,12 +5,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
 export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
-OUT=${OUT:-$PWD/outputs/default}
+# Results: $OUT if set, else a new folder under ~/fedclust-runs (as every other launcher).
+OUT=${OUT:-}
 python - "$OUT" "$@" <<'PY'
+import re
 import sys
 from server_app.engine import SimulationSuperLink
 out, extra = sys.argv[1], sys.argv[2:]
-cfg = {"output-dir": out}
+cfg = {"output-dir": out} if out else {}
 for item in extra:
     k, _, v = item.partition("=")
     cfg[k] = v
@@ -26,6 +28,8 @@ except bad_input_errors() as exc:
 with SimulationSuperLink() as link:
     res = link.run(cfg, num_supernodes=n)
 print(res.log)
+written = re.findall(r"results written to (\S+)", res.log)
+out = out or (written[-1] if written else "~/fedclust-runs")
 print(f"run {res.run_id}: {res.status} in {res.seconds:.1f}s; results in {out}")
 sys.exit(0 if res.ok else 1)
 PY

@@ -91,8 +91,11 @@ def table(out: Path | list[Path]) -> str:
     import numpy as np
 
     outs = out if isinstance(out, list) else [out]
-    rows = [json.loads(line) for o in outs
-            for line in (Path(o) / "results.jsonl").read_text().splitlines() if line.strip()]
+    rows = [row for o in outs for row in result_rows(Path(o))]
+    if not rows:
+        raise SystemExit(f"no EMD-CFL run under {', '.join(str(o) for o in outs)}: a folder "
+                         f"of this tool's runs holds results.jsonl, any other folder (a Hydra "
+                         f"sweep of method=emdcfl) the runs' summary.json files")
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         c = r["config"]
@@ -136,6 +139,28 @@ def table(out: Path | list[Path]) -> str:
             f"{np.mean([x['num_clusters'] for x in m]):.1f} | "
             f"{np.mean([r['seconds'] for r in rs]):.0f} | {emd} | {clustering} | {overhead} |")
     return "\n".join(lines)
+
+
+def result_rows(folder: Path) -> list[dict[str, Any]]:
+    """The table's rows of one folder: its ``results.jsonl`` (this tool's ``run``), else one row
+    per EMD-CFL ``summary.json`` below it (a Hydra sweep, ``fedclust-sweep -m
+    method=emdcfl …``: one job folder per run), with the run's wall time as its seconds."""
+    results = folder / "results.jsonl"
+    if results.is_file():
+        return [json.loads(line) for line in results.read_text().splitlines() if line.strip()]
+    rows = []
+    for path in sorted(folder.rglob("summary.json")):
+        summary = json.loads(path.read_text())
+        if summary.get("method") != "emdcfl" or "clients" in path.relative_to(folder).parts:
+            continue
+        metrics = summary.get("metrics", {})
+        rows.append({"config": {k: v for k, v in summary.get("config", {}).items()
+                                if k != "output-dir"},
+                     "seconds": summary.get("wall_time_s", 0.0),
+                     "metrics": {k: v for k, v in metrics.items()
+                                 if not isinstance(v, (list, dict))},
+                     "clusters": metrics.get("clusters")})
+    return rows
 
 
 def _setting(key: tuple) -> tuple:
@@ -208,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="table: more output folders whose results.jsonl to include")
     args = parser.parse_args(argv)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if args.command == "run":
+        out.mkdir(parents=True, exist_ok=True)
     if args.command == "eps-sweep":
         grid = args.eps or [0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3]
         print(epsilon_sweep(Path(args.run_dir), grid))

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from fedclust import npy
+from strategies.wire.records import array_record, to_array, to_numpy  # noqa: F401
 
 LOG = logging.getLogger("fedclust")
 
@@ -494,32 +494,7 @@ def eval_coverage(method: str, nodes: int, of_nodes: int, rows: int) -> dict[str
 # ----------------------------------------------------------------------------------------------
 # Record builders / readers
 
-def to_array(value: np.ndarray) -> Array:
-    """``Array(value)`` (the same bytes, C order), without ``numpy.save``'s per-call cost
-    (:mod:`fedclust.npy`)."""
-    dtype, shape, stype, data = npy.array_fields(value)
-    return Array(dtype=dtype, shape=shape, stype=stype, data=data)
-
-
-def to_numpy(array: Array) -> np.ndarray:
-    """``array.numpy()``, without ``numpy.load``'s per-call cost (:mod:`fedclust.npy`)."""
-    return npy.from_array(array)
-
-
-def arrays(**named: np.ndarray) -> ArrayRecord:
-    """ArrayRecord from keyword arrays (names kept; filled key by key: Flower's constructor,
-    which also takes lists and state dicts, costs several times more)."""
-    rec = ArrayRecord()
-    for k, v in named.items():
-        rec[k] = to_array(v)
-    return rec
-
-
-def array_record(content: RecordDict, name: str) -> ArrayRecord | None:
-    """The ArrayRecord ``name`` of ``content`` (None: none of that name and type); what
-    ``content.array_records.get(name)`` gives, without building that view on every call."""
-    rec = content.get(name)
-    return rec if isinstance(rec, ArrayRecord) else None
+arrays = array_record
 
 
 def read_arrays(record: ArrayRecord) -> dict[str, np.ndarray]:

@@ -1,6 +1,6 @@
 """What the server accepts from a node, message by message, for EMD-CFL and its baselines. The
 node side of each message is :mod:`client_apps.emdcfl_handlers`; the checks use the vocabulary
-of :mod:`strategies.replies`.
+of :mod:`strategies.wire.replies`.
 
 =========================  ===================  ==============================================
 message                    field                accepted
@@ -34,8 +34,8 @@ excluded from the phase and recorded (``history.jsonl`` ``dropped_nodes`` and
 ``excluded_nodes``, ``summary.json`` ``excluded_nodes``); the phase continues with the other
 clients unless too few are left (:func:`strategies.common.require_honest`).
 
-Every factory returns a :data:`~strategies.replies.Check` or, where the node matters (what it
-was sent, what it declared before), a :data:`~strategies.replies.NodeCheck`.
+Every factory returns a :data:`~strategies.wire.replies.Check` or, where the node matters (what it
+was sent, what it declared before), a :data:`~strategies.wire.replies.NodeCheck`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from flwr.app import RecordDict
 
-from strategies.replies import (
+from strategies.wire.replies import (
     Check,
     NodeCheck,
     arrays_exactly,

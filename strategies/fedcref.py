@@ -34,14 +34,14 @@ the explicit ``association=perfect`` baseline, which refuses to run without ever
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
-from fedclust.fedcref import algorithm
+from fedclust.fedcref import algorithm, wire
 from fedclust.fedcref import autoencoder as ae
 from fedclust.fedcref.algorithm import Contribution, LocalReply, Model, Node, RefineReply
 from fedclust.fedcref.client import hidden_sizes
@@ -51,6 +51,8 @@ from strategies.common import (
     Exchange,
     check_each,
     connected_clients,
+    name_nodes,
+    require_honest,
     result_record,
     send_and_collect,
 )
@@ -98,8 +100,23 @@ def _metrics(content: RecordDict, *names: str) -> str | None:
     for name in names:
         if name not in met:
             return f"metrics lack '{name}'"
-        if not np.all(np.isfinite(np.asarray(met[name], dtype=float))):
+        value = met[name]
+        if isinstance(value, list) or isinstance(value, bool):
+            return f"metric '{name}' is not a number"
+        if not np.isfinite(float(value)):
             return f"metric '{name}' is not finite"
+    return None
+
+
+def _whole(content: RecordDict, name: str, low: int, high: int) -> str | None:
+    """Metric ``name`` is a whole number in ``[low, high]``."""
+    problem = _metrics(content, name)
+    if problem:
+        return problem
+    value = content.metric_records["metrics"][name]
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if not whole or not low <= int(value) <= high:
+        return f"metric '{name}' = {value} is not a whole number in [{low}, {high}]"
     return None
 
 
@@ -111,77 +128,144 @@ def model_shapes(sizes: list[int], rows: int) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def _models(content: RecordDict, name: str, shapes: dict[str, tuple[int, ...]]) -> str | None:
-    """Array record ``name`` holds exactly the arrays ``shapes`` names, of those shapes, finite."""
+def decoded(content: RecordDict, name: str) -> dict[str, np.ndarray]:
+    """The float32 model arrays of array record ``name`` (any ``fedcref.wire`` format)."""
+    return wire.decode({k: v.numpy() for k, v in content.array_records[name].items()})
+
+
+def _models(content: RecordDict, name: str, shapes: dict[str, tuple[int, ...]],
+            bound: Callable[[str], float] | None = None,
+            near: dict[str, np.ndarray] | None = None, reach: float = 0.0) -> str | None:
+    """Array record ``name`` holds, once decoded (:mod:`fedclust.fedcref.wire`), exactly the
+    arrays ``shapes`` names, of those shapes, finite; with ``bound``, no weight beyond
+    ``bound(array name)`` in absolute value; with ``near``, no weight further than ``reach``
+    (plus two int8 rounding steps) from the same weight of ``near``."""
     if name not in content.array_records:
         return f"missing array record '{name}'"
-    rec = content.array_records[name]
+    raw = {k: v.numpy() for k, v in content.array_records[name].items()}
+    problem = wire.problem(raw)
+    if problem:
+        return f"'{name}': {problem}"
+    rec = wire.decode(raw)
     if set(rec) != set(shapes):
         return f"'{name}' has arrays {sorted(rec)}, expected {sorted(shapes)}"
     for k, shape in shapes.items():
-        a = rec[k].numpy()
+        a = rec[k]
         if a.shape != shape:
             return f"'{name}.{k}' has shape {a.shape}, expected {shape}"
         if not np.all(np.isfinite(a)):
             return f"'{name}.{k}' has non-finite values"
+        if bound is not None and np.any(np.abs(a) > bound(k)):
+            return (f"'{name}.{k}' has weights up to {float(np.abs(a).max()):.3g}, beyond what "
+                    f"its training can reach")
+        if near is not None:
+            moved = np.abs(a - near[k]) - 2.0 * _int8_step(near[k])
+            if np.any(moved > reach + 1e-3):
+                return (f"'{name}.{k}' moved {float(moved.max()):.3g} from the model it was "
+                        f"sent, beyond the {reach:.3g} its local epochs can move it")
     return None
 
 
-def _check_local(content: RecordDict, sizes: list[int] | None, hidden: list[int]
-                 ) -> str | None:
-    """Reply of ``train.fedcref_local``: k, identity key, version, the list of modelled
-    clusters and, after a (re)training, the stacked models (layer sizes ``sizes`` once known,
-    else those its own input width implies)."""
-    problem = _metrics(content, "k", "key", "version")
+# Adam moves a weight by at most lr · (1 − β1) / √(1 − β2) ≈ 3.2 lr per step (β1 0.9, β2
+# 0.999); the checks allow 4 lr per step, plus two int8 rounding steps.
+ADAM_STEP = 4.0
+
+
+def steps(epochs: int, rows: int, batch: int) -> int:
+    """Optimizer steps of ``epochs`` epochs over ``rows`` samples in batches of ``batch``."""
+    return int(epochs) * max(1, -(-int(rows) // int(batch)))
+
+
+def fresh_bound(cfg: dict[str, Any], sizes: list[int], rows: int) -> Callable[[str], float]:
+    """The largest weight a cluster model freshly trained on at most ``rows`` samples can
+    hold: its initialisation bound (:func:`fedclust.fedcref.autoencoder.init_params`) plus
+    what ``ae-epochs`` epochs of Adam can add."""
+    reach = ADAM_STEP * cfg["fedcref.lr"] * steps(cfg["fedcref.ae-epochs"], rows,
+                                                  cfg["fedcref.batch-size"])
+
+    def bound(name: str) -> float:
+        fan_in, fan_out = sizes[int(name[1:])], sizes[int(name[1:]) + 1]
+        if cfg["fedcref.ae-init"] == "torch":
+            init = 1.0 / np.sqrt(fan_in)
+        else:   # keras: glorot-uniform weights, zero biases
+            init = np.sqrt(6.0 / (fan_in + fan_out)) if name[0] == "W" else 0.0
+        return 1.01 * init + reach + 1e-3
+
+    return bound
+
+
+def _check_local(content: RecordDict, sizes: list[int] | None, hidden: list[int],
+                 cfg: dict[str, Any] | None = None) -> str | None:
+    """Reply of ``train.fedcref_local``: k, identity key, version, row count, the list of
+    modelled clusters and, after a (re)training, the stacked models (layer sizes ``sizes``
+    once known, else those its own input width implies), of weights its training can reach."""
+    problem = (_whole(content, "n", 1, 2**53) or _whole(content, "key", 0, 2**63 - 1)
+               or _whole(content, "version", 0, 2**53))
+    if problem:
+        return problem
+    n = int(content.metric_records["metrics"]["n"])
+    problem = _whole(content, "k", 1, n)
     if problem:
         return problem
     k = int(content.metric_records["metrics"]["k"])
-    if k < 1:
-        return f"k = {k} < 1"
     if "models" in content.array_records and "clusters" not in content.array_records:
         return "models without array record 'clusters'"
     if "clusters" in content.array_records:
         clusters = content.array_records["clusters"]["clusters"].numpy()
-        if clusters.ndim != 1 or np.any(clusters < 0) or np.any(clusters >= k) \
-                or len(np.unique(clusters)) != len(clusters):
+        if clusters.ndim != 1 or clusters.dtype.kind not in "iu" or np.any(clusters < 0) \
+                or np.any(clusters >= k) or len(np.unique(clusters)) != len(clusters):
             return (f"'clusters' must list distinct local clusters in 0..{k - 1}, got "
-                    f"{clusters.tolist()}")
+                    f"{clusters.dtype} {clusters.shape}")
     if "models" in content.array_records:
-        w0 = content.array_records["models"].get("W0")
+        rec = content.array_records["models"]
+        w0 = rec.get("W0", rec.get("W0.q"))
         if w0 is None or w0.numpy().ndim != 3:
             return "'models' lacks a 3-D 'W0'"
         dims = sizes or ae.layer_sizes(int(w0.numpy().shape[1]), hidden)
-        problem = _models(content, "models", model_shapes(dims, len(clusters)))
-    return problem or _check_hist(content, k)
+        bound = fresh_bound(cfg, dims, n) if cfg is not None else None
+        problem = _models(content, "models", model_shapes(dims, len(clusters)), bound)
+    return problem or _check_hist(content, k, n)
 
 
-def _check_hist(content: RecordDict, k: int) -> str | None:
+def _check_hist(content: RecordDict, k: int, n: int | None = None) -> str | None:
+    """Evaluation statistics: (k, classes) non-negative whole counts, at most ``n`` in all."""
     if "eval" in content.array_records:
         h = content.array_records["eval"]["hist"].numpy()
-        if h.ndim != 2 or h.shape[0] != k:
+        if h.ndim != 2 or h.shape[0] != k or h.shape[1] < 1:
             return f"'eval.hist' has shape {h.shape}, expected ({k}, classes)"
+        if h.dtype.kind not in "iu" or np.any(h < 0):
+            return "'eval.hist' must hold non-negative whole counts"
+        if n is not None and int(h.sum()) > n:
+            return f"'eval.hist' counts {int(h.sum())} rows, more than the node's {n}"
     return None
 
 
 def _check_accept(content: RecordDict, k: int, n_foreign: int) -> str | None:
-    """Reply of ``query.fedcref_assoc``: a (k, n_foreign) accept matrix or missing keys."""
+    """Reply of ``query.fedcref_assoc``: a (k, n_foreign) matrix of bits or missing keys."""
     met = content.metric_records.get("metrics")
-    miss = list(met.get("missing", [])) if met is not None else []
+    miss = met.get("missing", []) if met is not None else []
+    if not isinstance(miss, list):
+        return "'missing' must be a list of model positions"
     if miss:
-        if any(not 0 <= int(i) < n_foreign for i in miss):
+        if any(float(i) != int(i) or not 0 <= int(i) < n_foreign for i in miss):
             return f"'missing' indices outside 0..{n_foreign - 1}"
         return None
     if "accept" not in content.array_records:
         return "neither 'accept' nor 'missing' in the reply"
-    shape = content.array_records["accept"]["accept"].numpy().shape
-    if shape != (k, n_foreign):
-        return f"'accept' has shape {shape}, expected {(k, n_foreign)}"
+    bits = content.array_records["accept"]["accept"].numpy()
+    if bits.shape != (k, n_foreign):
+        return f"'accept' has shape {bits.shape}, expected {(k, n_foreign)}"
+    if bits.dtype.kind not in "biu" or not np.isin(bits, (0, 1)).all():
+        return "'accept' must hold bits (0 or 1)"
     return None
 
 
-def _check_comm(content: RecordDict, shapes: dict[str, tuple[int, ...]]) -> str | None:
-    """Reply of ``train.fedcref_comm``: the models it was sent (same names and shapes), trained,
-    and one sample count per community."""
+def _check_comm(content: RecordDict, shapes: dict[str, tuple[int, ...]],
+                sent: dict[str, np.ndarray] | None = None, rows: int | None = None,
+                cfg: dict[str, Any] | None = None) -> str | None:
+    """Reply of ``train.fedcref_comm``: the models it was sent (same names and shapes), trained
+    (no weight further from the one sent than ``fl-local-epochs`` epochs of Adam on the
+    node's ``rows`` can move it), and one whole sample count per community, at most ``rows``."""
     problem = _models(content, "models", shapes)
     if problem:
         return problem
@@ -189,18 +273,39 @@ def _check_comm(content: RecordDict, shapes: dict[str, tuple[int, ...]]) -> str 
     if "counts" not in content.array_records:
         return "missing array record 'counts'"
     counts = content.array_records["counts"]["counts"].numpy()
-    if counts.shape != (n_comm,) or np.any(counts < 0) or not np.all(np.isfinite(counts)):
-        return f"'counts' must be {n_comm} non-negative numbers, got shape {counts.shape}"
-    return None
+    whole = counts.dtype.kind in "iuf" and np.all(np.isfinite(counts)) \
+        and np.all(counts == np.round(counts))
+    if counts.shape != (n_comm,) or not whole or np.any(counts < 0) \
+            or (rows is not None and np.any(counts > rows)):
+        return (f"'counts' must be {n_comm} whole numbers in [0, {rows}], got "
+                f"{counts.dtype} {counts.shape}")
+    if sent is None or cfg is None:
+        return None
+    reach = ADAM_STEP * cfg["fedcref.lr"] * steps(cfg["fedcref.fl-local-epochs"],
+                                                  int(counts.max(initial=0)),
+                                                  cfg["fedcref.batch-size"])
+    return _models(content, "models", shapes, near=sent, reach=reach)
 
 
-def _check_refine(content: RecordDict, n_confirmed: int | None = None) -> str | None:
+def _int8_step(a: np.ndarray) -> np.ndarray:
+    """One int8 rounding step of a stack of weight matrices (0 for biases)."""
+    if a.ndim == 3 and a.shape[1] > 1:
+        return np.abs(a).max(axis=1, keepdims=True) / 127.0
+    return np.zeros_like(a)
+
+
+def _check_refine(content: RecordDict, n_confirmed: int | None = None,
+                  k: int | None = None, rows: int | None = None) -> str | None:
     """Reply of ``train.fedcref_refine``: the agreement in [0, 1], the community share in
     [0, 1] when sent, and with ``refine=covered`` one confirmation bit per community sent."""
     problem = _metrics(content, "agreement")
     if problem:
         return problem
     met = content.metric_records["metrics"]
+    if "community-share" in met:
+        problem = _metrics(content, "community-share")
+        if problem:
+            return problem
     for name in ("agreement", "community-share"):
         if name in met and not 0.0 <= float(met[name]) <= 1.0:
             return f"metric '{name}' = {met[name]} outside [0, 1]"
@@ -210,9 +315,10 @@ def _check_refine(content: RecordDict, n_confirmed: int | None = None) -> str | 
         bits = content.array_records["confirmed"]["confirmed"].numpy()
         if bits.shape != (n_confirmed,) or not np.isin(bits, (0, 1)).all():
             return f"'confirmed' must be {n_confirmed} bits, got shape {bits.shape}"
-    if "eval" in content.array_records and content.array_records["eval"]["hist"].numpy().ndim != 2:
-        return "'eval.hist' must be 2-D"
-    return None
+    if k is None:
+        return None if "eval" not in content.array_records else (
+            "'eval.hist' from a node that declared no clusters")
+    return _check_hist(content, k, rows)
 
 
 def _hist(content: RecordDict) -> np.ndarray | None:
@@ -285,6 +391,7 @@ class FlowerClients:
         self.traffic = _Traffic()
         self.dropped_now: dict[str, dict[int, str]] = {}
         self.dropped: set[int] = set()
+        self.declared: dict[int, tuple[int, int, int]] = {}   # node -> (key, rows, k)
 
     def _account(self, phase: str, ex: Exchange, part: str) -> None:
         self.traffic.add(phase, ex)
@@ -300,11 +407,20 @@ class FlowerClients:
                 "active": nid in act, "iteration": t, "seed": seed}),
                 "result": result_record(self.result)})
 
+        # warm-started models carry earlier iterations' training: only their shapes and
+        # finiteness are checked
+        limits = None if self.cfg["fedcref.warm-start"] else self.cfg
+
         def check(nid: int, c: RecordDict) -> str | None:
-            problem = _check_local(c, self.layer, self.hidden)
+            problem = _check_local(c, self.layer, self.hidden, limits)
+            if problem is None and nid in self.declared:
+                met = c.metric_records["metrics"]
+                now = (int(met["key"]), int(met["n"]), int(met["k"]))
+                if now != self.declared[nid]:
+                    problem = (f"identity key, rows or k changed during the run: "
+                               f"{self.declared[nid]} -> {now}")
             if problem is None and self.layer is None and "models" in c.array_records:
-                self.layer = ae.layer_sizes(c.array_records["models"]["W0"].numpy().shape[1],
-                                            self.hidden)
+                self.layer = ae.layer_sizes(decoded(c, "models")["W0"].shape[1], self.hidden)
             return problem
 
         ex = send_and_collect(self.grid, self.nodes, content, "train.fedcref_local",
@@ -314,12 +430,17 @@ class FlowerClients:
             raise RuntimeError(
                 f"FedCRef iteration {t}: no client answered the local phase; reasons: "
                 + "; ".join(f"node {n}: {why}" for n, why in sorted(ex.failed.items())))
+        require_honest(ex, f"local-{t}", len(ex.replies), len(self.nodes), self.cfg)
+        for nid, c in ex.replies.items():
+            met = c.metric_records["metrics"]
+            self.declared.setdefault(nid, (int(met["key"]), int(met["n"]), int(met["k"])))
         if t == 1:
             # client order (and so community order) by the clients' own identity keys, not by
             # node ids, which differ between engines and runs (see client_key)
             self.nodes = order_by_client_key(self.nodes, {
                 nid: int(c.metric_records["metrics"]["key"]) for nid, c in ex.replies.items()})
             self.index = {nid: i for i, nid in enumerate(self.nodes)}
+            name_nodes({nid: f"client {i}" for nid, i in self.index.items()})
         self._account("local_training", ex, "local")
         LOG.info("iteration %d: local training %.1fs", t, ex.seconds)
         out: dict[int, LocalReply] = {}
@@ -333,12 +454,14 @@ class FlowerClients:
                 reply.modelled = clusters
                 if "models" in c.array_records:
                     rec = c.array_records["models"]
+                    models = decoded(c, "models")
                     reply.models = {}
                     for j, q in enumerate(clusters):
-                        arrays = {name: rec[name].numpy()[j:j + 1] for name in rec}
-                        reply.models[q] = arrays
+                        reply.models[q] = {name: a[j:j + 1] for name, a in models.items()}
+                        # relayed for cross-evaluation as sent, in the wire format
                         self.arrays[_key((i, q), reply.version)] = {
-                            name: Array(a) for name, a in arrays.items()}
+                            name: Array(np.ascontiguousarray(rec[name].numpy()[j:j + 1]))
+                            for name in rec}
             if reply.hist is not None:
                 self.hists[i] = reply.hist
             out[i] = reply
@@ -356,8 +479,9 @@ class FlowerClients:
             del self.arrays[key]
         for node, (_, model) in models.items():
             if keys_all[node] not in self.arrays:
-                self.arrays[keys_all[node]] = {k: Array(np.ascontiguousarray(v))
-                                               for k, v in model.items()}
+                self.arrays[keys_all[node]] = {
+                    k: Array(np.ascontiguousarray(v))
+                    for k, v in wire.encode(model, self.cfg["fedcref.wire"]).items()}
 
         def foreign(nid: int) -> list[Node]:
             return [node for node in models if node[0] != self.index[nid]]
@@ -381,6 +505,7 @@ class FlowerClients:
         ex = send_and_collect(self.grid, [self.nodes[i] for i in asked], content,
                               "query.fedcref_assoc", f"assoc-{t}", self.timeout)
         check_each(ex, check, f"assoc-{t}")
+        require_honest(ex, f"assoc-{t}", len(ex.replies), len(asked), self.cfg)
         self.traffic.add("cross_evaluation", ex)
         retry = {}
         for nid, c in ex.replies.items():
@@ -421,7 +546,8 @@ class FlowerClients:
             mine = members[self.index[nid]]
             gs = [g for g, _ in mine]
             return RecordDict({
-                "models": _arrays({k: v[gs] for k, v in np_params.items()}),
+                "models": _arrays(wire.encode({k: v[gs] for k, v in np_params.items()},
+                                              self.cfg["fedcref.wire"])),
                 "config": ConfigRecord({
                     "communities": gs, "members-len": [len(qs) for _, qs in mine],
                     "members-flat": [q for _, qs in mine for q in qs], "seed": seed}),
@@ -431,13 +557,22 @@ class FlowerClients:
         targets = [self.nodes[ci] for ci in sorted(members)]
         shapes = {nid: model_shapes(self.layer, len(members[self.index[nid]]))
                   for nid in targets}
+        fmt = self.cfg["fedcref.wire"]
+
+        def check(nid: int, c: RecordDict) -> str | None:
+            gs = [g for g, _ in members[self.index[nid]]]
+            sent = wire.roundtrip({k: v[gs] for k, v in np_params.items()}, fmt)
+            return _check_comm(c, shapes[nid], sent, self.declared.get(nid, (0, None))[1],
+                               self.cfg)
+
         ex = send_and_collect(self.grid, targets, content, "train.fedcref_comm",
                               f"comm-{t}-{rnd}", self.timeout)
-        check_each(ex, lambda nid, c: _check_comm(c, shapes[nid]), f"comm-{t}-{rnd}")
+        check_each(ex, check, f"comm-{t}-{rnd}")
+        require_honest(ex, f"comm-{t}-{rnd}", len(ex.replies), len(targets), self.cfg)
         self._account("community_training", ex, "comm")
         out: dict[int, list[Contribution]] = {}
         for nid, c in ex.replies.items():
-            got = ae.from_numpy({k: v.numpy() for k, v in c.array_records["models"].items()})
+            got = ae.from_numpy(decoded(c, "models"))
             counts = c.array_records["counts"]["counts"].numpy()
             out[self.index[nid]] = [
                 Contribution(g, [p[j:j + 1] for p in got], float(counts[j]))
@@ -462,15 +597,18 @@ class FlowerClients:
                 "members-flat": [q for qs in mine for q in qs]}),
                 "result": result_record(self.result)})
             if len(ids):
-                c["models"] = _arrays({k: v[ids] for k, v in np_params.items()})
+                c["models"] = _arrays(wire.encode({k: v[ids] for k, v in np_params.items()},
+                                                  self.cfg["fedcref.wire"]))
             return c
 
         def check(nid: int, c: RecordDict) -> str | None:
-            return _check_refine(c, sent[nid] if mode == "covered" else None)
+            _, rows, k = self.declared.get(nid, (None, None, None))
+            return _check_refine(c, sent[nid] if mode == "covered" else None, k, rows)
 
         ex = send_and_collect(self.grid, [self.nodes[i] for i in targets], content,
                               "train.fedcref_refine", f"refine-{t}", self.timeout)
         check_each(ex, check, f"refine-{t}")
+        require_honest(ex, f"refine-{t}", len(ex.replies), len(targets), self.cfg)
         self._account("refinement", ex, "refine")
         out = {}
         for nid, c in ex.replies.items():
@@ -539,8 +677,10 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     from fedclust.fedcref.predict import COMMUNITY_MODELS, save_models
 
     if ae.n_models(comm_params):
-        save_models(recorder.path(COMMUNITY_MODELS), comm_params,
-                    np.arange(ae.n_models(comm_params)))
+        # as the clients received them (in the wire format), so that the server's models and
+        # the copies in the clients' models.npz are the same numbers
+        sent = ae.from_numpy(wire.roundtrip(ae.to_numpy(comm_params), cfg["fedcref.wire"]))
+        save_models(recorder.path(COMMUNITY_MODELS), sent, np.arange(ae.n_models(sent)))
     else:   # no community at the end (and none left from an earlier run in this folder)
         recorder.path(COMMUNITY_MODELS).unlink(missing_ok=True)
     if cfg["plots"]:

@@ -27,7 +27,8 @@ iteration; EMD-CFL clusters once between rounds), so each class overrides
 The constructor parameters are the method's run-config keys (``fcm.n-clusters`` →
 ``n_clusters``); :meth:`FedclustStrategy.run_config` turns them back into keys, validated by
 the same schema as ``flwr run --run-config`` (:mod:`fedclust.config`). ``start`` goes through
-:func:`strategies.run.run_method`, the ServerApp's own path.
+:func:`strategies.run.execute`, the ServerApp's own path, and returns the run as it built it
+(the files are written too, never read back).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from fedclust.config import ConfigError, all_keys
+from fedclust.results import RunRecorder
 
 LOG = logging.getLogger("fedclust")
 
@@ -66,11 +68,24 @@ class RunResult(Result):
         One record per round/iteration (``history.jsonl``).
     run_dir : Path
         The run's folder (plots, models, ``summary.json``).
+    labels : list of ndarray, or None
+        Each client's cluster of every row, in row order, by client number (the folders
+        ``clients/<i>/``; exact FCM, FedFCM at the chosen K, FedCRef), from
+        :func:`fedclust.simulate` and :meth:`from_dir` (on an engine the clients keep them:
+        ``start`` leaves None). ``simulate`` gives pandas Series with the rows' index when the
+        client's data was a DataFrame.
+    memberships : list of ndarray (rows, clusters), or None
+        Each client's fuzzy memberships (exact FCM, FedFCM), as ``labels``.
+    feature_names : list of str, or None
+        The feature columns (:func:`fedclust.simulate` with DataFrames).
     """
 
     summary: dict[str, Any] = field(default_factory=dict)
     history: list[dict[str, Any]] = field(default_factory=list)
     run_dir: Path | None = None
+    labels: list[Any] | None = None
+    memberships: list[Any] | None = None
+    feature_names: list[str] | None = None
 
     @property
     def metrics(self) -> dict[str, Any]:
@@ -85,6 +100,14 @@ class RunResult(Result):
         return None
 
     @classmethod
+    def from_recorder(cls, summary: dict[str, Any], recorder: RunRecorder) -> RunResult:
+        """The run as ``recorder`` holds it in memory, with its ``summary``."""
+        arrays = ArrayRecord({name: _array(recorder.arrays[name])
+                              for name in sorted(recorder.arrays, key=lambda n: f"{n}.npy")})
+        return cls(arrays=arrays, summary=summary, history=list(recorder.history),
+                   run_dir=recorder.dir)
+
+    @classmethod
     def from_dir(cls, run_dir: str | Path) -> RunResult:
         """Read a finished run's folder (``summary.json``, ``history.jsonl``, ``*.npy``)."""
         run_dir = Path(run_dir)
@@ -93,7 +116,28 @@ class RunResult(Result):
         history = ([json.loads(line) for line in history_path.read_text().splitlines() if line]
                    if history_path.exists() else [])
         arrays = ArrayRecord({p.stem: _array(np.load(p)) for p in sorted(run_dir.glob("*.npy"))})
-        return cls(arrays=arrays, summary=summary, history=history, run_dir=run_dir)
+        labels, memberships = _owner_results(run_dir)
+        return cls(arrays=arrays, summary=summary, history=history, run_dir=run_dir,
+                   labels=labels, memberships=memberships)
+
+
+def _owner_results(run_dir: Path) -> tuple[list[np.ndarray] | None, list[np.ndarray] | None]:
+    """Every ``clients/<i>/assignments.csv`` (``row,label[,u0,…]``) of a run folder, by ``i``:
+    the labels and, where written, the memberships; ``(None, None)`` without them."""
+    folders = sorted((p for p in (run_dir / "clients").glob("*")
+                      if p.name.isdigit() and (p / "assignments.csv").is_file()),
+                     key=lambda p: int(p.name))
+    if not folders:
+        return None, None
+    labels, memberships = [], []
+    for folder in folders:
+        path = folder / "assignments.csv"
+        header = path.read_text().split("\n", 1)[0].split(",")
+        table = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2)
+        labels.append(table[:, header.index("label")].astype(np.int64))
+        u = [i for i, name in enumerate(header) if name.startswith("u") and name[1:].isdigit()]
+        memberships.append(table[:, u] if u else None)
+    return labels, (memberships if all(m is not None for m in memberships) else None)
 
 
 def _array(a: np.ndarray):
@@ -115,6 +159,9 @@ class FedclustStrategy(Strategy):
     def __init__(self, **params: Any) -> None:
         self.params = dict(params)
         self.run_config()    # bad names and values are refused here, before any run
+        #: ``(raw run config, its validation)`` when :func:`from_run_config` built this
+        #: object: :meth:`start` with the same run config does not validate it again
+        self._validated: tuple[dict[str, Any], dict[str, Any]] | None = None
 
     # ------------------------------------------------------------------ parameters ↔ keys
     @classmethod
@@ -187,8 +234,9 @@ class FedclustStrategy(Strategy):
 
         cfg = self.full_run_config(dataset=dataset, seed=seed, output_dir=output_dir,
                                    evaluate=evaluate, timeout=timeout, run_config=run_config)
-        _, run_dir = execute(grid, cfg)
-        return RunResult.from_dir(run_dir)
+        raw, validated = self._validated or (None, None)
+        summary, recorder = execute(grid, cfg, validated if raw == cfg else None)
+        return RunResult.from_recorder(summary, recorder)
 
     def full_run_config(self, *, dataset: str | None = None, seed: int | None = None,
                         output_dir: str | Path | None = None, evaluate: bool | None = None,
@@ -347,10 +395,21 @@ class FedCRef(FedclustStrategy):
 
     Parameters
     ----------
-    assoc_rule : str, default "ratio"
-        The association test: ``"ratio"`` (accept a foreign model whose median log error
-        ratio over the cluster's held-out samples is ≤ ``epsilon``; one setting for every
-        dataset) or ``"eq2"`` (the paper's eq. 2, with ``theta`` and ``alpha``).
+    assoc_rule : str, default "confident"
+        The association test: ``"confident"`` (sign tests at level ``beta`` that a foreign
+        model is within ``margin`` of the own model on held-out samples, within
+        ``best_margin`` of the best foreign model, and better than the client's other cluster
+        models; it abstains when the samples are too few), ``"ratio"`` (the median held-out
+        log error ratio ≤ ``epsilon``) or ``"eq2"`` (the paper's eq. 2, with ``theta`` and
+        ``alpha``).
+    margin, best_margin, beta : float, default 0.3, 0.1, 0.02
+        The confident test's margins (in log reconstruction error) and level.
+    refine : str, default "covered"
+        Algorithm 2's candidates: ``"covered"`` (community models take only samples whose
+        best own model is a member of a community the client confirms), ``"gated"`` or
+        ``"paper"``.
+    wire : str, default "int8"
+        Number format of model weights in messages (``"float32"``, ``"float16"``, ``"int8"``).
     epsilon : float, default 0.15
         ``ε`` of the ratio test: "within a factor ``e^ε`` of the own model's error".
     theta : float, default 0.2
@@ -379,12 +438,15 @@ class FedCRef(FedclustStrategy):
     method = "fedcref"
     prefixes = ("fedcref.",)
 
-    def __init__(self, assoc_rule: str = "ratio", epsilon: float = 0.15, theta: float = 0.2,
+    def __init__(self, assoc_rule: str = "confident", margin: float = 0.3,
+                 best_margin: float = 0.1, beta: float = 0.02, refine: str = "covered",
+                 wire: str = "int8", epsilon: float = 0.15, theta: float = 0.2,
                  alpha: float = 0.75, tau: float = 0.8, max_iterations: int = 10,
                  fl_rounds: int = 15, init: str = "auto", **options: Any) -> None:
-        super().__init__(assoc_rule=assoc_rule, epsilon=epsilon, theta=theta, alpha=alpha,
-                         tau=tau, max_iterations=max_iterations, fl_rounds=fl_rounds,
-                         init=init, **options)
+        super().__init__(assoc_rule=assoc_rule, margin=margin, best_margin=best_margin,
+                         beta=beta, refine=refine, wire=wire, epsilon=epsilon, theta=theta,
+                         alpha=alpha, tau=tau, max_iterations=max_iterations,
+                         fl_rounds=fl_rounds, init=init, **options)
 
 
 class EMDCFL(FedclustStrategy):
@@ -444,8 +506,13 @@ def from_run_config(run_config: Mapping[str, Any]
     """
     from fedclust.config import validate
 
-    cls = STRATEGIES[validate(run_config)["method"]]   # every key, as flwr run --run-config
+    cfg = validate(run_config)   # every key, as flwr run --run-config
+    cls = STRATEGIES[cfg["method"]]
     param_of = {key: name for name, key in cls.param_keys().items()}
     params = {param_of[k]: v for k, v in run_config.items() if k in param_of}
     rest = {k: v for k, v in run_config.items() if k not in param_of and k != "method"}
-    return cls(**params), rest
+    strategy = cls(**params)
+    # start(run_config=rest) runs this run config with the method's other parameters at their
+    # defaults, which validates to the same ``cfg``: validated once
+    strategy._validated = (strategy.full_run_config(run_config=rest), cfg)
+    return strategy, rest

@@ -22,8 +22,8 @@ LOG = logging.getLogger("fedclust")
 # The server loop and the server-side preflight (before any message) of each method of
 # :data:`fedclust.registry.METHODS`, as import paths: nothing heavy until a method is chosen.
 SERVER: dict[str, tuple[str, str]] = {
-    "exact-fcm": ("strategies.exact_fcm:run", "fedclust.fcm_keys:preflight"),
-    "fedfcm": ("strategies.fedfcm:run", "fedclust.fcm_keys:preflight"),
+    "exact-fcm": ("strategies.fcm.exact:run", "fedclust.fcm.keys:preflight"),
+    "fedfcm": ("strategies.fcm.fedfcm:run", "fedclust.fcm.keys:preflight"),
     "fedcref": ("strategies.fedcref:run", "strategies.fedcref:preflight"),
     "emdcfl": ("strategies.emdcfl:run", "strategies.emdcfl:preflight"),
 }
@@ -57,13 +57,18 @@ def output_dir(cfg: dict[str, Any]) -> Path:
     return Path.home() / "fedclust-runs" / cfg["method"] / name
 
 
-def check_run_config(run_config: dict[str, Any]) -> dict[str, Any]:
+def check_run_config(run_config: dict[str, Any], validated: dict[str, Any] | None = None
+                     ) -> dict[str, Any]:
     """Validate ``run_config`` and run the method's preflight (e.g. data files exist).
 
     Bad input stops here, before any engine starts or any message is sent; returns the typed
-    config.
+    config. ``validated``: ``run_config`` already validated (by
+    :func:`strategies.methods.from_run_config`), so that it is validated once.
     """
-    cfg = validate(run_config)
+    cfg = validate(run_config) if validated is None else dict(validated)
+    from fedclust.trackers import check as check_tracker
+
+    check_tracker(cfg)      # its package is installed here (the server), not on the nodes
     if cfg["dataset"] == "files":   # the nodes read the site files with the node loader
         from fedclust.data.sites import check_sites
 
@@ -77,17 +82,20 @@ def check_run_config(run_config: dict[str, Any]) -> dict[str, Any]:
 
 def run_method(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
     """Validate, preflight, run the method's server loop and write ``summary.json``; return
-    the summary (:func:`execute` also returns the run's folder)."""
+    the summary (:func:`execute` also returns the run's recorder)."""
     return execute(grid, run_config)[0]
 
 
-def execute(grid: Grid, run_config: dict[str, Any]) -> tuple[dict[str, Any], Path]:
-    """:func:`run_method`, returning ``(summary, run folder)``."""
+def execute(grid: Grid, run_config: dict[str, Any], validated: dict[str, Any] | None = None
+            ) -> tuple[dict[str, Any], RunRecorder]:
+    """:func:`run_method`, returning ``(summary, recorder)``: the recorder holds the run in
+    memory as it wrote it (``history``, ``arrays``, ``dir``). ``validated``: ``run_config``
+    already validated (:func:`check_run_config`)."""
     setup_logging()
     from strategies.common import engine_clients
 
     # Bad values and missing files stop the run here, before it waits for any node.
-    cfg = check_run_config(run_config)
+    cfg = check_run_config(run_config, validated)
     n = engine_clients(grid, cfg)
     if n != cfg["num-clients"]:   # num-clients = 0: now the engine's count is known
         cfg = check_run_config({**run_config, "num-clients": n})
@@ -114,4 +122,4 @@ def execute(grid: Grid, run_config: dict[str, Any]) -> tuple[dict[str, Any], Pat
                     len(excluded.records), sorted({r["node"] for r in excluded.records}))
     LOG.info("done in %.1fs: %s", summary["wall_time_s"],
              {k: v for k, v in summary["metrics"].items() if not isinstance(v, (dict, list))})
-    return summary, recorder.dir
+    return summary, recorder

@@ -109,6 +109,9 @@ def test_simulate_fedcref_and_emdcfl(tmp_path):
     assert m["iterations"] == 1 and m["active_clients"] == 3 and m["eval_nodes"] == 3
     assert 0.0 <= m["eval_acc_end"] <= 1.0
     assert all((res.run_dir / "clients" / str(i) / "assignments.csv").exists() for i in range(3))
+    assert [len(lab) for lab in res.labels] == [len(c) for c in fc_clients]
+    assert res.memberships is None          # FedCRef's results are hard labels
+    np.testing.assert_array_equal(np.concatenate(res.labels), owner_labels(res, 3))
     # EMD-CFL: four clients, two of them colour-inverted; labels are the training targets
     em_idx = np.array_split(rng.permutation(len(y))[:800], 4)
     em_clients = [(255 - x[p] if i >= 2 else x[p]) for i, p in enumerate(em_idx)]
@@ -119,6 +122,7 @@ def test_simulate_fedcref_and_emdcfl(tmp_path):
     m = res.summary["metrics"]
     assert 1 <= m["num_clusters"] <= 4
     assert all((res.run_dir / "clients" / str(i) / "model.pt").exists() for i in range(4))
+    assert res.labels is None and res.memberships is None    # per client, not per row
 
 
 def test_every_method_is_a_flower_strategy_with_its_keys_as_parameters():
@@ -176,3 +180,95 @@ def test_the_run_config_layer_builds_the_strategy_the_serverapp_starts():
         from_run_config({"method": "kmeans"})
     with pytest.raises(ConfigError, match="fedfcm.k-min"):      # cross-key rules: whole config
         from_run_config({"method": "fedfcm", "fedfcm.k-min": 5, "fedfcm.k-max": 3})
+
+
+# ------------------------------------------------------------------ notebook results
+
+def test_each_clients_results_are_on_the_result_object_and_drawn(tmp_path):
+    from fedclust.outputs import read_manifest
+
+    xs, ys = blobs(2)
+    res = fedclust.simulate("exact-fcm", xs, labels=ys, n_clusters=3, output_dir=tmp_path / "r")
+    assert len(res.labels) == len(res.memberships) == 3
+    for i, x in enumerate(xs):
+        u = fcm.memberships((x - res.arrays["scaling_shift"].numpy())
+                            / res.arrays["scaling_scale"].numpy(), res.arrays["centers"].numpy())
+        np.testing.assert_allclose(res.memberships[i], u, atol=1e-12)
+        np.testing.assert_array_equal(res.labels[i], u.argmax(axis=1))
+    np.testing.assert_array_equal(np.concatenate(res.labels), owner_labels(res, 3))
+    # the default plots show the clusters of the rows, and overwrite=true may clear them
+    assert (res.run_dir / "clusters.png").stat().st_size > 5000
+    assert read_manifest(res.run_dir)["clusters.png"] == "file"
+    again = fedclust.simulate("exact-fcm", xs, n_clusters=3, output_dir=tmp_path / "r",
+                              run_config={"overwrite": True, "plots": False})
+    assert not (again.run_dir / "clusters.png").exists()
+    # a finished run's folder gives the same per-client results
+    from strategies.methods import RunResult
+
+    read = RunResult.from_dir(res.run_dir)
+    assert all(np.array_equal(a, b) for a, b in zip(read.memberships, res.memberships))
+
+
+def test_simulate_takes_dataframes_with_a_label_column_by_name(tmp_path):
+    pd = pytest.importorskip("pandas")
+    xs, ys = blobs(3)
+    frames = [pd.DataFrame(x, columns=["heart_rate", "glucose"],
+                           index=[f"site{i}-{j}" for j in range(len(x))]).assign(diagnosis=y)
+              for i, (x, y) in enumerate(zip(xs, ys))]
+    res = fedclust.simulate("exact-fcm", frames, label_column="diagnosis", n_clusters=3,
+                            output_dir=tmp_path / "df", run_config={"plots": False})
+    arrays = fedclust.simulate("exact-fcm", xs, labels=ys, n_clusters=3,
+                               output_dir=tmp_path / "np", run_config={"plots": False})
+    assert res.feature_names == ["heart_rate", "glucose"]
+    np.testing.assert_array_equal(res.centers, arrays.centers)
+    assert res.metrics["eval_ari"] == arrays.metrics["eval_ari"] > 0.9
+    assert list(res.labels[1].index) == list(frames[1].index)
+    assert list(res.memberships[2].columns) == ["u0", "u1", "u2"]
+    np.testing.assert_array_equal(res.labels[0].to_numpy(), arrays.labels[0])
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda f: f.assign(site="north"), r"client 0's column\(s\) \['site'\] are not numeric"),
+    (lambda f: f.rename(columns={"glucose": "sugar"}), "differ from client 0's"),
+])
+def test_dataframes_with_a_text_column_or_other_columns_are_refused_by_name(
+        tmp_path, change, message):
+    pd = pytest.importorskip("pandas")
+    xs, _ = blobs(4)
+    frames = [pd.DataFrame(x, columns=["heart_rate", "glucose"]) for x in xs]
+    frames = [change(frames[0]) if "site" in message else frames[0], frames[1],
+              change(frames[2])]
+    with pytest.raises(ConfigError, match=message):
+        fedclust.simulate("exact-fcm", frames, n_clusters=3, output_dir=tmp_path / "x")
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(ConfigError, match="no column 'label'"):
+        fedclust.simulate("exact-fcm", frames[1:2], label_column="label", n_clusters=3)
+
+
+def test_plots_number_clients_as_the_client_list_and_folders_do():
+    from fedclust.plots import _by_client_number
+
+    local = {"1002": [3.0], "1000": [1.0], "1001": [2.0]}
+    assert _by_client_number(local) == [("0", [1.0]), ("1", [2.0]), ("2", [3.0])]
+    assert _by_client_number({"a": [1.0]}) == [("a", [1.0])]
+
+
+def test_every_launcher_writes_under_one_results_folder(tmp_path):
+    """fedclust sweep, like flwr run and simulate, writes under ~/fedclust-runs."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(root),
+           "FLWR_TELEMETRY_ENABLED": "0"}
+    for args in (["app.fcm.max-rounds=2"], ["-m", "app.seed=0,1", "app.fcm.max-rounds=2"]):
+        done = subprocess.run([sys.executable, "-m", "server_app.sweep", *args,
+                               "engine=inprocess", "app.plots=false"], capture_output=True,
+                              text=True, cwd=tmp_path, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+    runs = sorted(p.relative_to(tmp_path).parts[:3] for p in tmp_path.rglob("summary.json"))
+    assert [r[:2] for r in runs] == [("fedclust-runs", "exact-fcm"), ("fedclust-runs", "sweeps"),
+                                     ("fedclust-runs", "sweeps")]
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()

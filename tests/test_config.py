@@ -63,7 +63,9 @@ def test_pyproject_lists_every_run_config_key():
     assert not sync_method_yamls(root / "conf", check=True), "run `python -m fedclust.config sync`"
     from fedclust.config import sync_readme
 
-    assert not sync_readme(root / "README.md", check=True), "run `python -m fedclust.config sync`"
+    keys_page = root / "docs" / "run-config.md"
+    assert "<!-- run-config keys" in keys_page.read_text()
+    assert not sync_readme(keys_page, check=True), "run `python -m fedclust.config sync`"
 
 
 @pytest.mark.parametrize("num_clients, nodes", [(3, 5), (5, 2)])

@@ -8,7 +8,7 @@ import pytest
 from fedclust import fcm
 from fedclust.data import partition
 from fedclust.data.tabular import load_dataset
-from fedclust.validity import db_statistics, federated_fuzzy_db, fuzzy_db
+from fedclust.fedfcm.validity import db_statistics, federated_fuzzy_db, fuzzy_db
 from tests.fake_grid import run_server
 
 
@@ -80,7 +80,7 @@ def test_privacy_guard_withholds_tiny_clients(tmp_path):
 
 
 def central_fuzzy_db_by_definition(x, centers, m, p, q):
-    """Paper 003 eqs. 7-13 on pooled data, written out independently of fedclust.validity."""
+    """Paper 003 eqs. 7-13 on pooled data, written out independently of fedclust.fedfcm.validity."""
     n, k = x.shape[0], centers.shape[0]
     dist = np.linalg.norm(x[:, None, :] - centers[None, :, :], axis=2)          # (n, K)
     u = 1.0 / ((dist[:, :, None] / dist[:, None, :]) ** (2 / (m - 1))).sum(axis=2)
@@ -133,3 +133,41 @@ def test_participants_are_resampled_every_round_and_init_lies_in_the_federated_b
     x = load_dataset(validate(cfg)).x
     init = np.load(tmp_path / "initial_centers.npy")
     assert np.all(init >= x.min(0)) and np.all(init <= x.max(0))
+
+
+@pytest.mark.parametrize("extra", [
+    {"fcm.fraction": 0.5},
+    {"fcm.fraction": 0.25, "fcm.incremental": True, "partition.kind": "dirichlet",
+     "partition.alpha": 0.3, "fcm.max-rounds": 60},
+    {"blobs.n-samples": 150, "partition.kind": "dirichlet", "partition.alpha": 0.5},
+], ids=["paper-rule", "incremental", "guard-withholds-some"])
+def test_the_flower_run_is_the_loop_over_in_memory_clients(tmp_path, extra):
+    """The ServerApp run and :func:`fedclust.fcm.loop.run` over in-memory clients holding the
+    same partitions: one loop, so the same participants, centers, history and metrics (only
+    node ids, traffic and timings differ)."""
+    from client_apps.data import simulated_partition
+    from fedclust.config import validate
+    from fedclust.fcm import inmemory, loop
+    from fedclust.fcm.keys import FCMSettings
+    from fedclust.results import MemoryRecord, to_jsonable
+
+    cfg = {"method": "exact-fcm", "dataset": "blobs", "num-clients": 10, "seed": 2,
+           "plots": False, "output-dir": str(tmp_path), **extra}
+    summary, _ = run_server(cfg)
+    full = validate(cfg)
+    parts = [simulated_partition(full, i, 10) for i in range(10)]
+    s = FCMSettings.from_config(full)
+    record = MemoryRecord()
+    metrics = to_jsonable(loop.run(inmemory.InMemoryClients([p.x for p in parts], s,
+                                                            [p.y_eval for p in parts]),
+                                   s, record))
+    traffic = {"bytes_sent", "bytes_received", "dropped_nodes"}
+    assert {k: v for k, v in metrics.items() if k not in traffic} == \
+        {k: v for k, v in summary["metrics"].items() if k not in traffic}
+    for name, arr in record.arrays.items():
+        np.testing.assert_array_equal(arr, np.load(tmp_path / f"{name}.npy"), err_msg=name)
+    history = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text()
+               .splitlines()]
+    timing = {"seconds", "elapsed_s"}
+    assert [{k: v for k, v in h.items() if k not in timing} for h in record.history] == \
+        [{k: v for k, v in h.items() if k not in timing} for h in history]

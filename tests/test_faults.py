@@ -156,13 +156,13 @@ def _request(grid: InProcessGrid, reply: Message) -> Message:
 
 def test_unused_record_types_do_not_break_validation():
     """A reply with extra records is still accepted (forward compatible), not rejected."""
-    from strategies.fcm_replies import Box, sums_reply
+    from strategies.wire.fcm import Box, check_sums
 
     content = RecordDict({"sums": ArrayRecord({"U": Array(np.ones(2)),
                                                "WS": Array(np.full((2, 3), 0.5))}),
                           "metrics": MetricRecord({"withheld": 0}),
                           "extra": ArrayRecord({"z": Array(np.ones(1))})})
-    check = sums_reply(2, 3, Box(np.zeros(3), np.ones(3)), {7: 2}, 2.0, None)
+    check = check_sums(2, 3, Box(np.zeros(3), np.ones(3)), {7: 2}, 2.0, None)
     assert check(7, content) is None
 
 

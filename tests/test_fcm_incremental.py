@@ -12,7 +12,7 @@ from fedclust import fcm
 from fedclust.config import ConfigError, validate
 from fedclust.data import partition
 from fedclust.data.tabular import load_dataset
-from fedclust.fcm.incremental import LatestSums, converged, partial_participation_fcm
+from fedclust.fcm.incremental import LatestSums, converged
 from tests.fake_grid import run_server
 
 # 8 label-skewed clients (Dirichlet α = 0.3), two of them per round
@@ -81,21 +81,29 @@ def test_with_every_client_every_round_both_rules_are_the_same_run(tmp_path):
 
 
 @pytest.mark.parametrize("incremental", [True, False])
-def test_simulator_replays_the_server_loop(tmp_path, incremental):
-    """``partial_participation_fcm`` (the benchmark's engine) equals the ServerApp run: same
-    participants, same centers, same number of rounds."""
+def test_the_benchmarks_in_memory_loop_replays_the_server_run(tmp_path, incremental):
+    """The loop over in-memory clients on the raw partitions (what
+    ``bench/fcm_incremental_table.py`` runs) equals the ServerApp run: same initial centers,
+    participants, centers and number of rounds."""
+    from fedclust.fcm import inmemory, loop
+    from fedclust.fcm.keys import FCMSettings
+    from fedclust.results import MemoryRecord
+
     cfg = {**SKEWED, "fcm.epsilon": 1e-6, "fcm.max-rounds": 60,
            "fcm.incremental": incremental}
     summary, init, fed, history = _run(tmp_path, "run", **cfg)
-    x, parts = _pooled(cfg)
-    rng = np.random.default_rng(cfg["seed"])
-    np.testing.assert_array_equal(fcm.random_centers(np.zeros(2), np.ones(2), 4, rng), init)
-    sim = partial_participation_fcm([x[p] for p in parts], init, 2.0, cfg["fcm.fraction"], rng,
-                                    cfg["fcm.epsilon"], cfg["fcm.max-rounds"], incremental)
-    assert sim.n_rounds == summary["metrics"]["rounds"]
-    assert sim.converged == summary["metrics"]["converged"]
-    np.testing.assert_allclose(sim.shifts, [h["shift"] for h in history], atol=1e-12)
-    np.testing.assert_allclose(sim.centers, fed, atol=1e-12, rtol=0)
+    full = validate(cfg)
+    ds = load_dataset(full)
+    parts = partition.make_partition(full["partition.kind"], ds, full["num-clients"],
+                                     full["seed"], full["partition.alpha"])
+    s = FCMSettings.from_config(full)
+    record = MemoryRecord()
+    sim = loop.run(inmemory.InMemoryClients([ds.x[p] for p in parts], s), s, record)
+    np.testing.assert_array_equal(record.arrays["initial_centers"], init)
+    assert sim["rounds"] == summary["metrics"]["rounds"]
+    assert sim["converged"] == summary["metrics"]["converged"]
+    assert [h["shift"] for h in record.history] == [h["shift"] for h in history]
+    np.testing.assert_array_equal(record.arrays["centers"], fed)
 
 
 def test_secure_aggregation_with_the_incremental_rule_is_refused_before_any_message(tmp_path):

@@ -294,3 +294,22 @@ def test_nearest_model_is_the_one_with_most_members_in_common() -> None:
     assert reuse.nearest([(2, 0), (3, 0), (0, 0)])[0].item() == 1.0     # 2 in common vs 1
     assert reuse.nearest([(0, 0), (2, 0)])[0].item() == 0.0             # tie 1-1: Jaccard 1/3
     assert reuse.nearest([(5, 0), (6, 0)]) is None
+
+
+@pytest.mark.parametrize("wire_format", ["int8", "float16"])
+def test_direct_calls_follow_the_flower_trajectory_with_the_confident_test(
+        root: Path, tmp_path: Path, wire_format: str) -> None:
+    # the confident test, the covered refinement and models on the wire in 8 or 16 bits: the
+    # in-memory clients round the models where a message would, so both paths agree
+    extra = {"fedcref.assoc-rule": "confident", "fedcref.refine": "covered",
+             "fedcref.wire": wire_format, "fedcref.samples-per-cluster": 60}
+    summary, _ = run_server({**FIXED, "data-dir": str(root), "output-dir": str(tmp_path),
+                             **extra})
+    hist = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
+    clients, cfg = _inmemory(root, **extra)
+    out = algorithm.run(clients, algorithm.Settings.from_config(cfg))
+    keys = ("communities", "isolated", "edges", "clusters", "sizes", "active_after",
+            "mean_agreement", "eval_acc", "community_share")
+    assert hist[0]["communities"] >= 1
+    assert [{k: h.get(k) for k in keys} for h in out.history] == \
+        [{k: h.get(k) for k in keys} for h in hist]

@@ -17,13 +17,16 @@ from client_apps.fedcref_handlers import _data, start_kind
 from fedclust.config import ConfigError, validate
 from tests.fake_grid import run_server
 
+# eq. (2), loose enough on 30-sample digit clusters that communities form (the default test
+# abstains there) and every phase, refinement with its confirmation bits included, is seen
 CFG = {"method": "fedcref", "dataset": "digits", "num-clients": 3, "seed": 0,
+       "fedcref.assoc-rule": "eq2",
        "fedcref.split": "all", "fedcref.fl-rounds": 2, "fedcref.fl-local-epochs": 1,
        "fedcref.batch-size": 16, "fedcref.ae-epochs": 3, "fedcref.ae-patience": 0,
        "fedcref.max-iterations": 2, "fedcref.k-max": 3, "fedcref.samples-per-cluster": 30,
        "fedcref.k-estimate-max": 4, "plots": False}
 # what a FedCRef reply may carry besides the evaluation record "eval"
-ALGORITHM_RECORDS = {"models", "clusters", "accept", "counts"}
+ALGORITHM_RECORDS = {"models", "clusters", "accept", "counts", "confirmed"}
 
 
 def _ctx(node_config: dict, cfg: dict) -> Context:

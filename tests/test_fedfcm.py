@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from fedclust.fedfcm import fedfcm_simulate, kmeans_average, support_weighted_average
-from fedclust.validity import choose_k, elbow
+from fedclust.fedfcm import kmeans_average, support_weighted_average
+from fedclust.fedfcm.validity import choose_k, elbow
 from tests.fake_grid import run_server
 
 MOTIVATIONAL = {"method": "fedfcm", "dataset": "motivational", "partition.kind": "recipe",
@@ -34,21 +34,39 @@ def test_federated_averaging_variant_does_worse_on_non_iid_data(tmp_path):
     assert fed["eval_ari"]["5"] < km["eval_ari"]["5"]
 
 
-def test_server_loop_matches_the_reference_simulation(tmp_path):
-    cfg = {"method": "fedfcm", "num-clients": 4, "fedfcm.k-min": 3, "fedfcm.k-max": 3,
-           "scaling": "none", "output-dir": str(tmp_path), "plots": False, "seed": 2,
-           "fedfcm.tol": 1e-6, "fedfcm.max-rounds": 5}
-    run_server(cfg)
+@pytest.mark.parametrize("averaging", ["kmeans", "fedavg"])
+def test_the_flower_run_is_the_loop_over_in_memory_clients(tmp_path, averaging):
+    """The ServerApp run and :func:`fedclust.fedfcm.loop.run` over in-memory clients holding
+    the same partitions: one loop, so the same centers of every K, index, choice of K, rounds
+    and history (only node ids, traffic and timings differ)."""
     from client_apps.data import simulated_partition
     from fedclust.config import validate
+    from fedclust.fedfcm import inmemory, loop
+    from fedclust.fedfcm.keys import FedFCMSettings
+    from fedclust.results import MemoryRecord, to_jsonable
 
+    cfg = {**MOTIVATIONAL, "fedfcm.averaging": averaging, "fedfcm.k-max": 6,
+           "output-dir": str(tmp_path)}
+    summary, _ = run_server(cfg)
     full = validate(cfg)
-    xs = [simulated_partition(full, i, 4).x for i in range(4)]
-    rng = np.random.default_rng(2)
-    lo, hi = np.min([x.min(0) for x in xs], 0), np.max([x.max(0) for x in xs], 0)
-    init = lo + rng.random((3, 2)) * (hi - lo)
-    ref, _ = fedfcm_simulate(xs, 3, init=init, tol=1e-6, max_rounds=5, random_state=2003)
-    np.testing.assert_allclose(np.load(tmp_path / "centers_k3.npy"), ref, atol=1e-9)
+    parts = [simulated_partition(full, i, 3) for i in range(3)]
+    s = FedFCMSettings.from_config(full)
+    record = MemoryRecord()
+    metrics = loop.run(inmemory.InMemoryClients([p.x for p in parts], s,
+                                                [p.y_eval for p in parts]), s, record)
+    mine, fed = to_jsonable(metrics), summary["metrics"]
+    for key in ("ks", "index", "best_k", "elbow_k", "fedfuzzdb", "rounds", "unconverged_k",
+                "objective_best_k", "eval_ari", "eval_ari_best_k"):
+        assert mine[key] == fed[key], key
+    for key in ("local_index", "local_best_k"):   # by client: node ids differ
+        assert list(mine[key].values()) == list(fed[key].values()), key
+    for name, arr in record.arrays.items():
+        np.testing.assert_array_equal(arr, np.load(tmp_path / f"{name}.npy"), err_msg=name)
+    history = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text()
+               .splitlines()]
+    for mine, theirs in zip(record.history, history, strict=True):
+        assert {k: v for k, v in mine.items() if k not in ("seconds", "elapsed_s")} == \
+            {k: v for k, v in theirs.items() if k not in ("seconds", "elapsed_s")}
 
 
 def test_kmeans_averaging_groups_permuted_local_centers():

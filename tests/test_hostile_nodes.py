@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import client_apps.secagg_handlers as secagg_handlers
-import fedclust.secagg as secagg
+import fedclust.fcm.secagg as secagg
 from client_apps.app import app as client_app
 from fedclust.config import ConfigError
 from server_app.app import run_method

@@ -1,7 +1,11 @@
-"""Imports point one way: ``fedclust`` ← ``client_apps``, ``strategies`` ← ``server_app``.
+"""Imports point one way: ``fedclust`` ← ``strategies.wire`` ← ``client_apps``, ``strategies``
+← ``server_app``.
+
+``strategies.wire`` (the message codecs, both ends of every message) is a layer of its own
+below both the server side and the nodes: both import it, and it imports neither.
 
 Every module's imports are read from its source (top-level and inside functions), together
-with import paths written as strings (``"strategies.exact_fcm:run"`` in a table that is
+with import paths written as strings (``"strategies.fcm.exact:run"`` in a table that is
 imported later with ``importlib``). A wrong-way arrow or an import cycle fails the test; the
 one allowed exception is the user-facing facade :mod:`fedclust.api`.
 """
@@ -16,11 +20,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("fedclust", "client_apps", "strategies", "server_app")
+WIRE = "strategies.wire"
 ALLOWED = {   # layer -> layers it may import
     "fedclust": {"fedclust"},
-    "client_apps": {"fedclust", "client_apps"},
-    "strategies": {"fedclust", "strategies"},
-    "server_app": set(LAYERS),
+    "wire": {"fedclust", "wire"},
+    "client_apps": {"fedclust", "wire", "client_apps"},
+    "strategies": {"fedclust", "wire", "strategies"},
+    "server_app": {*LAYERS, "wire"},
 }
 FACADES = {"fedclust.api"}
 TARGET = re.compile(r"^((?:fedclust|client_apps|strategies|server_app)(?:\.\w+)*)(?::\w+)?$")
@@ -70,13 +76,19 @@ def graph() -> dict[str, set[str]]:
     return {name: imports_of(name, path, set(mods)) for name, path in mods.items()}
 
 
+def layer(module: str) -> str:
+    """The layer of ``module``: ``"wire"`` for :data:`WIRE` and below it, else its top
+    package."""
+    return "wire" if module == WIRE or module.startswith(WIRE + ".") else module.split(".")[0]
+
+
 def wrong_way(edges: dict[str, set[str]]) -> list[str]:
     bad = []
     for src, dsts in sorted(edges.items()):
         if src in FACADES:
             continue
         for dst in sorted(dsts):
-            if dst.split(".")[0] not in ALLOWED[src.split(".")[0]]:
+            if layer(dst) not in ALLOWED[layer(src)]:
                 bad.append(f"{src} -> {dst}")
     return bad
 
@@ -139,6 +151,11 @@ def test_no_import_cycle() -> None:
      ["strategies.a -> client_apps.b"]),
     ({"server_app.a": {"strategies.b", "client_apps.c", "fedclust.d"}}, []),
     ({"fedclust.api": {"server_app.x"}}, []),
+    ({"client_apps.a": {"strategies.wire.b"}, "strategies.c": {"strategies.wire.b"},
+      "strategies.wire.b": {"fedclust.d", "strategies.wire.e"}}, []),
+    ({"strategies.wire.b": {"strategies.common"}}, ["strategies.wire.b -> strategies.common"]),
+    ({"strategies.wire.b": {"client_apps.a"}}, ["strategies.wire.b -> client_apps.a"]),
+    ({"client_apps.a": {"strategies.wirex"}}, ["client_apps.a -> strategies.wirex"]),
 ])
 def test_the_checker_sees_wrong_arrows(edges, bad) -> None:
     assert wrong_way(edges) == bad
@@ -147,7 +164,7 @@ def test_the_checker_sees_wrong_arrows(edges, bad) -> None:
 def test_the_checker_sees_cycles_and_string_targets(tmp_path) -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     src = tmp_path / "m.py"
-    src.write_text('TABLE = {"x": "strategies.exact_fcm:run"}\n'
+    src.write_text('TABLE = {"x": "strategies.fcm.exact:run"}\n'
                    'def f():\n    from server_app import app\n')
-    known = {"strategies.exact_fcm", "server_app", "server_app.app"}
-    assert imports_of("fedclust.m", src, known) == {"strategies.exact_fcm", "server_app.app"}
+    known = {"strategies.fcm.exact", "server_app", "server_app.app"}
+    assert imports_of("fedclust.m", src, known) == {"strategies.fcm.exact", "server_app.app"}

@@ -24,6 +24,7 @@ N_CLIENTS = 4
 # digits, small and fast; a loose eq. (2) so that communities form, and a strict τ so that at
 # the end one client is still active (refined in the last iteration) and three are not
 CFG = {"method": "fedcref", "dataset": "digits", "fedcref.split": "all",
+       "fedcref.assoc-rule": "eq2",
        "num-clients": N_CLIENTS, "seed": 0, "fedcref.fl-rounds": 3,
        "fedcref.fl-local-epochs": 6, "fedcref.batch-size": 16, "fedcref.ae-epochs": 20,
        "fedcref.ae-patience": 0, "fedcref.max-iterations": 3, "fedcref.k-max": 3,
@@ -158,8 +159,8 @@ def test_server_run_dir_predicts_community_ids(run) -> None:
 
 
 def test_owner_results_ride_on_existing_messages(run) -> None:
-    """No new message type and no new reply content: the run folder travels in the local,
-    community and refinement messages; replies hold what they held before."""
+    """No new message type: the run folder travels in the local, community and refinement
+    messages; replies hold models, bits, counts and metrics only."""
     _, grid, out, _, _, replies = run
     types = {m.metadata.message_type for m in grid.sent if "fedcref" in m.metadata.message_type}
     assert types == {"train.fedcref_local", "query.fedcref_assoc", "train.fedcref_comm",
@@ -167,7 +168,7 @@ def test_owner_results_ride_on_existing_messages(run) -> None:
     for m in grid.sent:
         if m.metadata.message_type in types - {"query.fedcref_assoc"}:
             assert m.content.config_records["result"]["run-dir"] == str(out)
-    allowed = {"models", "clusters", "eval", "accept", "counts", "metrics"}
+    allowed = {"models", "clusters", "eval", "accept", "counts", "confirmed", "metrics"}
     assert replies and all(names <= allowed for names in replies)
 
 

@@ -21,7 +21,7 @@ import pytest
 from flwr.common.secure_aggregation.quantization import dequantize, quantize
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 
-from fedclust.secagg import CLIP, QUANT, pack, scale_for, unpack
+from fedclust.fcm.secagg import CLIP, QUANT, pack, scale_for, unpack
 from tests.fake_grid import run_server
 
 CFG = {"method": "exact-fcm", "num-clients": 4, "seed": 3, "fcm.max-rounds": 3,
@@ -150,11 +150,11 @@ def test_every_secure_phase_carries_only_the_listed_records(tmp_path):
 
 def test_secure_final_sums_objective_and_tables_exactly():
     """The final-phase encoding: ΣJ and Σ contingency survive Flower's quantizer (counts exact)."""
-    from fedclust.secagg import pack_final, unpack_final
-    from strategies.secure_fcm import final_scales
+    from fedclust.fcm.secagg import pack_final, unpack_final
+    from strategies.fcm.secure import final_scales
 
     rng = np.random.default_rng(1)
-    s_j, s_t = final_scales(5, {"scaling": "minmax"})
+    s_j, s_t = final_scales(5, 1.0)   # min-max scaled rows: max|x| <= 1
     js = rng.random(7) * 5 * 4000                   # J <= N F for min-max data
     tables = [rng.integers(0, 5000, size=(3, 4)) for _ in js]
     q = [quantize([pack_final(j, t, s_j, s_t)], CLIP, QUANT)[0].astype(np.int64)

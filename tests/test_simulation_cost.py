@@ -23,8 +23,8 @@ from client_apps.app import app as client_app
 from client_apps.data import file_cached, load_client_data
 from fedclust import fcm, npy, outputs
 from fedclust.outputs import read_manifest
-from strategies import replies
 from strategies.methods import ExactFCM, FedFCM
+from strategies.wire import replies
 from tests.fake_grid import InProcessGrid, run_server
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -168,6 +168,50 @@ def test_grid_search_with_the_objective_and_with_a_scorer() -> None:
     assert grid.best_estimator_.cluster_centers_.shape == (3, 4)
 
 
+def test_choosing_k_without_labels_with_the_fuzzy_validity_scorers() -> None:
+    """The default score always prefers the largest K; the scorers of fedclust.fcm choose the
+    planted 4 from the data alone, alone or all three at once, in a Pipeline too."""
+    from sklearn.model_selection import KFold
+
+    from fedclust.fcm import SCORERS, fuzzy_db_scorer, partition_coefficient_scorer
+
+    x, _ = make_blobs(600, centers=[[0, 0], [6, 0], [0, 6], [6, 6]], cluster_std=0.7,
+                      random_state=1)
+    est = FuzzyCMeans(init="k-means++", random_state=0, max_iter=100, tol=1e-5)
+    ks = {"n_clusters": list(range(2, 8))}
+    cv = KFold(3, shuffle=True, random_state=0)
+    assert GridSearchCV(est, ks, cv=cv).fit(x).best_params_ == {"n_clusters": 7}
+    for scorer in (fuzzy_db_scorer, partition_coefficient_scorer):
+        assert GridSearchCV(est, ks, scoring=scorer, cv=cv).fit(x).best_params_ == {
+            "n_clusters": 4}
+    grid = GridSearchCV(make_pipeline(StandardScaler(), est),
+                        {"fuzzycmeans__n_clusters": list(range(2, 8))}, scoring=SCORERS,
+                        refit="fuzzy_db", cv=cv).fit(x * [1.0, 100.0])
+    assert grid.best_params_ == {"fuzzycmeans__n_clusters": 4}
+    for name in SCORERS:
+        scores = grid.cv_results_[f"mean_test_{name}"]
+        assert int(np.argmax(scores)) == 2, (name, scores)
+
+
+def test_the_scorers_are_the_indices_of_the_fitted_centers() -> None:
+    from fedclust.fcm import fuzzy_db_scorer, partition_coefficient, xie_beni, xie_beni_scorer
+    from fedclust.fedfcm.validity import fuzzy_db
+
+    x, _ = _blobs()
+    est = FuzzyCMeans(3, m=1.8, random_state=0).fit(x)
+    u = est.memberships_
+    assert est.fpc_ == pytest.approx(np.mean(np.sum(u**2, axis=1)))
+    assert 1 / 3 <= est.fpc_ <= 1 and partition_coefficient(np.eye(3)) == 1.0
+    assert fuzzy_db_scorer(est, x) == pytest.approx(-fuzzy_db(x, est.cluster_centers_, 1.8))
+    v = est.cluster_centers_
+    gap = min(np.sum((v[i] - v[j]) ** 2) for i in range(3) for j in range(3) if i != j)
+    direct = np.sum(u**1.8 * ((x[:, None, :] - v[None]) ** 2).sum(-1)) / (len(x) * gap)
+    assert xie_beni(x, v, 1.8) == pytest.approx(direct)
+    assert xie_beni_scorer(est, x) == pytest.approx(-direct)
+    one = FuzzyCMeans(1, random_state=0).fit(x)
+    assert fuzzy_db_scorer(one, x) == -np.inf and xie_beni_scorer(one, x) == -np.inf
+
+
 def test_bad_parameters_are_refused_before_any_work() -> None:
     x, _ = _blobs(30)
     with pytest.raises(ValueError, match="'n_clusters' parameter of FuzzyCMeans must be an int"):

@@ -347,17 +347,18 @@ def test_more_clusters_than_rows_is_refused_before_any_work(tmp_path):
 @pytest.mark.parametrize("c, f", [(4, 2), (4, 1), (3, 3), (6, 2)])
 def test_privacy_guard_boundary_is_inclusive(c, f):
     """N = C(F+1)/F rows (an integer here) are withheld, N + 1 are sent: the rule is ``≤``."""
-    from client_apps.fcm_handlers import guard_withholds
+    from client_apps.fcm_handlers import guard_withholds, settings
 
     bound = c * (f + 1) // f
     assert bound * f == c * (f + 1)
     cfg = validate({"method": "exact-fcm", "fcm.n-clusters": c})
-    assert guard_withholds(cfg, np.zeros((bound, f)))
-    assert not guard_withholds(cfg, np.zeros((bound + 1, f)))
-    assert not guard_withholds({**cfg, "fcm.privacy-guard": False}, np.zeros((bound, f)))
+    assert guard_withholds(settings(cfg), np.zeros((bound, f)))
+    assert not guard_withholds(settings(cfg), np.zeros((bound + 1, f)))
+    assert not guard_withholds(settings({**cfg, "fcm.privacy-guard": False}),
+                               np.zeros((bound, f)))
     fed = validate({"method": "fedfcm", "fedfcm.k-max": c})
-    assert guard_withholds(fed, np.zeros((bound, f)))
-    assert not guard_withholds(fed, np.zeros((bound + 1, f)))
+    assert guard_withholds(settings(fed), np.zeros((bound, f)))
+    assert not guard_withholds(settings(fed), np.zeros((bound + 1, f)))
 
 
 @pytest.mark.parametrize("rows, withheld", [(6, True), (7, False)])

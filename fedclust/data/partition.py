@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -88,10 +89,92 @@ def _check(n: int, num_clients: int) -> None:
                              f"run config 'num-clients'.")
 
 
+#: kinds served by flwr-datasets' partitioners for every dataset (and iid, dirichlet for
+#: dataset="hf"); the other kinds are fedclust's own (the papers' numbers rest on them)
+FLWR_KINDS = ("pathological", "shard", "size", "linear")
+#: the run-config keys of those partitioners' settings, with their defaults
+OPTION_KEYS = {"partition.classes-per-client": 2, "partition.shards-per-client": 2,
+               "partition.sizes": ""}
+
+
+def flwr_partition(kind: str, y: NDArray[np.int64], num_clients: int, seed: int,
+                   alpha: float = 0.5, options: Mapping[str, Any] | None = None
+                   ) -> list[Index]:
+    """Row indices per client from a flwr-datasets partitioner, splitting by the labels ``y``.
+
+    ``iid``: :class:`~flwr_datasets.partitioner.IidPartitioner`; ``dirichlet``:
+    ``DirichletPartitioner`` (``alpha``, every client ≥ 2 rows); ``pathological``:
+    ``PathologicalPartitioner`` (``partition.classes-per-client`` classes per client);
+    ``shard``: ``ShardPartitioner`` (``partition.shards-per-client`` shards per client);
+    ``size``: ``SizePartitioner`` (``partition.sizes``: comma-separated rows per client);
+    ``linear``: ``LinearPartitioner`` (client ``i`` gets a share proportional to ``i + 1``).
+
+    Raises
+    ------
+    PartitionError
+        flwr-datasets is not installed, or the partitioner refuses the settings (its reason
+        and the fix).
+    """
+    opts = {**OPTION_KEYS, **dict(options or {})}
+    try:
+        import datasets
+        from flwr_datasets import partitioner as fp
+    except ImportError:
+        raise PartitionError(f"partition.kind={kind!r} is served by flwr-datasets, which is not "
+                             f"installed. Fix: pip install 'fedclust[hf]', or partition.kind="
+                             f"iid (or stratified, dirichlet)") from None
+    _check(y.size, num_clients)
+    by = "label"
+    try:
+        if kind == "iid":
+            part = fp.IidPartitioner(num_clients)
+        elif kind == "dirichlet":
+            part = fp.DirichletPartitioner(num_clients, by, alpha, min_partition_size=2,
+                                           seed=seed)
+        elif kind == "pathological":
+            part = fp.PathologicalPartitioner(num_clients, by,
+                                              int(opts["partition.classes-per-client"]),
+                                              seed=seed)
+        elif kind == "shard":
+            part = fp.ShardPartitioner(num_clients, by,
+                                       num_shards_per_partition=int(
+                                           opts["partition.shards-per-client"]), seed=seed)
+        elif kind == "size":
+            sizes = [int(v) for v in str(opts["partition.sizes"]).split(",") if v.strip()]
+            if len(sizes) != num_clients:
+                raise PartitionError(f"partition.kind='size' needs one size per client in "
+                                     f"'partition.sizes' ({num_clients} clients), got "
+                                     f"{len(sizes)}. Fix: partition.sizes=\"100,200,…\"")
+            part = fp.SizePartitioner(sizes)
+        elif kind == "linear":
+            part = fp.LinearPartitioner(num_clients)
+        else:
+            raise PartitionError(f"unknown partition.kind {kind!r}")
+        part.dataset = datasets.Dataset.from_dict({by: y.tolist(), "row": list(range(y.size))})
+        parts = [np.sort(np.asarray(part.load_partition(i)["row"], dtype=np.int64))
+                 for i in range(num_clients)]
+    except PartitionError:
+        raise
+    except (ValueError, IndexError) as exc:
+        raise PartitionError(f"partition.kind={kind!r} cannot split {y.size} rows of "
+                             f"{np.unique(y).size} classes across {num_clients} clients: "
+                             f"{' '.join(str(exc).split())[:300]}. Fix: lower num-clients or "
+                             f"change the partition settings") from None
+    empty = [i for i, p in enumerate(parts) if p.size == 0]
+    if empty:
+        raise PartitionError(f"partition.kind={kind!r} left client(s) {empty} without rows. "
+                             f"Fix: lower num-clients or change the partition settings")
+    return parts
+
+
 def make_partition(kind: str, dataset: object, num_clients: int, seed: int, alpha: float = 0.5,
-                   column: str = "") -> list[Index]:
-    """Dispatch on ``partition.kind``."""
+                   column: str = "", options: Mapping[str, Any] | None = None) -> list[Index]:
+    """Dispatch on ``partition.kind`` (``options``: the ``partition.*`` settings of the
+    flwr-datasets kinds, :data:`OPTION_KEYS`)."""
     y = dataset.y  # type: ignore[attr-defined]
+    if kind in FLWR_KINDS or (kind in ("iid", "dirichlet")
+                              and getattr(dataset, "name", "") == "hf"):
+        return flwr_partition(kind, y, num_clients, seed, alpha, options)
     if kind == "iid":
         return iid(y.size, num_clients, seed)
     if kind == "stratified":

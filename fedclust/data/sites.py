@@ -108,7 +108,7 @@ def check_sites(cfg: Mapping[str, Any], num_nodes: int | None = None) -> list[in
                              f"Allowed: the same columns in every file. Fix: give every site "
                              f"the same features (a label column is named by "
                              f"files.label-column and not counted)")
-    from fedclust.fcm_keys import check_rows
+    from fedclust.fcm.keys import check_rows
 
     check_rows(dict(cfg), rows, "the site files of data-dir")
     return widths

@@ -10,32 +10,15 @@ from __future__ import annotations
 import csv
 import gzip
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from fedclust.data.base import Dataset, DatasetError  # their home; re-exported here
 
-class DatasetError(ValueError):
-    """A dataset cannot be loaded; the message says which file is missing and where to get it."""
-
-
-@dataclass
-class Dataset:
-    name: str
-    x: NDArray[np.float64]
-    y: NDArray[np.int64]
-    groups: dict[str, NDArray[np.int64]] = field(default_factory=dict)
-    feature_names: list[str] = field(default_factory=list)
-    recipe: list[dict[int, int]] | None = None   # explicit per-client label counts
-    n_classes: int = 0
-
-    def __post_init__(self) -> None:
-        self.x = np.ascontiguousarray(self.x, dtype=np.float64)
-        self.y = np.asarray(self.y, dtype=np.int64)
-        self.n_classes = int(np.unique(self.y).size)
+__all__ = ["Dataset", "DatasetError", "load_dataset"]
 
 
 def _need(data_dir: str, *relative: str) -> Path:
@@ -51,7 +34,7 @@ def _need(data_dir: str, *relative: str) -> Path:
             return root / rel
     raise DatasetError(
         f"run config 'data-dir' = {data_dir!r} does not contain {' or '.join(relative)}. "
-        f"Fix: point data-dir at the folder that holds the file(s) (see README: Datasets).")
+        f"Fix: point data-dir at the folder that holds the file(s) (see docs/datasets.md).")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,11 +222,16 @@ OWN_DATA_HELP = {
 def load_dataset(cfg: dict[str, Any]) -> Dataset:
     """Load ``cfg["dataset"]``; raise :class:`DatasetError` with a fix if it cannot be loaded."""
     name = cfg["dataset"]
+    if name == "hf":     # Hugging Face datasets (fedclust[hf]): imported only when asked for
+        from fedclust.data.hf import load_hf
+
+        return load_hf(cfg)
     if name not in DATASETS:
         if name in ("local", "files"):
             raise DatasetError(OWN_DATA_HELP[name])
         raise DatasetError(f"run config 'dataset' = {name!r} is not a tabular dataset. Allowed: "
-                           f"{', '.join(sorted(DATASETS))}, or 'local' (each deployed node "
+                           f"{', '.join(sorted(DATASETS))}, 'hf' (Hugging Face datasets: "
+                           f"hf.path), or 'local' (each deployed node "
                            f"reads its own data-path) or 'files' (one file per simulated "
                            f"client in data-dir). Fix: --run-config 'dataset=\"blobs\"'.")
     return DATASETS[name](cfg)

@@ -12,6 +12,8 @@ import numpy as np
 
 from fedclust import fcm
 from fedclust.data.tabular import load_dataset
+from fedclust.fcm.keys import FCMSettings
+from fedclust.fedfcm.keys import FedFCMSettings
 from fedclust.metrics import format_ci, matched_center_distance
 from fedclust.results import read_history
 
@@ -34,6 +36,14 @@ PAPER_003_T3 = {"kmeans": {1: 92.9, 2: 91.4, 5: 88.0, 10: 87.2},
                 "fedavg": {2: 90.4, 5: 89.5, 10: 88.9}}
 
 
+def stored(cls: type[FCMSettings] | type[FedFCMSettings], config: dict[str, Any]
+           ) -> Any:
+    """The settings of a stored run's ``config`` (keys added since it ran: their defaults)."""
+    from fedclust.config import defaults
+
+    return cls.from_config({**defaults(), **config})
+
+
 def summaries(dirs: list[str]) -> list[tuple[Path, dict[str, Any]]]:
     out = []
     for d in dirs:
@@ -50,16 +60,17 @@ def fcm_table1(dirs: list[str]) -> str:
     pooled: dict[str, np.ndarray] = {}
     for job, s in summaries(dirs):
         cfg = s["config"]
+        st = stored(FCMSettings, cfg)
         name = cfg["dataset"]
         if name not in pooled:
             x = load_dataset(cfg).x
             lo, hi = x.min(0), x.max(0)
             pooled[name] = (x - lo) / np.where(hi > lo, hi - lo, 1.0)
         init = np.load(job / "initial_centers.npy")
-        central = fcm.fcm_from_centers(pooled[name], init, cfg["fcm.m"], cfg["fcm.epsilon"],
-                                       cfg["fcm.max-rounds"]).centers
+        central = fcm.fcm_from_centers(pooled[name], init, st.m, st.epsilon,
+                                       st.max_rounds).centers
         fed = np.load(job / "centers.npy")
-        r = rows[(name, cfg["fcm.fraction"])]
+        r = rows[(name, st.fraction)]
         r["ari"].append(s["metrics"]["eval_ari"])
         r["dist"].append(matched_center_distance(fed, central))
         r["rounds"].append(s["metrics"]["rounds"])
@@ -82,16 +93,16 @@ def fcm_table1(dirs: list[str]) -> str:
 
 def central_index(cfg: dict[str, Any], ks: list[int], seeds: int = 10) -> list[float]:
     """Non-federated fuzzy DB on the pooled data (FCM from k-means++, best of ``seeds``)."""
-    from fedclust.validity import fuzzy_db
+    from fedclust.fedfcm.validity import fuzzy_db
 
     x = load_dataset(cfg).x
+    st = stored(FedFCMSettings, cfg)
     out = []
     for k in ks:
-        fits = [fcm.FuzzyCMeans(k, m=cfg["fedfcm.m"], tol=1e-6, max_iter=300, init="k-means++",
+        fits = [fcm.FuzzyCMeans(k, m=st.m, tol=1e-6, max_iter=300, init="k-means++",
                                 random_state=r).fit(x) for r in range(seeds)]
-        best = min(fits, key=lambda f: fcm.objective(x, f.cluster_centers_, cfg["fedfcm.m"]))
-        out.append(fuzzy_db(x, best.cluster_centers_, cfg["fedfcm.m"], cfg["fedfcm.p"],
-                            cfg["fedfcm.q"]))
+        best = min(fits, key=lambda f: fcm.objective(x, f.cluster_centers_, st.m))
+        out.append(fuzzy_db(x, best.cluster_centers_, st.m, st.p, st.q))
     return out
 
 
@@ -105,7 +116,7 @@ def fedfcm_table1(dirs: list[str], plot: str = "") -> str:
     by_avg: dict[str, list[dict[str, Any]]] = defaultdict(list)
     cfg0 = None
     for _, s in summaries(dirs):
-        by_avg[s["config"]["fedfcm.averaging"]].append(s["metrics"])
+        by_avg[stored(FedFCMSettings, s["config"]).averaging].append(s["metrics"])
         cfg0 = s["config"]
     ks0 = next(iter(by_avg.values()))[0]["ks"]
     central = central_index(cfg0, ks0)
@@ -151,11 +162,12 @@ def fedfcm_table3(dirs: list[str], threshold: float = 1.3) -> str:
     by_dim: dict[tuple[int, int], list[bool]] = defaultdict(list)
     for _, s in summaries(dirs):
         cfg, m = s["config"], s["metrics"]
-        key = (cfg["fedfcm.averaging"], cfg["num-clients"])
+        averaging = stored(FedFCMSettings, cfg).averaging
+        key = (averaging, cfg["num-clients"])
         seen[key] += 1
         if m["fedfuzzdb"][str(m["best_k"])] < threshold:
             hits[key].append(m["best_k"] == 2)
-            if cfg["fedfcm.averaging"] == "kmeans":
+            if averaging == "kmeans":
                 by_dim[(cfg["g2.dim"], cfg["num-clients"])].append(m["best_k"] == 2)
     lines = [f"| averaging | clients | correct K (ours) | (paper) | runs with index < {threshold} "
              f"| runs |", "|---|---|---|---|---|---|"]

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.typing import ArrayLike
+from numpy.typing import ArrayLike, NDArray
 
 from fedclust.fcm.kernel import BLOCK, TINY, Float, Pass, augment, fcm_pass
 
@@ -32,7 +32,7 @@ from fedclust.fcm.kernel import BLOCK, TINY, Float, Pass, augment, fcm_pass
 # m log10(C) = MAX_UNDERFLOW_DIGITS the sums sink towards the float64 underflow (1e-308): with
 # m = 1000 and C = 4 every U_c is exactly 0, the centers never move and the run "converges" on
 # its random initial centers. M_MAX keeps m in a range with meaning (paper 004: m around 2).
-# SecAgg+ sums U in fixed point with an absolute step of about 1e-15 (strategies/secure_fcm.py),
+# SecAgg+ sums U in fixed point with an absolute step of about 1e-15 (fedclust/fcm/secagg.py),
 # so there U_c ~ N C^-m must stay far above it: m log10(C) <= SECURE_UNDERFLOW_DIGITS (with
 # C = 4, m = 19 still matches the plain run to 2e-7; m = 30 is off by 1.5).
 M_MAX = 100.0
@@ -135,6 +135,12 @@ def local_sums(x: ArrayLike, centers: ArrayLike, m: float = 2.0, chunk_size: int
     return res.u, res.ws
 
 
+def labels_from_centers(x: ArrayLike, centers: ArrayLike) -> NDArray[np.int64]:
+    """Crisp labels ``(n,)``: the highest membership, which is the nearest center."""
+    return squared_distances(np.asarray(x, dtype=np.float64),
+                             np.asarray(centers, dtype=np.float64)).argmin(axis=1)
+
+
 def update_centers(u_sum: Float, ws_sum: Float, previous: Float) -> Float:
     """Eq. 3: ``v_c = ΣWS_c / ΣU_c``; a cluster with zero mass keeps its previous center."""
     u_sum = np.asarray(u_sum, dtype=np.float64)
@@ -227,11 +233,15 @@ def fcm_until_stable(x: ArrayLike, centers: ArrayLike, m: float = 2.0, tol: floa
     return v, res.memberships, n_iter
 
 
+_ESTIMATOR_NAMES = ("FuzzyCMeans", "SCORERS", "fuzzy_db_scorer", "partition_coefficient",
+                    "partition_coefficient_scorer", "xie_beni", "xie_beni_scorer")
+
+
 def __getattr__(name: str) -> object:
     # The estimator imports scikit-learn (about a second per ClientApp start): it is imported
     # on first access, so that `import fedclust.fcm` stays light.
-    if name == "FuzzyCMeans":
-        from fedclust.fcm.estimator import FuzzyCMeans
+    if name in _ESTIMATOR_NAMES:
+        from fedclust.fcm import estimator
 
-        return FuzzyCMeans
+        return getattr(estimator, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -40,7 +40,8 @@ from fedclust.fcm import (
 )
 from fedclust.fcm.kernel import fcm_pass
 
-__all__ = ["FuzzyCMeans"]
+__all__ = ["FuzzyCMeans", "SCORERS", "fuzzy_db_scorer", "partition_coefficient",
+           "partition_coefficient_scorer", "xie_beni", "xie_beni_scorer"]
 
 
 class FuzzyCMeans(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixin, BaseEstimator):
@@ -80,6 +81,10 @@ default="uniform"
         rows sum to 1.
     objective_ : float
         :math:`J_m = \sum_j \sum_c \mu_{c,j}^m \|x_j - v_c\|^2` at the final centers.
+    fpc_ : float
+        Fuzzy partition coefficient of the training memberships,
+        :math:`\frac{1}{N}\sum_j \sum_c \mu_{c,j}^2` in :math:`[1/C, 1]` (scikit-fuzzy's
+        ``fpc``; 1 is a crisp partition).
     n_iter_ : int
         Number of center updates run.
     converged_ : bool
@@ -173,6 +178,7 @@ default="uniform"
         self.memberships_ = final.memberships
         self.labels_ = final.memberships.argmax(axis=1)   # highest membership = nearest center
         self.objective_ = final.objective
+        self.fpc_ = partition_coefficient(final.memberships)
         self._n_features_out = self.cluster_centers_.shape[0]
         return self
 
@@ -235,3 +241,114 @@ default="uniform"
         score : float
         """
         return -objective(self._check_test_data(X), self.cluster_centers_, self.m)
+
+
+# --------------------------------------------------------------------------- choosing K
+
+def partition_coefficient(u: ArrayLike) -> float:
+    r"""Bezdek's fuzzy partition coefficient :math:`\frac{1}{N}\sum_j\sum_c u_{j,c}^2`.
+
+    Parameters
+    ----------
+    u : array-like of shape (n_samples, n_clusters)
+        Memberships; rows sum to 1.
+
+    Returns
+    -------
+    float
+        In :math:`[1/C, 1]`; higher is a crisper partition.
+    """
+    u = np.asarray(u, dtype=np.float64)
+    return float(np.einsum("ij,ij->", u, u) / u.shape[0])
+
+
+def xie_beni(X: ArrayLike, centers: ArrayLike, m: float = 2.0) -> float:
+    r"""Xie–Beni index :math:`\frac{\sum_j\sum_c u_{j,c}^m\|x_j-v_c\|^2}
+    {N \min_{c\ne k}\|v_c-v_k\|^2}` (compactness over separation; lower is better).
+
+    Parameters
+    ----------
+    X : array-like of shape (n_samples, n_features)
+    centers : array-like of shape (n_clusters, n_features), n_clusters >= 2
+    m : float, default=2.0
+        Fuzzifier of the memberships.
+
+    Returns
+    -------
+    float
+        ``inf`` when two centers coincide.
+    """
+    x, v = _as_2d(X), _as_2d(centers, "centers")
+    if v.shape[0] < 2:
+        raise ValueError("the Xie–Beni index needs at least 2 clusters")
+    separation = squared_distances(v, v)
+    np.fill_diagonal(separation, np.inf)
+    gap = float(separation.min())
+    return np.inf if gap <= 0 else objective(x, v, m) / (x.shape[0] * gap)
+
+
+def _fuzzy_db(x: Float, centers: Float, m: float) -> float:
+    from fedclust.fedfcm.validity import fuzzy_db
+
+    return fuzzy_db(x, centers, m)
+
+
+def _fitted_centers(estimator: object) -> tuple[Float, float]:
+    """The last step's centers and fuzzifier (a bare estimator or a Pipeline ending in one)."""
+    final = estimator.steps[-1][1] if hasattr(estimator, "steps") else estimator
+    check_is_fitted(final, "cluster_centers_")
+    return np.asarray(final.cluster_centers_, dtype=np.float64), float(getattr(final, "m", 2.0))
+
+
+def _transformed(estimator: object, X: ArrayLike) -> Float:
+    """``X`` as the last step sees it (a Pipeline's earlier steps applied)."""
+    if hasattr(estimator, "steps"):
+        for _, step in estimator.steps[:-1]:
+            if step is not None and step != "passthrough":
+                X = step.transform(X)
+    return _as_2d(X)
+
+
+def fuzzy_db_scorer(estimator: object, X: ArrayLike, y: object = None) -> float:
+    """Minus the fuzzy Davies–Bouldin index (paper 003, eq. 7–13) of ``X`` at the fitted
+    centers: ``GridSearchCV(FuzzyCMeans(), {"n_clusters": range(2, 9)},
+    scoring=fuzzy_db_scorer)`` keeps the K of the lowest index (the centralized version of
+    FedFCM's choice). ``-inf`` for one cluster.
+
+    Parameters
+    ----------
+    estimator : FuzzyCMeans, or a Pipeline ending in one (the earlier steps transform ``X``)
+    X : array-like of shape (n_samples, n_features)
+    y : Ignored
+
+    Returns
+    -------
+    float
+        Higher is better.
+    """
+    centers, m = _fitted_centers(estimator)
+    if centers.shape[0] < 2:
+        return -np.inf
+    return -_fuzzy_db(_transformed(estimator, X), centers, m)
+
+
+def partition_coefficient_scorer(estimator: object, X: ArrayLike, y: object = None) -> float:
+    """The partition coefficient of ``X``'s memberships to the fitted centers (higher is
+    crisper). It tends to fall as K grows: compare it across K together with an index that
+    weighs separation (:func:`fuzzy_db_scorer`, :func:`xie_beni_scorer`)."""
+    centers, m = _fitted_centers(estimator)
+    return partition_coefficient(memberships(_transformed(estimator, X), centers, m))
+
+
+def xie_beni_scorer(estimator: object, X: ArrayLike, y: object = None) -> float:
+    """Minus the Xie–Beni index of ``X`` at the fitted centers (higher is better; ``-inf`` for
+    one cluster or coinciding centers)."""
+    centers, m = _fitted_centers(estimator)
+    if centers.shape[0] < 2:
+        return -np.inf
+    return -xie_beni(_transformed(estimator, X), centers, m)
+
+
+#: ``GridSearchCV(scoring=SCORERS, refit="fuzzy_db")`` reports all three per K.
+SCORERS = {"fuzzy_db": fuzzy_db_scorer, "partition_coefficient": partition_coefficient_scorer,
+           "xie_beni": xie_beni_scorer}

@@ -25,21 +25,20 @@ Stopping: one round moves the centers only by the answering clients' share, so a
 sum was computed from; the loop stops when every client has answered and the drift is below
 :math:`\varepsilon` (with :math:`\gamma = 1` the drift is the shift).
 
-This module is numpy only (no Flower): :class:`LatestSums` is the server's store, and
-:func:`partial_participation_fcm` runs either rule over a list of client arrays, sampling the
-participants like the server loop (``strategies/exact_fcm.py``) does.
+This module is numpy only (no Flower): :class:`LatestSums` is the server's store and
+:func:`converged` the stopping rule; :class:`fedclust.fcm.loop.IncrementalRule` uses both in
+the server's loop.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Hashable, Iterable, Mapping
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from fedclust.fcm import Float, local_sums, update_centers
+from fedclust.fcm import Float
 
 
 class LatestSums:
@@ -162,82 +161,3 @@ def converged(store: LatestSums, required: Iterable[Hashable], centers: ArrayLik
     """
     required = set(required)
     return required <= set(store.clients()) and store.drift(centers, required) < tol
-
-
-@dataclass
-class PartialResult:
-    """Outcome of :func:`partial_participation_fcm`.
-
-    ``sampled[t]`` lists the client indices of round ``t + 1``; ``drifts`` is empty for the
-    paper's rule.
-    """
-
-    centers: Float
-    n_rounds: int
-    converged: bool
-    shifts: list[float] = field(default_factory=list)
-    drifts: list[float] = field(default_factory=list)
-    sampled: list[list[int]] = field(default_factory=list)
-
-
-def partial_participation_fcm(parts: Sequence[ArrayLike], centers: ArrayLike, m: float = 2.0,
-                              fraction: float = 1.0,
-                              rng: int | np.random.Generator | None = None,
-                              tol: float = 0.005, max_rounds: int = 30,
-                              incremental: bool = True) -> PartialResult:
-    """Exact federated FCM over in-memory clients, with the server loop's participation.
-
-    Each round draws ``⌈γM⌉`` of the ``M`` clients (``rng.choice`` over positions, without
-    replacement, as ``strategies/exact_fcm.py`` does), computes their
-    :func:`fedclust.fcm.local_sums` from the current centers and updates with
-    :func:`fedclust.fcm.update_centers` from either this round's sums (``incremental=False``,
-    paper 004) or every client's latest sums (:class:`LatestSums`).
-
-    Parameters
-    ----------
-    parts : sequence of arrays (n_k, F)
-        The clients' (already scaled) rows.
-    centers : array (C, F)
-        Initial centers.
-    m : float
-        Fuzzifier.
-    fraction : float
-        Participation γ in (0, 1].
-    rng : int or Generator
-        Draws the participants; pass the server's generator to replay a server run.
-    tol : float
-        ε: the paper's rule stops when ``‖V(t+1) − V(t)‖_F < ε``; the incremental rule when
-        every client has answered and the drift is below ε (:func:`converged`).
-    max_rounds : int
-    incremental : bool
-        Which rule.
-    """
-    xs = [np.asarray(p, dtype=np.float64) for p in parts]
-    v = np.array(centers, dtype=np.float64)
-    rng = np.random.default_rng(rng)
-    n_sample = min(len(xs), max(1, math.ceil(fraction * len(xs))))
-    store = LatestSums(*v.shape) if incremental else None
-    out = PartialResult(v, 0, False)
-    for rnd in range(1, max_rounds + 1):
-        sampled = sorted(int(i) for i in rng.choice(len(xs), size=n_sample, replace=False))
-        sums = {k: local_sums(xs[k], v, m) for k in sampled}
-        if store is None:
-            u = np.sum([s[0] for s in sums.values()], axis=0)
-            ws = np.sum([s[1] for s in sums.values()], axis=0)
-        else:
-            store.replace(rnd, v, sums)
-            u, ws = store.totals()
-        new = update_centers(u, ws, v)
-        out.shifts.append(float(np.linalg.norm(new - v)))
-        out.sampled.append(sampled)
-        v = new
-        if store is None:
-            done = out.shifts[-1] < tol
-        else:
-            out.drifts.append(store.drift(v))
-            done = converged(store, range(len(xs)), v, tol)
-        if done:
-            out.converged = True
-            break
-    out.centers, out.n_rounds = v, rnd
-    return out

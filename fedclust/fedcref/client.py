@@ -155,7 +155,9 @@ def train_local(state: ClientState, x: NDArray, cfg: dict[str, Any], seed: int) 
     params = ae.init_params(len(clusters), layer, seed, cfg["fedcref.ae-init"])
     train_on = np.ones(len(x), dtype=bool)
     state.held_out = None
-    if cfg["fedcref.assoc-rule"] in HELD_OUT_RULES and cfg["fedcref.association"] == "mutual":
+    # the baselines (association none / perfect) hold out the same samples, so that they
+    # differ from the run only in the cluster graph
+    if cfg["fedcref.assoc-rule"] in HELD_OUT_RULES:
         state.held_out = hold_out(state.labels, cfg["fedcref.holdout"], derive_seed(seed, 3))
         train_on = ~state.held_out
     previous = {int(q): r for r, q in enumerate(state.model_clusters)}
@@ -290,9 +292,12 @@ def refine(state: ClientState, x: NDArray, community_models: ae.Params, mode: st
       test (:func:`fedclust.fedcref.association.confident_accepts`) on its member cluster's
       samples (:func:`confirm_communities`).
       A sample whose ``q*(x)`` is in a confirmed community goes to the best of the client's
-      confirmed community models (models trained on comparable amounts of data compete);
-      any other sample keeps its own models. A community model never wins a sample of a
-      cluster that no confirmed community covers.
+      confirmed community models and the own models of its clusters that no confirmed
+      community covers; any other sample keeps its own models. A community model never wins
+      a sample whose best own model is a cluster no confirmed community covers: the models
+      trained on several clients' data, which reconstruct every kind of sample better than
+      one client's models do, never pull samples out of the classes they were not trained
+      on.
 
     Samples are then assigned by Algorithm 2's greedy picks among the models each sample may
     go to (:func:`fedclust.fedcref.refine.cluster_refine` on errors masked to +inf).
@@ -330,8 +335,10 @@ def refine(state: ClientState, x: NDArray, community_models: ae.Params, mode: st
             outcome.confirmed = confirm_communities(state, own, com, members, epsilon, beta)
             covered = [r for r, q in enumerate(state.model_clusters)
                        if any(q in members[g] for g in np.flatnonzero(outcome.confirmed))]
+            uncovered = np.setdiff1d(np.arange(n_own), covered)
             for r in covered:
                 allow_by_own[r, :n_own] = False
+                allow_by_own[r, uncovered] = True
                 allow_by_own[r, n_own + np.flatnonzero(outcome.confirmed)] = True
     gate = np.argmin(own[state.model_clusters], axis=0) if n_own else None
     masked = errors if gate is None else np.where(allow_by_own[gate].T, errors, np.inf)

@@ -16,6 +16,7 @@ from numpy.typing import NDArray
 
 from fedclust.fedcref import autoencoder as ae
 from fedclust.fedcref import client as core
+from fedclust.fedcref import wire
 from fedclust.fedcref.algorithm import Contribution, LocalReply, Model, Node, RefineReply
 
 
@@ -64,7 +65,8 @@ class InMemoryClients:
             if i in active or not ae.n_models(st.models):
                 core.train_local(st, self.xs[i], self.cfg, self._seed(i, seed))
                 reply.version = st.version
-                reply.models = {int(q): {k: v[j:j + 1] for k, v in ae.to_numpy(st.models).items()}
+                sent = wire.roundtrip(ae.to_numpy(st.models), self.cfg["fedcref.wire"])
+                reply.models = {int(q): {k: v[j:j + 1] for k, v in sent.items()}
                                 for j, q in enumerate(st.model_clusters)}
                 reply.modelled = [int(q) for q in st.model_clusters]
             else:
@@ -95,14 +97,19 @@ class InMemoryClients:
         out = {}
         for i in sorted(members):
             gs = [g for g, _ in members[i]]
-            mine = [p[gs] for p in params]
+            mine = self._travel([p[gs] for p in params])
             trained, counts = core.train_communities(
                 self.xs[i], self.states[i].labels, mine,
                 [np.asarray(qs, dtype=np.int64) for _, qs in members[i]], self.cfg,
                 self._seed(i, seed))
+            trained = self._travel(trained)
             out[i] = [Contribution(g, [p[j:j + 1] for p in trained], float(counts[j]))
                       for j, g in enumerate(gs)]
         return out
+
+    def _travel(self, params: ae.Params) -> ae.Params:
+        """``params`` as a message in the run's wire format delivers them."""
+        return ae.from_numpy(wire.roundtrip(ae.to_numpy(params), self.cfg["fedcref.wire"]))
 
     def refine(self, t: int, targets: list[int], params: ae.Params,
                members: dict[int, list[tuple[int, list[int]]]]) -> dict[int, RefineReply]:
@@ -110,6 +117,7 @@ class InMemoryClients:
         for i in targets:
             models, mine, ids = core.refine_inputs(params, members.get(i, []),
                                                    self.cfg["fedcref.refine"])
+            models = self._travel(models) if ae.n_models(models) else models
             r = core.refine(self.states[i], self.xs[i], models, self.cfg["fedcref.refine"],
                             mine, self.cfg["fedcref.margin"], self.cfg["fedcref.beta"], ids)
             covered = self.cfg["fedcref.refine"] == "covered"

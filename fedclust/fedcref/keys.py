@@ -49,7 +49,7 @@ KEYS: list[Key] = [
         low=0.0, high=1.0, low_open=True),
     Key("fedcref.theta", float, 0.2, "theta: association threshold on the normalised error gap",
         low=0.0, high=1.0),
-    Key("fedcref.assoc-rule", str, "ratio", "association test: 'confident' (not in the "
+    Key("fedcref.assoc-rule", str, "confident", "association test: 'confident' (not in the "
         "paper: sign tests at level beta on the cluster's own samples that the foreign model "
         "is within fedcref.margin of the own model on held-out samples, within "
         "fedcref.best-margin of the best foreign model, and better than each of the "
@@ -68,9 +68,12 @@ KEYS: list[Key] = [
     Key("fedcref.best-margin", float, 0.1, "assoc-rule=confident: a foreign model must be "
         "within a factor e^best-margin of the best foreign model's error on most of the "
         "cluster's samples", low=0.0),
+    Key("fedcref.wire", str, "int8", "number format of model weights in messages: "
+        "'float32', 'float16' or 'int8' (8-bit weights with one scale per output unit: about "
+        "a quarter of the bytes)", choices=("float32", "float16", "int8")),
     Key("fedcref.cannot-link", bool, True, "cut the cluster graph so that no community holds "
         "two clusters of one client (a minimum edge cut between them; not in the paper)"),
-    Key("fedcref.refine", str, "paper", "refinement (Algorithm 2): 'paper' (every sample may "
+    Key("fedcref.refine", str, "covered", "refinement (Algorithm 2): 'paper' (every sample may "
         "go to any community model), 'gated' (a sample is offered only the communities of "
         "the cluster whose own model reconstructs it best) or 'covered' (a sample whose best "
         "own model belongs to a community the client confirms is reassigned among the "

@@ -1,4 +1,5 @@
-"""Secure sums for exact federated FCM with Flower's SecAgg+ (server side).
+"""Exact federated FCM with Flower's SecAgg+: :class:`SecureClients`, the
+:class:`fedclust.fcm.loop.Clients` whose rounds and final phase the server learns only as sums.
 
 The server learns only ``ΣU`` (c,) and ``ΣWS`` (c, f) over the clients of a round, never a
 client's own sums; the final phase likewise sums the objective ``J`` and, on the evaluation path,
@@ -9,10 +10,10 @@ count/mean/M2 for standard scaling — see docs/deployment.md.)
 Flower 1.41/1.42 implements SecAgg+ only as a *legacy* server workflow
 (:class:`flwr.server.workflow.SecAggPlusWorkflow`, which needs a ``LegacyContext``) and a client
 mod (``secaggplus_mod``) that only handles the default ``"train"`` message type. This module
-drives that workflow for one round between the Message-API phases of
-:mod:`strategies.exact_fcm`; the client side is :mod:`client_apps.secagg_handlers`.
+drives that workflow for one round between the Message-API phases of the loop; the client side
+is :mod:`client_apps.secagg_handlers`, the messages :mod:`strategies.wire.fcm`.
 
-The encoding of the sums (exact through SecAgg+'s quantizer) is :mod:`fedclust.secagg`.
+The encoding of the sums (exact through SecAgg+'s quantizer) is :mod:`fedclust.fcm.secagg`.
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid
 
-from fedclust.secagg import (
+from fedclust.fcm.keys import FCMSettings
+from fedclust.fcm.loop import RoundSums
+from fedclust.fcm.phases import FinalStats, Replies, Scaling, check_pooled_rows
+from fedclust.fcm.secagg import (
     CLIP,
     LIMBS,
     MOD,
-    PHASE_FINAL,
-    PHASE_SUMS,
     QUANT,
     final_length,
     scale_for,
@@ -43,52 +45,120 @@ from fedclust.secagg import (
 from strategies.common import (
     Exchange,
     config_answered,
+    node_name,
     record_nbytes,
     reject,
     with_run_config,
 )
+from strategies.fcm.family import FamilyClients
+from strategies.wire import fcm as wire
 
 LOG = logging.getLogger("fedclust")
 
-def secure_sums(grid: Grid, sampled_node_ids: list[int], content: RecordDict, c: int, f: int,
-                cfg: dict[str, Any], rnd: int, bound: float | None = None
+
+class SecureClients(FamilyClients):
+    """:class:`fedclust.fcm.loop.Clients` with SecAgg+ sums: each round's ``(ΣU, ΣWS)`` and the
+    final ``ΣJ`` (and summed evaluation table) come out of one SecAgg+ round each; the server
+    checks the totals (:func:`strategies.wire.fcm.secure_sums_problem`) and stops on an
+    implausible one, naming the round's contributors. The scaling phase is plain (without the
+    nodes' row counts)."""
+
+    s: FCMSettings
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.bound: float | None = None   # max|x| after scaling: fixes the public divisors
+        self.last_round = 0
+
+    def sums(self, rnd: int, sampled: list[int], centers: np.ndarray, sc: Scaling
+             ) -> RoundSums:
+        c, f = centers.shape
+        if self.bound is None:   # before the first round
+            check_secure_round(len(sampled))
+            self.bound = secure_bound(sc.low, sc.high)
+        self.last_round = rnd
+        u, ws, ex, n_contrib, rows = secure_sums(self.grid, sampled, centers, sc, self.timeout,
+                                                 rnd, self.bound)
+        if n_contrib:
+            _check_secure_total(wire.secure_sums_problem(u, ws, rows, sc.box, c, self.s.m),
+                                f"round-{rnd}", sampled, ex)
+            if not ex.failed and len(sampled) == len(self.ids):
+                check_pooled_rows(self.s, {}, len(sampled), 0, int(round(rows)))
+        return RoundSums(u, ws, n_contrib, _replies(ex), totals_only=True)
+
+    def final(self, centers: np.ndarray, sc: Scaling) -> FinalStats:
+        c, f = centers.shape
+        codes = sc.eval_codes if self.s.evaluate else sc.eval_codes[:0]
+        objective, table, ex, n_final, rows = secure_final(
+            self.grid, self.ids, centers, sc, self.timeout, self.last_round + 1, codes,
+            self.run_dir, self.bound)
+        if n_final:
+            _check_secure_total(wire.secure_final_problem(objective, table, rows, sc.box),
+                                "final", self.ids, ex)
+        if table is None:
+            return FinalStats(objective, _replies(ex))
+        return FinalStats(objective, _replies(ex), tables=[(codes, table)],
+                          eval_nodes=len(sc.eval_nodes - set(ex.failed)),
+                          eval_rows=int(round(float(table.sum()))))
+
+
+def _replies(ex: Exchange) -> Replies:
+    return Replies(failed=dict(ex.failed), excluded=dict(ex.excluded), seconds=ex.seconds,
+                   bytes_sent=ex.bytes_sent, bytes_received=ex.bytes_received)
+
+
+def _check_secure_total(problem: str | None, phase: str, asked: list[int], ex: Exchange
+                        ) -> None:
+    """Stop on an implausible SecAgg+ total: one of the round's contributors sent bad sums,
+    and SecAgg+ hides which one."""
+    if not problem:
+        return
+    who = sorted(set(asked) - set(ex.failed))
+    raise RuntimeError(
+        f"exact FCM with SecAgg+: the securely summed statistics of phase '{phase}' are "
+        f"implausible ({problem}). One of the {len(who)} contributing nodes "
+        f"({', '.join(node_name(n) for n in who)}) sent bad sums; secure aggregation hides "
+        f"each node's own sums, so the server cannot tell which one. Fix: check those nodes "
+        f"(their data, their fedclust version), or run once with "
+        f"fcm.secure-aggregation=false, whose per-node checks name the node.")
+
+
+def secure_sums(grid: Grid, sampled_node_ids: list[int], centers: np.ndarray, sc: Scaling,
+                timeout: float, rnd: int, bound: float
                 ) -> tuple[np.ndarray, np.ndarray, Exchange, int, float]:
     """One SecAgg+ round over ``sampled_node_ids``; return ``(ΣU, ΣWS, exchange, n, ΣN)``
     (``ΣN``: the contributors' rows together, against which the server checks ``ΣU``).
 
-    ``content`` is the round's plain payload (``centers`` and ``scaling`` ArrayRecords); it is
-    sent to the clients as the legacy ``FitIns`` parameters ``[centers, shift, scale]``.
+    The round's payload is the legacy ``FitIns`` parameters ``[centers, shift, scale]``.
     Clients that drop out during the protocol are reconstructed away by SecAgg+ (as long as a
     threshold of neighbours survives) and named in ``exchange.failed``; if the protocol halts
     (too few survivors), the round contributes nothing (zero sums, ``n = 0``) and the centers
     stay where they are.
     """
-    scale = scale_for(_bound_after_scaling(cfg) if bound is None else bound)
+    c, f = centers.shape
+    scale = scale_for(bound)
     scale_u = scale_for(1.0)
-    total, ex, n = _secure_round(grid, sampled_node_ids, content, cfg, rnd, {
-        "fedclust.phase": PHASE_SUMS, "fedclust.secure-scale": scale,
-        "fedclust.secure-scale-u": scale_u, "fedclust.limbs": LIMBS,
-        "fedclust.with-rows": True}, sums_length(c, f))
+    total, ex, n = _secure_round(grid, sampled_node_ids, centers, sc, timeout, rnd,
+                                 wire.secure_sums_config(scale, scale_u, LIMBS),
+                                 sums_length(c, f))
     if total is None:
         return np.zeros(c), np.zeros((c, f)), ex, 0, 0.0
     u, ws = unpack(total, c, f, scale, scale_u=scale_u)
     return u, ws, ex, n, unpack_count(total, LIMBS * (c + c * f), scale_u)
 
 
-def final_scales(f: int, cfg: dict[str, Any], bound: float | None = None
-                 ) -> tuple[float, float]:
+def final_scales(f: int, bound: float) -> tuple[float, float]:
     """Public divisors of the final phase: ``(S_J, S_table)``.
 
     ``J = Σ_j Σ_i u_ij^m ‖x_j − v_i‖² ≤ N · F · (2·max|x|)²`` (memberships^m sum to ≤ 1 per point,
-    centers lie in the data's box); contingency counts are integers ≤ N.
+    centers lie in the data's box; ``bound``: ``max|x|`` after scaling); contingency counts are
+    integers ≤ N.
     """
-    bound = _bound_after_scaling(cfg) if bound is None else bound
     return scale_for(f * (2.0 * bound) ** 2), scale_for(1.0)
 
 
-def secure_final(grid: Grid, node_ids: list[int], content: RecordDict, c: int, f: int,
-                 cfg: dict[str, Any], rnd: int, eval_codes: np.ndarray, run_dir: str = "",
-                 bound: float | None = None
+def secure_final(grid: Grid, node_ids: list[int], centers: np.ndarray, sc: Scaling,
+                 timeout: float, rnd: int, eval_codes: np.ndarray, run_dir: str, bound: float
                  ) -> tuple[float, np.ndarray | None, Exchange, int, float]:
     """The final phase under SecAgg+: ``(ΣJ, Σ contingency or None, exchange, n, ΣN)``.
 
@@ -97,14 +167,13 @@ def secure_final(grid: Grid, node_ids: list[int], content: RecordDict, c: int, f
     label codes the nodes reported in the scaling phase, one table row each) the label × cluster
     table of the federation only, never a client's own. ``ΣJ`` is NaN if the protocol halted.
     """
+    c, f = centers.shape
     eval_rows = len(eval_codes)
-    scale_j, scale_t = final_scales(f, cfg, bound)
-    total, ex, n = _secure_round(grid, node_ids, content, cfg, rnd, {
-        "fedclust.phase": PHASE_FINAL, "fedclust.secure-scale": scale_j,
-        "fedclust.secure-scale-table": scale_t, "fedclust.limbs": LIMBS,
-        "fedclust.eval-codes": np.asarray(eval_codes, dtype="<i8").tobytes(),
-        "fedclust.run-dir": str(run_dir), "fedclust.with-rows": True},
-        final_length(int(eval_rows), c))
+    scale_j, scale_t = final_scales(f, bound)
+    total, ex, n = _secure_round(grid, node_ids, centers, sc, timeout, rnd,
+                                 wire.secure_final_config(scale_j, scale_t, LIMBS, eval_codes,
+                                                          run_dir),
+                                 final_length(int(eval_rows), c))
     if total is None:
         return float("nan"), None, ex, 0, 0.0
     j, table = unpack_final(total, int(eval_rows), c, scale_j, scale_t)
@@ -112,8 +181,8 @@ def secure_final(grid: Grid, node_ids: list[int], content: RecordDict, c: int, f
     return j, (table if eval_rows > 0 else None), ex, n, rows
 
 
-def _secure_round(grid: Grid, node_ids: list[int], content: RecordDict, cfg: dict[str, Any],
-                  rnd: int, fit_config: dict[str, Any], length: int
+def _secure_round(grid: Grid, node_ids: list[int], centers: np.ndarray, sc: Scaling,
+                  timeout: float, rnd: int, fit_config: dict[str, Any], length: int
                   ) -> tuple[np.ndarray | None, Exchange, int]:
     """Drive one SecAgg+ round; return ``(Σ of the clients' vectors or None, exchange, n)``.
 
@@ -133,9 +202,7 @@ def _secure_round(grid: Grid, node_ids: list[int], content: RecordDict, cfg: dic
     t0 = time.perf_counter()
     ex = Exchange()
     nodes = sorted(int(n) for n in node_ids)
-    centers = content.array_records["centers"]["centers"].numpy()
-    sc = content.array_records["scaling"]
-    shift, sc_scale = sc["shift"].numpy(), sc["scale"].numpy()
+    params = wire.secure_parameters(centers, sc.shift, sc.scale)
     if len(nodes) < 2:
         ex.failed.update({n: "secure aggregation needs at least 2 clients" for n in nodes})
         ex.seconds = time.perf_counter() - t0
@@ -161,7 +228,7 @@ def _secure_round(grid: Grid, node_ids: list[int], content: RecordDict, cfg: dic
     strategy = _RoundStrategy(
         fraction_fit=1.0, fraction_evaluate=0.0, min_fit_clients=len(nodes),
         min_available_clients=len(nodes), min_evaluate_clients=0,
-        initial_parameters=ndarrays_to_parameters([centers, shift, sc_scale]))
+        initial_parameters=ndarrays_to_parameters(params))
     base = Context(run_id=getattr(grid.run, "run_id", 0) if grid.run else 0, node_id=0,
                    node_config={}, state=RecordDict(), run_config={})
     lctx = LegacyContext(context=base, config=ServerConfig(num_rounds=1), strategy=strategy)
@@ -173,17 +240,17 @@ def _secure_round(grid: Grid, node_ids: list[int], content: RecordDict, cfg: dic
     workflow = SecAggPlusWorkflow(
         num_shares=1.0 if len(nodes) <= 5 else 0.5, reconstruction_threshold=0.6,
         clipping_range=CLIP, quantization_range=QUANT, modulus_range=MOD, max_weight=1.0,
-        timeout=float(cfg["timeout"]))
+        timeout=float(timeout))
     # The workflow sends FitIns parameters from the main params record: put the round payload
     # there (centers, shift, scale), and read the summed vector back from the same record.
-    lctx.state.array_records[MAIN_PARAMS_RECORD] = _params_record([centers, shift, sc_scale])
+    lctx.state.array_records[MAIN_PARAMS_RECORD] = _params_record(params)
     counting = _CountingGrid(grid, length)
     workflow(counting, lctx)
     ex.bytes_sent, ex.bytes_received = counting.bytes_sent, counting.bytes_received
     after = lctx.state.array_records[MAIN_PARAMS_RECORD]
     n = int(seen.get("n", 0))
     contributors = seen.get("contributors", [])
-    label = f"round-{rnd}" if fit_config["fedclust.phase"] == PHASE_SUMS else "final"
+    label = "final" if wire.is_final(fit_config) else f"round-{rnd}"
     for nid, problem in counting.rejected.items():
         reject(ex, nid, problem, label)
     for nid in nodes:
@@ -228,15 +295,6 @@ def check_secure_round(n_sampled: int) -> None:
             f"encodes {n_sampled} values of up to 2^22 in 32-bit arithmetic, which holds at "
             f"most {MAX_SECURE_CLIENTS}. Fix: lower fcm.fraction so that at most "
             f"{MAX_SECURE_CLIENTS} clients are sampled per round")
-
-
-def _bound_after_scaling(cfg: dict[str, Any]) -> float:
-    """A bound on ``max|x|`` after federated scaling when the federated bounds are not at hand.
-
-    minmax → 1. Otherwise a generous 1e6 (S = 2^60): the error bound then grows to
-    ~n · 2^-30 per summed value, still far below FCM's tolerance.
-    """
-    return 1.0 if cfg.get("scaling", "minmax") == "minmax" else 1e6
 
 
 def _params_record(ndarrays: list[np.ndarray]) -> Any:
@@ -295,7 +353,7 @@ class _CountingGrid:
             if nid is not None:
                 answered.add(nid)
             self.bytes_received += record_nbytes(r.content)
-            problem = _masked_size_problem(r.content, self.length)
+            problem = wire.masked_size_problem(r.content, self.length)
             if problem and nid is not None:
                 # kept from the sum: SecAgg+ treats the node as dropped and removes its masks
                 self.rejected[nid] = problem
@@ -308,20 +366,3 @@ class _CountingGrid:
         ok = {by_msg.get(r.metadata.reply_to_message_id) for r in replies if not r.has_error()}
         config_answered(ok - {None}, set(by_msg.values()) - ok)
         return clean
-
-
-def _masked_size_problem(content: RecordDict, length: int) -> str | None:
-    """What is wrong with the size of a masked vector in a SecAgg+ reply (None: no masked
-    vector in it, or the right size). The values are masked; their size is not."""
-    from flwr.common import bytes_to_ndarray
-
-    rec = content.config_records.get("secaggplus_configs")
-    if rec is None or "masked_params" not in rec:
-        return None
-    try:
-        size = sum(bytes_to_ndarray(b).size for b in rec["masked_params"])
-    except Exception as exc:  # bytes that are no array
-        return f"its masked vector is not readable ({type(exc).__name__})"
-    if size != length + 1:   # secaggplus_mod puts the weight factor before the vector
-        return f"its masked vector holds {size - 1} values, expected {length}"
-    return None

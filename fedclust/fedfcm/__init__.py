@@ -1,4 +1,10 @@
-r"""FedFCM: federated fuzzy c-means with k-means averaging (paper 003, §2.2.1).
+r"""FedFCM: federated fuzzy c-means with k-means averaging (paper 003, §2.2.1), FedFuzzDB and
+the choice of K.
+
+This module holds the averaging functions and the local step. The server's loop is
+:mod:`fedclust.fedfcm.loop`; the client steps :mod:`fedclust.fedfcm.client`; the index
+:mod:`fedclust.fedfcm.validity`; the run-config keys and settings :mod:`fedclust.fedfcm.keys`;
+in-memory clients :mod:`fedclust.fedfcm.inmemory`.
 
 Protocol (paper 003, steps 1–6): the server shares global centers; every client runs local
 FCM to convergence from them (:func:`fedclust.fcm.fcm_until_stable`) and returns its local
@@ -18,7 +24,6 @@ import warnings
 from collections.abc import Sequence
 
 import numpy as np
-from numpy.typing import NDArray
 
 from fedclust.fcm import Float, fcm_until_stable
 
@@ -97,37 +102,3 @@ def local_step(x: Float, global_centers: Float, m: float, tol: float, max_iter: 
     """
     centers, u, n_iter = fcm_until_stable(x, global_centers, m=m, tol=tol, max_iter=max_iter)
     return centers, u.sum(axis=0), n_iter
-
-
-def fedfcm_simulate(client_data: Sequence[Float], n_clusters: int, m: float = 2.0,
-                    averaging: str = "kmeans", init: Float | None = None, tol: float = 0.01,
-                    max_rounds: int = 10, local_tol: float = 1e-3, local_max_iter: int = 50,
-                    random_state: int = 0) -> tuple[Float, int]:
-    """Run FedFCM on in-memory client datasets (reference implementation for tests).
-
-    The Flower server loop (``strategies/fedfcm.py``) performs exactly these steps through
-    messages.
-    """
-    rng = np.random.default_rng(random_state)
-    if init is None:
-        lo = np.min([c.min(0) for c in client_data], axis=0)
-        hi = np.max([c.max(0) for c in client_data], axis=0)
-        init = lo + rng.random((n_clusters, lo.size)) * (hi - lo)
-    centers = np.asarray(init, dtype=np.float64)
-    previous: Float | None = None if averaging == "kmeans" else centers
-    for rnd in range(1, max_rounds + 1):
-        steps = [local_step(x, centers, m, local_tol, local_max_iter) for x in client_data]
-        new = average(averaging, [s[0] for s in steps], [s[1] for s in steps], n_clusters,
-                      previous, random_state)
-        shift = center_shift(centers, new)
-        centers, previous = new, new
-        if shift <= tol:
-            return centers, rnd
-    return centers, max_rounds
-
-
-def labels_from_centers(x: Float, centers: Float) -> NDArray[np.int64]:
-    """Crisp labels (highest membership = nearest center)."""
-    from fedclust.fcm import squared_distances
-
-    return squared_distances(np.asarray(x, dtype=np.float64), centers).argmin(axis=1)

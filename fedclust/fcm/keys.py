@@ -1,10 +1,17 @@
-"""Run-config keys of the fuzzy c-means family (exact federated FCM and FedFCM)."""
+"""Run-config keys of exact federated FCM (``fcm.*``), the typed settings built from them
+(:class:`FCMSettings`), and the checks the FCM family shares: the fuzzifier against underflow,
+clusters against rows, the server's preflight.
+
+FedFCM's keys and settings are :mod:`fedclust.fedfcm.keys`.
+"""
 
 from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from fedclust.fcm import M_MAX, MAX_UNDERFLOW_DIGITS, SECURE_UNDERFLOW_DIGITS, fuzzifier_problem
 from fedclust.schema import Key, require
@@ -30,37 +37,114 @@ FCM_KEYS: list[Key] = [
         "not with fcm.secure-aggregation"),
 ]
 
-FEDFCM_KEYS: list[Key] = [
-    Key("fedfcm.k-min", int, 2, "smallest number of clusters K tried", low=2),
-    Key("fedfcm.k-max", int, 6, "largest number of clusters K tried", low=2),
-    Key("fedfcm.m", float, 2.0, f"fuzzifier m; at most {M_MAX:g} and m*log10(K) <= "
-        f"{MAX_UNDERFLOW_DIGITS:g} (larger m: u^m underflows)", low=1.0, high=M_MAX,
-        low_open=True),
-    Key("fedfcm.averaging", str, "kmeans", "global update: k-means averaging (paper 003) or "
-        "support-weighted federated averaging", choices=("kmeans", "fedavg")),
-    Key("fedfcm.tol", float, 0.01, "stop when sum_k ||c_k(t) - c_k(t+1)|| <= tol", low=0.0),
-    Key("fedfcm.max-rounds", int, 10, "maximum federated rounds per K", low=1),
-    Key("fedfcm.local-tol", float, 1e-3, "local FCM stops when ||U(t+1) - U(t)||_F <= local-tol",
-        low=0.0),
-    Key("fedfcm.local-max-iter", int, 50, "maximum local FCM iterations per round", low=1),
-    Key("fedfcm.local-index", bool, True,
-        "clients also report their local (non-federated) fuzzy DB index per K"),
-    Key("fedfcm.local-k-max", int, 0, "largest K of the local index (0 = fedfcm.k-max; else "
-        "at least 2 and at least fedfcm.k-min); paper 003 Table 1 uses 5", low=0,
-        check=lambda v: ("1 is not a cluster count: the local index needs K >= 2 (0 means "
-                         "fedfcm.k-max)") if v == 1 else None),
-    Key("fedfcm.p", float, 2.0, "Minkowski p of the center distances M_ij", low=1.0),
-    Key("fedfcm.q", float, 1.0, "power q of the spread S_i", low=1.0),
-    Key("fedfcm.privacy-guard", bool, True,
-        "a client with N <= K(F+1)/F points (K = fedfcm.k-max) sends no statistic in any phase "
-        "(paper 004 §4.2's rule applied to FedFCM: a tiny client's local centers are its rows)"),
-]
 
+class FamilySettings:
+    """What the two FCM-family settings share: the privacy guard of paper 004 §4.2 and the
+    names of the keys that messages about it quote."""
+
+    method: ClassVar[str]         #: run config ``method``
+    clusters_key: ClassVar[str]   #: the key of :attr:`clusters`
+    guard_key: ClassVar[str]      #: the key of ``privacy_guard``
+    clusters_symbol: ClassVar[str]   #: the symbol of :attr:`clusters` in messages
+    m_key: ClassVar[str]          #: the key of ``m``
+    privacy_guard: bool
+    m: float
+
+    @property
+    def clusters(self) -> int:
+        """The most clusters the run fits (exact FCM: ``C``; FedFCM: ``K`` max)."""
+        raise NotImplementedError
+
+    @property
+    def hides_rows(self) -> bool:
+        """Whether the nodes keep their row counts to themselves (exact FCM with SecAgg+)."""
+        return False
+
+    def guard_bound(self, n_features: int) -> float | None:
+        """``C(F+1)/F`` when the privacy guard is on (None when off): a client with at most
+        that many rows sends no statistic in any phase."""
+        if not self.privacy_guard:
+            return None
+        return self.clusters * (n_features + 1) / n_features
+
+    def withholds(self, n_rows: int, n_features: int) -> bool:
+        """Whether the privacy guard keeps a client of ``n_rows × n_features`` silent."""
+        bound = self.guard_bound(n_features)
+        return bound is not None and n_rows <= bound
+
+
+@dataclass(frozen=True)
+class FCMSettings(FamilySettings):
+    """Exact federated FCM (paper 004), typed, from a validated run config
+    (:func:`fedclust.config.validate`; nothing here checks again).
+
+    Attributes
+    ----------
+    n_clusters : int
+        ``C`` (``fcm.n-clusters``).
+    m : float
+        Fuzzifier ``m``, the paper's ``λ`` (``fcm.m``).
+    epsilon : float
+        Stop when ``‖V(t+1) − V(t)‖_F < ε`` (``fcm.epsilon``).
+    max_rounds : int
+        Most federated rounds ``T`` (``fcm.max-rounds``).
+    fraction : float
+        Participation ``γ``: ``⌈γM⌉`` of the ``M`` clients per round (``fcm.fraction``).
+    privacy_guard : bool
+        A client with ``N ≤ C(F+1)/F`` rows sends no statistic (``fcm.privacy-guard``).
+    secure_aggregation : bool
+        Sums through SecAgg+ (``fcm.secure-aggregation``).
+    incremental : bool
+        Keep every client's latest sums on the server (``fcm.incremental``).
+    scaling : str
+        Federated feature scaling: ``"minmax"``, ``"standard"`` or ``"none"`` (``scaling``).
+    seed : int
+        Draws the initial centers and each round's clients (``seed``).
+    evaluate : bool
+        Collect the label × cluster tables for the ``eval_*`` metrics (``evaluate``).
+    """
+
+    method: ClassVar[str] = "exact-fcm"
+    clusters_key: ClassVar[str] = "fcm.n-clusters"
+    guard_key: ClassVar[str] = "fcm.privacy-guard"
+    clusters_symbol: ClassVar[str] = "C"
+    m_key: ClassVar[str] = "fcm.m"
+
+    n_clusters: int
+    m: float
+    epsilon: float
+    max_rounds: int
+    fraction: float
+    privacy_guard: bool
+    secure_aggregation: bool
+    incremental: bool
+    scaling: str
+    seed: int
+    evaluate: bool
+
+    @property
+    def clusters(self) -> int:
+        return self.n_clusters
+
+    @property
+    def hides_rows(self) -> bool:
+        return self.secure_aggregation
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> FCMSettings:
+        """The settings of a validated run config."""
+        return cls(n_clusters=int(cfg["fcm.n-clusters"]), m=float(cfg["fcm.m"]),
+                   epsilon=float(cfg["fcm.epsilon"]), max_rounds=int(cfg["fcm.max-rounds"]),
+                   fraction=float(cfg["fcm.fraction"]),
+                   privacy_guard=bool(cfg["fcm.privacy-guard"]),
+                   secure_aggregation=bool(cfg["fcm.secure-aggregation"]),
+                   incremental=bool(cfg["fcm.incremental"]), scaling=str(cfg["scaling"]),
+                   seed=int(cfg["seed"]), evaluate=bool(cfg["evaluate"]))
 
 def check_fcm(cfg: dict[str, Any]) -> None:
     require(cfg["fcm.n-clusters"] >= 2, "fcm.n-clusters", cfg["fcm.n-clusters"],
             "an int >= 2", "set fcm.n-clusters to the number of clusters you expect")
-    _check_m(cfg, "fcm.m", cfg["fcm.n-clusters"], "fcm.n-clusters",
+    check_m(cfg, "fcm.m", cfg["fcm.n-clusters"], "fcm.n-clusters",
              secure=cfg["fcm.secure-aggregation"])
     require(not (cfg["fcm.incremental"] and cfg["fcm.secure-aggregation"]), "fcm.incremental",
             cfg["fcm.incremental"], "false when fcm.secure-aggregation=true: the incremental "
@@ -72,7 +156,7 @@ def check_fcm(cfg: dict[str, Any]) -> None:
             "fcm.fraction=1 (every client in every round: SecAgg+ alone is then exact)")
 
 
-def _check_m(cfg: dict[str, Any], key: str, clusters: int, clusters_key: str,
+def check_m(cfg: dict[str, Any], key: str, clusters: int, clusters_key: str,
              secure: bool = False) -> None:
     """The fuzzifier against underflow of u^m for the largest cluster count (float64, or the
     fixed-point sums of secure aggregation)."""
@@ -84,21 +168,6 @@ def _check_m(cfg: dict[str, Any], key: str, clusters: int, clusters_key: str,
         require(False, key, cfg[key], f"a float in (1, {m_max:.3g}] with {clusters_key} = "
                 f"{clusters}{with_secure} ({problem})", f"pass {key}=2.0 (the usual "
                 f"fuzzifier), or fewer clusters")
-
-
-def check_fedfcm(cfg: dict[str, Any]) -> None:
-    require(cfg["fedfcm.k-min"] <= cfg["fedfcm.k-max"], "fedfcm.k-min", cfg["fedfcm.k-min"],
-            f"an int <= fedfcm.k-max ({cfg['fedfcm.k-max']})",
-            "swap the two values or raise fedfcm.k-max")
-    require(cfg["fedfcm.k-max"] - cfg["fedfcm.k-min"] <= 50, "fedfcm.k-max", cfg["fedfcm.k-max"],
-            "at most 51 values of K in one run", "narrow [fedfcm.k-min, fedfcm.k-max]")
-    local = cfg["fedfcm.local-k-max"]
-    require(not cfg["fedfcm.local-index"] or local == 0 or local >= cfg["fedfcm.k-min"],
-            "fedfcm.local-k-max", local, f"0 (= fedfcm.k-max) or an int >= fedfcm.k-min "
-            f"({cfg['fedfcm.k-min']}): below it no K of the run gets a local index",
-            "pass fedfcm.local-k-max=0, or fedfcm.local-index=false")
-    largest = max(cfg["fedfcm.k-max"], local)
-    _check_m(cfg, "fedfcm.m", largest, "the largest K (fedfcm.k-max, fedfcm.local-k-max)")
 
 
 def cluster_count(cfg: dict[str, Any]) -> tuple[str, int] | None:

@@ -1,7 +1,8 @@
 """Reply checks: the one vocabulary every server loop uses to judge what a node sent.
 
-Nothing a node sends is trusted. Each reply is checked by one function per message, kept next
-to its method's message code (:mod:`strategies.fcm_replies` for the FCM family,
+Nothing a node sends is trusted. Each reply is checked by one function per message, kept with
+the rest of that message's code — its builder and its parser — in the method's wire module
+(:mod:`strategies.wire.fcm` and :mod:`strategies.wire.fedfcm` for the FCM family;
 :mod:`strategies.emdcfl_replies` for EMD-CFL and its baselines), and every such function is
 built from the primitives here:
 

@@ -1,5 +1,5 @@
 """Packing of the FCM sums for Flower's SecAgg+, shared by the server
-(:mod:`strategies.secure_fcm`) and the clients (:mod:`client_apps.secagg_handlers`).
+(:mod:`strategies.fcm.secure`) and the clients (:mod:`client_apps.secagg_handlers`).
 
 Exact sums through a quantizing protocol
 ----------------------------------------

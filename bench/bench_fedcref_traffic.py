@@ -1,0 +1,74 @@
+"""FedCRef traffic per client per iteration, two settings on the same system in one run.
+
+Runs FedCRef twice through the in-process grid (the real ServerApp and ClientApp) on one
+simulated system and prints, for each, the bytes a client sends and receives per iteration
+(``bytes_per_client_iter`` of summary.json: every message payload of the run, divided by the
+clients and the iterations), the final ACC, and the ratio of the two traffic figures::
+
+    python bench/bench_fedcref_traffic.py --data-dir $FEDCLUST_DATA_DIR --seed 100
+
+The reference is the previous default (the ratio test, the paper's refinement, float32
+weights); the candidate is the current default (the run-config defaults). ``--set`` adds
+run-config overrides to both; ``--reference`` / ``--candidate`` to one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+
+PREVIOUS = ["fedcref.assoc-rule=ratio", "fedcref.refine=paper", "fedcref.wire=float32",
+            "fedcref.cannot-link=false"]
+
+
+def _parse(pairs: list[str]) -> dict[str, str]:
+    return dict(p.split("=", 1) for p in pairs)
+
+
+def run(cfg: dict[str, str]) -> dict:
+    from server_app.inprocess import run_server
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        summary, _ = run_server({**cfg, "output-dir": str(Path(tmp) / "run")})
+        m = summary["metrics"]
+        return {"bytes_per_client_iter": m["bytes_per_client_iter"],
+                "iterations": m["iterations"], "acc_end": m.get("eval_acc_end"),
+                "communities": m["communities"], "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data-dir", default=os.environ.get("FEDCLUST_DATA_DIR", "data"))
+    ap.add_argument("--dataset", default="mnist")
+    ap.add_argument("--clients", type=int, default=10)
+    ap.add_argument("--samples-per-cluster", type=int, default=150)
+    ap.add_argument("--seed", type=int, default=100)
+    ap.add_argument("--set", nargs="*", default=[])
+    ap.add_argument("--reference", nargs="*", default=PREVIOUS)
+    ap.add_argument("--candidate", nargs="*", default=[])
+    args = ap.parse_args()
+    base = {"method": "fedcref", "dataset": args.dataset, "data-dir": args.data_dir,
+            "fedcref.split": "all", "num-clients": args.clients, "seed": args.seed,
+            "fedcref.samples-per-cluster": args.samples_per_cluster, "plots": False,
+            **_parse(args.set)}
+    ref = run({**base, **_parse(args.reference)})
+    new = run({**base, **_parse(args.candidate)})
+    print(json.dumps({"reference": {"set": args.reference, **ref},
+                      "candidate": {"set": args.candidate, **new}}, indent=1))
+    print(f"bytes per client per iteration: reference {ref['bytes_per_client_iter'] / 1e6:.1f} "
+          f"MB, candidate {new['bytes_per_client_iter'] / 1e6:.1f} MB, "
+          f"{ref['bytes_per_client_iter'] / new['bytes_per_client_iter']:.2f}x less; ACC "
+          f"{ref['acc_end']:.3f} -> {new['acc_end']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

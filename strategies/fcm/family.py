@@ -1,0 +1,104 @@
+"""The phases both FCM-family methods share, over Flower messages: federated scaling (the
+clients' statistics, with the feature-count vote) and the final phase."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, ClassVar
+
+import numpy as np
+from flwr.serverapp import Grid
+
+from fedclust.fcm.keys import FamilySettings
+from fedclust.fcm.phases import Client, FinalStats, NodeStats, Replies, Scaling
+from strategies.common import (
+    Exchange,
+    check_each,
+    node_name,
+    reject,
+    require_honest,
+    result_record,
+    send_and_collect,
+)
+from strategies.wire import fcm as wire
+
+
+def replies(ex: Exchange, got: dict[Client, Any], withheld: list[Client]) -> Replies:
+    """A phase's :class:`~fedclust.fcm.phases.Replies` from its Flower exchange."""
+    return Replies(got=got, withheld=withheld, failed=dict(ex.failed),
+                   excluded=dict(ex.excluded), seconds=ex.seconds, bytes_sent=ex.bytes_sent,
+                   bytes_received=ex.bytes_received)
+
+
+class FamilyClients:
+    """The clients of an FCM-family run over Flower messages: the phases both methods share.
+
+    Parameters
+    ----------
+    grid : Grid
+    nodes : list of int
+        The run's nodes (:func:`strategies.common.connected_clients`), sorted.
+    cfg : dict
+        The validated run config (for ``timeout`` and ``min-clients``).
+    s : FamilySettings
+        The method's settings.
+    run_dir : str
+        The run's folder (the final message names it: a simulated node keeps its owner's
+        results below it).
+    """
+
+    #: whether the final phase brings the evaluation tables (exact FCM; FedFCM's come with
+    #: the index phase)
+    final_tables: ClassVar[bool] = True
+
+    def __init__(self, grid: Grid, nodes: list[int], cfg: dict[str, Any], s: FamilySettings,
+                 run_dir: str) -> None:
+        self.grid, self.ids, self.cfg, self.s = grid, list(nodes), cfg, s
+        self.timeout = float(cfg["timeout"])
+        self.run_dir = run_dir
+
+    def name(self, client: Client) -> str:
+        return node_name(client)  # type: ignore[arg-type]
+
+    def statistics(self) -> Replies[NodeStats]:
+        """Phase 0: clients send bounds (and, for standard scaling, counts/means/M2). A node
+        whose feature count differs from the majority's is excluded."""
+        check = wire.check_stats(self.s.scaling == "standard", self.s.privacy_guard,
+                                 self.s.hides_rows)
+        ex = send_and_collect(self.grid, self.ids, wire.stats_request(), wire.STATS, "scaling",
+                              self.timeout, validate=check)
+        speaking = {nid: c for nid, c in ex.replies.items() if "stats" in c.array_records}
+        withheld = [nid for nid in ex.replies if nid not in speaking]
+        dims = {nid: wire.n_features(c) for nid, c in speaking.items()}
+        votes = Counter(dims.values()).most_common()
+        if len(votes) > 1 and votes[0][1] == votes[1][1]:
+            raise RuntimeError(f"the clients disagree on the number of features with no "
+                               f"majority (features: clients = {dict(votes)}): check every "
+                               f"node's data")
+        if votes:
+            common = votes[0][0]
+            for nid, d in dims.items():
+                if reject(ex, nid, None if d == common else
+                          f"{d} features where the other clients have {common}", "scaling"):
+                    del speaking[nid]
+        require_honest(ex, "scaling", len(speaking), len(self.ids), self.cfg)
+        got = {nid: wire.read_stats(c) for nid, c in speaking.items()}
+        return replies(ex, got, withheld)
+
+    def final(self, centers: np.ndarray, sc: Scaling) -> FinalStats:
+        """The final phase: every node's objective share (and, with :attr:`final_tables` on
+        the evaluation path, its label × cluster table); each keeps its owner's results."""
+        content = wire.centers_request(centers, sc.shift, sc.scale, result_record(self.run_dir))
+        ex = send_and_collect(self.grid, self.ids, content, wire.FINAL, "final", self.timeout)
+        with_eval = self.final_tables and self.s.evaluate
+        check_each(ex, wire.check_final(centers.shape[0], sc.box, sc.rows,
+                                        self.s.guard_bound(sc.n_features), with_eval), "final")
+        shares = {nid: j for nid, r in ex.replies.items()
+                  if (j := wire.read_objective(r)) is not None}
+        require_honest(ex, "final", len(shares), len(self.ids), self.cfg)
+        tables = ([t for r in ex.replies.values() if (t := wire.read_eval(r)) is not None]
+                  if with_eval else [])
+        withheld = [nid for nid in ex.replies if nid not in shares]
+        return FinalStats(float(sum(shares.values())), replies(ex, shares, withheld),
+                          withheld=len(withheld), tables=tables, eval_nodes=len(tables),
+                          eval_rows=sum(int(t.sum()) for _, t in tables))
