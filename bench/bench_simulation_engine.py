@@ -1,7 +1,7 @@
 """Benchmark one full run on Flower's Simulation Engine: wall time, peak memory, phase split.
 
 The run goes through ``flwr run`` against a private ``flower-superlink --simulation`` (Ray
-backend, one CPU per ClientApp), exactly as ``fedclust-sweep engine=flwr`` runs it. With
+backend, one CPU per ClientApp), exactly as ``fedclust-sweep engine=flower`` runs it. With
 ``--inprocess-reference`` the same config then runs through the in-process grid (the same
 ServerApp loop and ClientApp handlers, no engine) and the ratio of the two wall times is printed.
 

@@ -16,26 +16,134 @@ one where the run asks for it, so that every method has one data path:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
 
-from flwr.app import Context, Error, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
-# the record of a message that carries the run's config (strategies.common.CONFIG_RECORD)
+# The record of a message that carries the server's run config, and its two keys: the config
+# as JSON text (the first message of a run to this node) and the digest that names it (every
+# message). The same names as strategies.common, which sends them.
 CONFIG_RECORD = "fedclust.run-config"
+CONFIG_JSON = "json"
+CONFIG_DIGEST = "digest"
+
+
+class RunConfigMissing(RuntimeError):
+    """A message names a run config (by its digest) that this node does not hold: the server
+    sends it again with the next message (the message says nothing of the node's data)."""
+
+
+class RunConfig(dict):
+    """A run config taken from the server's messages: read-only, named by ``key`` (the digest
+    of the server's config, and the node's own count where ``num-clients = 0`` took it), so
+    that :func:`client_apps.common.run_config` validates it once per process."""
+
+    def __init__(self, values: Mapping[str, Any], key: str) -> None:
+        super().__init__(values)
+        self.key = key
+
+    def __reduce__(self) -> tuple[Any, ...]:     # copies and pickles build it, not mutate it
+        return (type(self), (dict(self), self.key))
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("the run config a node took from the server is read-only: copy it "
+                        "(dict(cfg)) to change it")
+
+    __setitem__ = __delitem__ = __ior__ = _read_only       # type: ignore[assignment]
+    clear = pop = popitem = setdefault = update = _read_only  # type: ignore[assignment]
+
+
+# The configs this process took from the server, by key: a node process serves many messages
+# (the in-process grid, a Ray actor), and every message of a run names the same config.
+_CONFIGS: OrderedDict[str, RunConfig] = OrderedDict()
+_KEEP = 16
+
+
+def _remember(cfg: RunConfig) -> RunConfig:
+    _CONFIGS[cfg.key] = cfg
+    _CONFIGS.move_to_end(cfg.key)
+    while len(_CONFIGS) > _KEEP:
+        _CONFIGS.popitem(last=False)
+    return cfg
+
+
+def _parse(text: str) -> RunConfig:
+    """The config of a JSON text, named by the digest the node computes itself."""
+    digest = hashlib.sha256(text.encode()).hexdigest()[:32]
+    known = _CONFIGS.get(digest)
+    if known is not None:
+        return known
+    values = json.loads(text)
+    if not isinstance(values, dict):
+        raise ValueError("the run config the server sent is not a mapping of keys to values")
+    return _remember(RunConfig(values, digest))
+
+
+def carried_config(msg: Message, context: Context) -> RunConfig | None:
+    """The server's run config this message names (None: it names none; then the node's own
+    ``context.run_config`` applies).
+
+    The whole config comes with the first message of a run to this node; the node keeps it in
+    this process and in ``context.state`` (which outlives a ClientApp process in deployment),
+    and later messages only name it by digest.
+
+    Raises
+    ------
+    RunConfigMissing
+        The message names a config this node does not hold.
+    """
+    if CONFIG_RECORD not in msg.content:
+        return None
+    rec = msg.content[CONFIG_RECORD]
+    if not isinstance(rec, ConfigRecord):
+        raise ValueError(f"record {CONFIG_RECORD!r} is not a config record")
+    digest = str(rec.get(CONFIG_DIGEST, ""))
+    if CONFIG_JSON in rec:
+        cfg = _parse(str(rec[CONFIG_JSON]))
+        if digest and digest != cfg.key:
+            raise ValueError("the run config the server sent does not match its digest")
+        held = context.state.get(CONFIG_RECORD)
+        if not isinstance(held, ConfigRecord) or held.get(CONFIG_DIGEST) != cfg.key:
+            context.state[CONFIG_RECORD] = ConfigRecord({CONFIG_JSON: rec[CONFIG_JSON],
+                                                         CONFIG_DIGEST: cfg.key})
+        return cfg
+    if digest in _CONFIGS:
+        return _CONFIGS[digest]
+    held = context.state.get(CONFIG_RECORD)
+    if isinstance(held, ConfigRecord) and held.get(CONFIG_DIGEST) == digest:
+        return _parse(str(held[CONFIG_JSON]))
+    raise RunConfigMissing("this node does not hold the run config the message names (it "
+                           "restarted, or missed the run's first message); the server sends "
+                           "it again")
+
+
+def _with_clients(cfg: Mapping[str, Any], parts: int) -> Mapping[str, Any]:
+    """``cfg`` with ``num-clients`` = ``parts`` (the node's count for ``num-clients = 0``)."""
+    if not isinstance(cfg, RunConfig):
+        return {**cfg, "num-clients": parts}
+    key = f"{cfg.key}/num-clients={parts}"
+    known = _CONFIGS.get(key)
+    return known if known is not None else _remember(
+        RunConfig({**cfg, "num-clients": parts}, key))
 
 
 def engine_mod(msg: Message, context: Context, call_next) -> Message:
-    """Take the run config the message carries (the server's, ``fedclust.run-config``), and
+    """Take the run config the message names (the server's, :func:`carried_config`), and
     resolve ``num-clients = 0`` and ``dataset = "files"`` from this node's engine config."""
     node, run = context.node_config, context.run_config
     # Flower refuses a changed run config after the message: change it for the handler only.
-    if CONFIG_RECORD in msg.content.config_records:
-        context.run_config = dict(msg.content.config_records[CONFIG_RECORD])
-    cfg = context.run_config
+    carried = carried_config(msg, context)
+    cfg: Mapping[str, Any] = run if carried is None else carried
     if "num-partitions" in node and int(cfg.get("num-clients", 0) or 0) == 0:
-        context.run_config = {**cfg, "num-clients": int(node["num-partitions"])}
+        cfg = _with_clients(cfg, int(node["num-partitions"]))
+    context.run_config = cfg     # type: ignore[assignment]
     if cfg.get("dataset") == "files" and "partition-id" in node:
         from fedclust.data.sites import site_file
 
@@ -54,7 +162,7 @@ def engine_mod(msg: Message, context: Context, call_next) -> Message:
 # paths): their text may reach the server. A LocalDataError's ``detail`` (with the path) stays
 # in the node's log.
 PUBLIC_ERRORS = ("ConfigError", "LocalDataError", "SiteFilesError", "PartitionError",
-                 "DatasetError")
+                 "DatasetError", "RunConfigMissing")
 LOG = logging.getLogger("fedclust.node")
 
 

@@ -7,17 +7,32 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message
 
 from fedclust.config import validate
+from strategies.wire import records
 
 
 def run_config(context: Context) -> dict[str, Any]:
     """The validated, typed run config (same keys and values as on the server).
 
-    Validated once per distinct run config and process, not on every message.
+    Validated once per distinct run config and process, not on every message: a config taken
+    from the server's messages (:class:`client_apps.base.RunConfig`) is found by its key, any
+    other by its items.
     """
-    return dict(_validated(tuple(sorted(context.run_config.items()))))
+    cfg = context.run_config
+    key = getattr(cfg, "key", None)
+    if isinstance(key, str):
+        items = _BY_KEY.get(key)
+        if items is None:
+            items = _BY_KEY[key] = _validated(tuple(sorted(cfg.items())))
+            while len(_BY_KEY) > 16:
+                del _BY_KEY[next(iter(_BY_KEY))]
+        return dict(items)
+    return dict(_validated(tuple(sorted(cfg.items()))))
+
+
+_BY_KEY: dict[str, tuple[tuple[str, Any], ...]] = {}
 
 
 @lru_cache(maxsize=8)
@@ -28,12 +43,7 @@ def _validated(items: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...
 def reply(msg: Message, arrays: Mapping[str, Mapping[str, np.ndarray]] | None = None,
           metrics: Mapping[str, float | int | list] | None = None) -> Message:
     """Build a reply with named ArrayRecords and one MetricRecord ``"metrics"``."""
-    content = RecordDict()
-    for rec_name, named in (arrays or {}).items():
-        content[rec_name] = ArrayRecord(
-            {k: Array(np.ascontiguousarray(v)) for k, v in named.items()})
-    content["metrics"] = MetricRecord(dict(metrics or {}))
-    return Message(content, reply_to=msg)
+    return Message(records.content(arrays, metrics), reply_to=msg)
 
 
 class LazyModule:

@@ -12,6 +12,11 @@ pixel tables with :func:`~fedclust.data.local.load_pixel_table` (FedCRef) and na
 arrays with :func:`~fedclust.data.local.load_image_arrays` (EMD-CFL's splits).
 :func:`node_data_path` refuses a node that has neither a ``data-path`` nor a partition.
 
+A node process keeps what it read (:func:`file_cached`, :func:`simulated_partition`): the
+in-process grid and a Ray actor serve many messages, and many nodes, in one process, and every
+message of a run needs the node's data. A file is read again when it changed (its inode, size,
+modification or change time); the arrays handed out are read-only.
+
 Labels reach the handlers only when the node may evaluate
 (:func:`client_apps.evaluation.allows_evaluation`), as node-independent codes
 (:func:`fedclust.data.local.label_codes`: a text label has the same code on every node, so the
@@ -20,9 +25,13 @@ server can add the nodes' label × cluster tables row by row).
 
 from __future__ import annotations
 
+import os
+import stat
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from flwr.app import Context
@@ -48,6 +57,72 @@ class ClientData:
     y_eval: NDArray[np.int64] | None   # ground truth; evaluation path only
 
 
+T = TypeVar("T")
+
+CACHE_BYTES = 1024 ** 3
+"""Most bytes of node data :func:`file_cached` keeps per process (the least recently used go
+first)."""
+
+_FILES: OrderedDict[tuple[Hashable, ...], tuple[Any, int]] = OrderedDict()
+_files_bytes = 0
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if isinstance(value, (tuple, list)):
+        return sum(_nbytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_nbytes(v) for v in value.values())
+    return 0
+
+
+def _read_only(value: Any) -> Any:
+    """``value`` with its arrays (also inside tuples, lists, dicts) made read-only."""
+    if isinstance(value, np.ndarray):
+        value.flags.writeable = False
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            _read_only(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _read_only(v)
+    return value
+
+
+def file_cached(path: str, load: Callable[[], T], *key: Hashable) -> T:
+    """``load()`` (which reads the file at ``path``), once per process while the file is the
+    same: same device and inode, size, modification and change time (``key``: whatever else
+    the result depends on, e.g. the format).
+
+    Only a regular file is kept; anything else (a folder of images, a missing path: the loader
+    says what is wrong) is loaded on every call. The arrays of a kept result are read-only
+    (it is shared by every message): copy before changing them.
+    """
+    global _files_bytes
+    try:
+        st = os.stat(path)
+    except OSError:
+        return load()
+    if not stat.S_ISREG(st.st_mode):
+        return load()
+    # the name and the file it names now (device and inode: a replaced file or a moved link
+    # is read again)
+    ident = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, *key)
+    hit = _FILES.get(ident)
+    if hit is not None:
+        _FILES.move_to_end(ident)
+        return hit[0]
+    value = _read_only(load())
+    size = _nbytes(value)
+    if size <= CACHE_BYTES:
+        _FILES[ident] = (value, size)
+        _files_bytes += size
+        while _files_bytes > CACHE_BYTES:
+            _files_bytes -= _FILES.popitem(last=False)[1][1]
+    return value
+
+
 @lru_cache(maxsize=4)
 def _dataset(items: tuple[tuple[str, Any], ...]) -> Dataset:
     return load_dataset(dict(items))
@@ -63,11 +138,18 @@ def _partition(items: tuple[tuple[str, Any], ...], num_parts: int) -> list[np.nd
 
 def simulated_partition(cfg: dict[str, Any], partition_id: int, num_partitions: int
                         ) -> ClientData:
-    """The rows of partition ``partition_id`` of the run's dataset."""
+    """The rows of partition ``partition_id`` of the run's dataset (read-only arrays)."""
+    return _rows(tuple((k, cfg[k]) for k in DATA_KEYS + PARTITION_KEYS), partition_id,
+                 num_partitions)
+
+
+@lru_cache(maxsize=4096)
+def _rows(items: tuple[tuple[str, Any], ...], partition_id: int, num_partitions: int
+          ) -> ClientData:
+    cfg = dict(items)
     ds = _dataset(tuple((k, cfg[k]) for k in DATA_KEYS))
-    parts = _partition(tuple((k, cfg[k]) for k in DATA_KEYS + PARTITION_KEYS), num_partitions)
-    idx = parts[partition_id]
-    return ClientData(ds.x[idx], ds.y[idx])
+    idx = _partition(items, num_partitions)[partition_id]
+    return ClientData(_read_only(ds.x[idx]), _read_only(ds.y[idx]))
 
 
 def node_data_path(context: Context, cfg: dict[str, Any]) -> str | None:
@@ -99,8 +181,9 @@ def load_client_data(context: Context, cfg: dict[str, Any]) -> ClientData:
     node = context.node_config
     path = node_data_path(context, cfg)
     if path is not None:
-        x, y = load_local_table(path, str(node.get("data-format", "")),
-                                str(node.get("label-column", "")), stable_labels=True)
+        fmt, column = str(node.get("data-format", "")), str(node.get("label-column", ""))
+        x, y = file_cached(path, lambda: load_local_table(path, fmt, column, stable_labels=True),
+                           "table", fmt, column)
         return ClientData(x, y if allows_evaluation(context, cfg) else None)
     parts = int(node["num-partitions"])
     if parts != int(cfg["num-clients"]):

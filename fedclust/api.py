@@ -340,6 +340,7 @@ def _move_owner_results(grid: Any, result: RunResult) -> None:
 
     from fedclust.outputs import make_dirs, record_tree
 
+    moved = []
     for i, context in enumerate(grid.contexts.values()):
         src = Path(context.node_config["data-path"]).parent / "fedclust-results"
         src = src / Path(context.node_config["data-path"]).name
@@ -348,7 +349,8 @@ def _move_owner_results(grid: Any, result: RunResult) -> None:
                 dst = result.run_dir / "clients" / str(i)
                 make_dirs(dst.parent)
                 shutil.move(str(run_folder), str(dst))
-                record_tree(dst)     # in the run folder's manifest: overwrite=true may clear it
+                moved.append(dst)
+    record_tree(*moved)     # in the run folder's manifest: overwrite=true may clear them
 
 
 def check(run_config: Mapping[str, Any]) -> dict[str, Any]:

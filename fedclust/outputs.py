@@ -255,11 +255,21 @@ def record(path: str | Path, kind: str) -> None:
     be updated is logged and left: the entry is then not removed by a later overwrite (safe)."""
     path = Path(os.path.abspath(Path(path).expanduser()))
     root = _manifest_root(path)
-    if root is None:
-        return
+    if root is not None:
+        _record_entries(root, _entries(root, path, kind))
+
+
+def _entries(root: Path, path: Path, kind: str) -> dict[str, str]:
+    """The manifest entries of ``path`` (of ``kind``) and of the folders between it and
+    ``root``."""
     parts = path.relative_to(root).parts
     wanted = {"/".join(parts[:i]): DIR for i in range(1, len(parts))}
     wanted["/".join(parts)] = kind
+    return wanted
+
+
+def _record_entries(root: Path, wanted: Mapping[str, str]) -> None:
+    """Add ``wanted`` to ``root``'s manifest in one update (none when all are there)."""
     try:
         with _locked(root):
             entries = read_manifest(root) or {}
@@ -268,21 +278,41 @@ def record(path: str | Path, kind: str) -> None:
             write_manifest(root, {**entries, **wanted})
     except (OSError, OutputDirError) as exc:
         LOG.warning("could not record %s in %s (%s): a later overwrite=true will leave it",
-                    "/".join(parts), root / MANIFEST, exc)
+                    ", ".join(sorted(wanted)[:3]) + (" …" if len(wanted) > 3 else ""),
+                    root / MANIFEST, exc)
 
 
-def record_tree(path: str | Path) -> None:
-    """Record a folder fedclust filled elsewhere and moved here, and every plain file and
-    folder in it (symbolic links are not recorded)."""
-    path = Path(path)
-    record(path, DIR)
+def record_tree(*paths: str | Path) -> None:
+    """Record folders fedclust filled elsewhere and moved here, and every plain file and
+    folder in them (symbolic links are not recorded), each in the manifest of the nearest
+    folder above it that has one, with one update per manifest."""
+    wanted: dict[Path, dict[str, str]] = {}
+
+    def add(item: Path, kind: str, root: Path | None) -> None:
+        if root is not None:
+            wanted.setdefault(root, {}).update(_entries(root, item, kind))
+
+    for path in (Path(os.path.abspath(Path(p).expanduser())) for p in paths):
+        add(path, DIR, _manifest_root(path))
+        _walk_into(path, add)
+    for root, entries in wanted.items():
+        _record_entries(root, entries)
+
+
+def _walk_into(path: Path, add: Callable[[Path, str, Path | None], None]) -> None:
+    """``add(item, kind, manifest root)`` for every plain file and folder under ``path``."""
+    roots: dict[str, Path | None] = {}
     for top, dirs, files in os.walk(path):
+        up = os.path.dirname(top)
+        parent = roots[up] if up in roots else _manifest_root(Path(top))
+        # what lies in ``top`` goes to the nearest manifest at or above ``top``
+        root = roots[top] = Path(top) if os.path.isfile(os.path.join(top, MANIFEST)) else parent
         for d in dirs:
             if not os.path.islink(os.path.join(top, d)):
-                record(Path(top) / d, DIR)
+                add(Path(top) / d, DIR, root)
         for f in files:
             if os.path.isfile(os.path.join(top, f)) and not os.path.islink(os.path.join(top, f)):
-                record(Path(top) / f, FILE)
+                add(Path(top) / f, FILE, root)
 
 
 # ---------------------------------------------------------------------------- clearing

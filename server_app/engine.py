@@ -1,6 +1,6 @@
 """Drive Flower's engines from Python: a private simulation SuperLink and ``flwr run``.
 
-Used by the ``fedclust-sweep`` launcher (``engine=flwr``) and by the smoke tests. A private
+Used by the ``fedclust-sweep`` launcher (``engine=flower``) and by the smoke tests. A private
 SuperLink on a free port (with its own ``FLWR_HOME``) avoids the machine-wide managed one, and
 the run status is read with ``flwr ls`` because ``flwr run --stream`` exits 0 on failed runs.
 """

@@ -1,7 +1,7 @@
 """An in-process Flower ``Grid`` that calls the real ClientApp.
 
-Used by the tests (fast server-loop tests) and by ``fedclust-sweep engine=inprocess`` for large
-sweeps: the same ServerApp main and ClientApp handlers, without an engine.
+Used by the tests (fast server-loop tests), by ``fedclust.simulate`` and by ``fedclust-sweep``
+(its default engine): the same ServerApp main and ClientApp handlers, without an engine.
 
 Messages are passed to ``client_app(message, context)`` exactly as Flower's engines do, minus
 serialisation. ``drop`` makes chosen nodes fail (no reply) from a given phase on, to test that
@@ -10,7 +10,7 @@ server loops survive dropouts; ``inspect`` sees every reply (privacy tests).
 
 from __future__ import annotations
 
-import uuid
+import itertools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -49,6 +49,7 @@ class InProcessGrid(Grid):
         self.client_app, self.drop, self.inspect = client_app, drop, inspect
         self.keep_sent = keep_sent
         self._replies: dict[str, Message] = {}
+        self._ids = itertools.count(1)     # message ids, unique within this grid
         self.sent: list[Message] = []
         self.contexts = {}
         for i in range(num_nodes):
@@ -73,7 +74,7 @@ class InProcessGrid(Grid):
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
         ids = []
         for msg in messages:
-            mid = uuid.uuid4().hex
+            mid = f"{next(self._ids):032x}"
             msg.metadata.__dict__["_message_id"] = mid
             if self.keep_sent:
                 self.sent.append(msg)

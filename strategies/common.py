@@ -12,6 +12,8 @@ needs (:func:`require_honest`), the run stops with the reasons.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -21,42 +23,103 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
+
+from strategies.wire.records import array_record, to_array, to_numpy  # noqa: F401
 
 LOG = logging.getLogger("fedclust")
 
 Content = RecordDict | Callable[[int], RecordDict]
 Validator = Callable[[RecordDict], str | None]
 
-# Every message of a run carries the run's config: the nodes then run the method the server
-# runs even when the ServerApp's own run config says otherwise (a Strategy object with its own
-# parameters, or two methods chained in one ServerApp). :func:`client_apps.base.engine_mod`
-# reads it.
+# The nodes run the method the server runs even when their own run config says otherwise (a
+# Strategy object with its own parameters, or two methods chained in one ServerApp): the
+# server's config reaches every node, but once per node and run, not in every message. The
+# first message to a node carries the whole config (one JSON text, :data:`CONFIG_JSON`) and
+# its digest; the later ones only the digest, and the node takes the config it keeps under
+# that digest (:func:`client_apps.base.engine_mod`). A node counts as having the config once it
+# answered a message without error; a node that failed or did not answer gets the whole config
+# again with its next message, and a node that lost it (a restarted SuperNode) says so and is
+# sent it again at once (:func:`send_and_collect`).
 CONFIG_RECORD = "fedclust.run-config"
-_RUN_CONFIG: ContextVar[dict[str, Any] | None] = ContextVar("fedclust_run_config", default=None)
+CONFIG_JSON = "json"
+CONFIG_DIGEST = "digest"
+#: the reason of a node's error reply when a message names a config it does not hold
+CONFIG_MISSING = "RunConfigMissing"
+
+
+def config_digest(text: str) -> str:
+    """The digest that names a run config's JSON text (the node computes it too)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+class CarriedConfig:
+    """The run config that the messages of a run carry, and which nodes already hold it.
+
+    Parameters
+    ----------
+    run_config : mapping
+        The server's run config; its scalar values (bool, int, float, str) travel.
+    """
+
+    def __init__(self, run_config: Mapping[str, Any]) -> None:
+        values = {k: v for k, v in run_config.items() if isinstance(v, (bool, int, float, str))}
+        text = json.dumps(values, sort_keys=True)
+        self.digest = config_digest(text)
+        # two records made once per run and shared by every message (nothing changes them)
+        self.full = ConfigRecord({CONFIG_JSON: text, CONFIG_DIGEST: self.digest})
+        self.ref = ConfigRecord({CONFIG_DIGEST: self.digest})
+        self.holders: set[int] = set()
+
+    def record(self, node: int | None) -> ConfigRecord:
+        """The config record of the next message to ``node`` (None: a node not tracked, which
+        gets the whole config)."""
+        return self.ref if node is not None and node in self.holders else self.full
+
+    def answered(self, ok: Iterable[int], failed: Iterable[int]) -> None:
+        """Nodes in ``ok`` answered (they hold the config); those in ``failed`` may not."""
+        self.holders.update(int(n) for n in ok)
+        self.holders.difference_update(int(n) for n in failed)
+
+
+_RUN_CONFIG: ContextVar[CarriedConfig | None] = ContextVar("fedclust_run_config", default=None)
 
 
 @contextmanager
-def messages_carry(run_config: Mapping[str, Any]) -> Iterator[None]:
-    """Within this block every message sent carries ``run_config`` (:data:`CONFIG_RECORD`)."""
-    token = _RUN_CONFIG.set({k: v for k, v in run_config.items()
-                             if isinstance(v, (bool, int, float, str))})
+def messages_carry(run_config: Mapping[str, Any]) -> Iterator[CarriedConfig]:
+    """Within this block every message sent carries ``run_config`` (:class:`CarriedConfig`)."""
+    carried = CarriedConfig(run_config)
+    token = _RUN_CONFIG.set(carried)
     try:
-        yield
+        yield carried
     finally:
         _RUN_CONFIG.reset(token)
 
 
-def with_run_config(content: RecordDict) -> RecordDict:
-    """``content`` plus the run config of :func:`messages_carry` (a shallow copy; unchanged
-    outside such a block)."""
-    cfg = _RUN_CONFIG.get()
-    if cfg is None or CONFIG_RECORD in content:
+def with_run_config(content: RecordDict, node: int | None = None) -> RecordDict:
+    """``content`` plus the run config of :func:`messages_carry` for node ``node`` (a shallow
+    copy; unchanged outside such a block): the whole config if ``node`` may not hold it yet,
+    else its digest."""
+    carried = _RUN_CONFIG.get()
+    if carried is None or CONFIG_RECORD in content:
         return content
     out = RecordDict(dict(content.items()))
-    out[CONFIG_RECORD] = ConfigRecord(dict(cfg))
+    out[CONFIG_RECORD] = carried.record(node)
     return out
+
+
+def _holds_config(node: int) -> bool:
+    carried = _RUN_CONFIG.get()
+    return carried is not None and node in carried.holders
+
+
+def config_answered(ok: Iterable[int], failed: Iterable[int]) -> None:
+    """Tell :func:`messages_carry`'s config which nodes answered (``ok``) and which did not
+    (``failed``): see :class:`CarriedConfig`. A no-op outside such a block."""
+    carried = _RUN_CONFIG.get()
+    if carried is not None:
+        carried.answered(ok, failed)
 
 
 @dataclass
@@ -317,22 +380,21 @@ def send_and_collect(
     nodes = list(node_ids)
     t0 = time.perf_counter()
     out = Exchange()
-    messages = []
+    payloads: dict[int, RecordDict] = {}
     for nid in nodes:
-        payload = content(nid) if callable(content) else content
-        out.bytes_sent += record_nbytes(payload)    # the method's traffic, without the config
-        messages.append(Message(with_run_config(payload), dst_node_id=nid,
-                                message_type=message_type, group_id=group_id))
-    replies = list(grid.send_and_receive(messages, timeout=timeout)) if messages else []
-    unmatched: list[str] = []
-    by_msg = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
-    for reply in replies:
-        # SuperLink-generated error replies carry src_node_id 1: map through reply_to instead.
-        nid = by_msg.get(reply.metadata.reply_to_message_id)
-        if nid is None:
-            if reply.has_error():
-                unmatched.append(reply.error.reason)
-            continue
+        payloads[nid] = content(nid) if callable(content) else content
+        out.bytes_sent += record_nbytes(payloads[nid])  # the method's traffic, without the config
+    answers, unmatched = _exchange(grid, payloads, message_type, group_id, timeout)
+    lost = {nid for nid, reply in answers if reply.has_error()
+            and reply.error.reason.startswith(CONFIG_MISSING)}
+    if lost:   # nodes that lost the run's config (e.g. a restarted SuperNode): once more, whole
+        LOG.info("[%s] %d node(s) lost the run config: sending it again", group_id, len(lost))
+        again, more = _exchange(grid, {n: payloads[n] for n in nodes if n in lost},
+                                message_type, group_id, timeout)
+        answers = [(n, r) for n, r in answers if n not in lost] + again
+        unmatched += more
+        out.bytes_sent += sum(record_nbytes(payloads[n]) for n in lost)
+    for nid, reply in answers:
         if reply.has_error():
             out.failed[nid] = f"error reply: {reply.error.reason}"
             continue
@@ -353,6 +415,36 @@ def send_and_collect(
     for nid, why in out.failed.items():
         LOG.warning("[%s] %s dropped: %s", group_id, node_name(nid), why)
     return out
+
+
+def _exchange(grid: Grid, payloads: Mapping[int, RecordDict], message_type: str, group_id: str,
+              timeout: float) -> tuple[list[tuple[int, Message]], list[str]]:
+    """Send ``payloads`` (node → content, with the run config) and return the replies matched
+    to their node, in arrival order, and the reasons of error replies matched to no node."""
+    # one content per payload and config record, shared by the messages that carry both
+    shared: dict[tuple[int, bool], RecordDict] = {}
+    messages = []
+    for nid, payload in payloads.items():
+        key = (id(payload), _holds_config(nid))
+        if key not in shared:
+            shared[key] = with_run_config(payload, nid)
+        messages.append(Message(shared[key], dst_node_id=nid, message_type=message_type,
+                                group_id=group_id))
+    replies = list(grid.send_and_receive(messages, timeout=timeout)) if messages else []
+    by_msg = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
+    answers: list[tuple[int, Message]] = []
+    unmatched: list[str] = []
+    for reply in replies:
+        # SuperLink-generated error replies carry src_node_id 1: map through reply_to instead.
+        nid = by_msg.get(reply.metadata.reply_to_message_id)
+        if nid is None:
+            if reply.has_error():
+                unmatched.append(reply.error.reason)
+            continue
+        answers.append((nid, reply))
+    ok = {nid for nid, reply in answers if not reply.has_error()}
+    config_answered(ok, set(payloads) - ok)
+    return answers, unmatched
 
 
 def require_honest(ex: Exchange, phase: str, contributions: int, asked: int,
@@ -402,13 +494,11 @@ def eval_coverage(method: str, nodes: int, of_nodes: int, rows: int) -> dict[str
 # ----------------------------------------------------------------------------------------------
 # Record builders / readers
 
-def arrays(**named: np.ndarray) -> ArrayRecord:
-    """ArrayRecord from keyword arrays (names kept)."""
-    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in named.items()})
+arrays = array_record
 
 
 def read_arrays(record: ArrayRecord) -> dict[str, np.ndarray]:
-    return {k: v.numpy() for k, v in record.items()}
+    return {k: to_numpy(v) for k, v in record.items()}
 
 
 def result_record(run_dir: object) -> ConfigRecord:

@@ -116,7 +116,8 @@ def fcm_pass(x: Float, centers: Float, m: float, *, augmented: bool = False,
     out = np.empty((n, c)) if memberships else None
     block = max(1, min(block, n))
     starts = list(range(0, n, block))
-    workers = max(1, min(n_threads or os.cpu_count() or 1, n // (2 * block)))
+    pairs = n // (2 * block)    # (os.cpu_count costs microseconds: not for small inputs)
+    workers = 1 if pairs < 2 else max(1, min(n_threads or os.cpu_count() or 1, pairs))
 
     def run(group: list[int]) -> list[tuple[int, float, Float | None]]:
         # a NaN or infinity in x spreads to the result, which the caller checks: no warnings

@@ -42,7 +42,14 @@ from fedclust.fcm.secagg import (
     unpack_count,
     unpack_final,
 )
-from strategies.common import Exchange, node_name, record_nbytes, reject, with_run_config
+from strategies.common import (
+    Exchange,
+    config_answered,
+    node_name,
+    record_nbytes,
+    reject,
+    with_run_config,
+)
 from strategies.fcm.family import FamilyClients
 from strategies.wire import fcm as wire
 
@@ -326,7 +333,8 @@ class _CountingGrid:
                     for m in messages]
         for m in messages:
             self.bytes_sent += record_nbytes(m.content)
-        messages = [Message(with_run_config(m.content), dst_node_id=m.metadata.dst_node_id,
+        messages = [Message(with_run_config(m.content, m.metadata.dst_node_id),
+                            dst_node_id=m.metadata.dst_node_id,
                             message_type=m.metadata.message_type, group_id=m.metadata.group_id)
                     for m in messages]
         replies = list(self._grid.send_and_receive(messages, timeout=timeout))
@@ -355,4 +363,6 @@ class _CountingGrid:
             nid = m.metadata.dst_node_id
             if nid not in answered:
                 self.why.setdefault(nid, f"no reply within {timeout}s (secure aggregation)")
+        ok = {by_msg.get(r.metadata.reply_to_message_id) for r in replies if not r.has_error()}
+        config_answered(ok - {None}, set(by_msg.values()) - ok)
         return clean

@@ -79,7 +79,7 @@ from fedclust.data.local import MAX_ABS
 from fedclust.data.scaling import ColumnStats
 from fedclust.fcm.phases import Box, NodeStats
 from fedclust.fcm.secagg import PHASE_FINAL, PHASE_SUMS
-from strategies.wire.records import array_record, content
+from strategies.wire.records import array_record, content, get_array_record, to_numpy
 from strategies.wire.replies import (
     FLOAT,
     INTEGER,
@@ -112,15 +112,13 @@ def scaling_record(shift: np.ndarray, scale: np.ndarray) -> ArrayRecord:
 
 def read_scaling(rd: RecordDict) -> tuple[np.ndarray, np.ndarray] | None:
     """Node side: ``(shift, scale)`` of a message (None: it carries no scaling)."""
-    if "scaling" not in rd.array_records:
-        return None
-    sc = rd.array_records["scaling"]
-    return sc["shift"].numpy(), sc["scale"].numpy()
+    sc = get_array_record(rd, "scaling")
+    return None if sc is None else (to_numpy(sc["shift"]), to_numpy(sc["scale"]))
 
 
 def read_centers(rd: RecordDict) -> np.ndarray:
     """Node side: the centers ``(C, F)`` of a ``query.fcm_sums``/``query.fcm_final``."""
-    return rd.array_records["centers"]["centers"].numpy()
+    return to_numpy(rd["centers"]["centers"])
 
 
 def withheld_reply() -> RecordDict:
@@ -330,9 +328,8 @@ def check_sums(c: int, f: int, box: Box, rows: Rows, m: float, bound: float | No
 
 def read_sums(rd: RecordDict) -> tuple[np.ndarray, np.ndarray] | None:
     """Server side: ``(U, WS)`` of a checked reply (None: the privacy guard's notice)."""
-    if "sums" not in rd.array_records:
-        return None
-    return rd.array_records["sums"]["U"].numpy(), rd.array_records["sums"]["WS"].numpy()
+    rec = get_array_record(rd, "sums")
+    return None if rec is None else (to_numpy(rec["U"]), to_numpy(rec["WS"]))
 
 
 # ------------------------------------------------------------------------- query.fcm_final

@@ -31,7 +31,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
-from flwr.app import RecordDict
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
+
+from fedclust import npy
 
 #: ``reply -> reason | None``: a check of one reply that needs nothing but the reply.
 Check = Callable[[RecordDict], str | None]
@@ -85,6 +87,15 @@ def values_problem(name: str, values: Any, *, finite: bool = True, nan_ok: bool 
     if arr.size == 0:
         return None
     arr = arr.astype(np.float64)
+    lo, hi = float(arr.min()), float(arr.max())
+    if math.isfinite(lo) and math.isfinite(hi):   # no NaN, no infinity: the bounds suffice
+        if low is not None and lo < low:
+            return f"'{name}' has a value {lo:.6g} below {low:g}"
+        if high is not None and hi > high:
+            return f"'{name}' has a value {hi:.6g} above {high:g}"
+        if integral and np.any(arr != np.round(arr)):
+            return f"'{name}' has values that are not whole numbers (counts)"
+        return None
     nan = np.isnan(arr)
     if finite and not nan_ok and nan.any():
         return f"'{name}' has NaN values"
@@ -119,13 +130,13 @@ def read_array(rd: RecordDict, record: str, key: str, *, dtype: str | None = Non
     **value_rules
         Passed to :func:`values_problem` (``finite`` defaults to True for float arrays).
     """
-    if record not in rd.array_records:
+    rec = rd.get(record)
+    if not isinstance(rec, ArrayRecord):
         return None, f"missing array record '{record}'"
-    rec = rd.array_records[record]
     if key not in rec:
         return None, f"'{record}' lacks array '{key}'"
     try:
-        arr = rec[key].numpy()
+        arr = npy.from_array(rec[key])
     except Exception as exc:  # bytes that are no array
         return None, f"'{record}.{key}' is not a readable array ({type(exc).__name__})"
     name = f"{record}.{key}"
@@ -170,9 +181,9 @@ def metric_problem(rd: RecordDict, name: str, kind: type = float, low: float | N
                    high: float | None = None, record: str = "metrics") -> str | None:
     """MetricRecord ``record`` has ``name``: an ``int`` (``kind=int``) or a finite number
     (``kind=float``), inside ``[low, high]`` when given."""
-    if record not in rd.metric_records:
+    rec = rd.get(record)
+    if not isinstance(rec, MetricRecord):
         return f"missing metric record '{record}'"
-    rec = rd.metric_records[record]
     if name not in rec:
         return f"'{record}' lacks '{name}'"
     value = rec[name]
@@ -189,8 +200,9 @@ def metric_problem(rd: RecordDict, name: str, kind: type = float, low: float | N
 
 def withheld_notice(rd: RecordDict) -> bool:
     """Whether ``rd`` is the privacy guard's notice: no array, metric ``withheld`` = 1."""
-    return (not rd.array_records and "metrics" in rd.metric_records
-            and rd.metric_records["metrics"].get("withheld", 0) == 1)
+    metrics = rd.get("metrics")
+    return (isinstance(metrics, MetricRecord) and metrics.get("withheld", 0) == 1
+            and not any(isinstance(r, ArrayRecord) for r in rd.values()))
 
 
 def box_problem(name: str, sums: np.ndarray, weights: np.ndarray, low: np.ndarray,
