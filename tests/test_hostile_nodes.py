@@ -399,3 +399,19 @@ def test_emdcfl_evaluation_coverage(tmp_path, fedclust_log):
     part = _run(client_app, EMD, 4, tmp_path / "part", drop=silent("evaluate.emdcfl_eval"))
     assert part["metrics"]["eval_coverage"] == {"nodes": 3, "of_nodes": 4, "rows": 30}
     assert any("eval_* metrics cover 3 of 4 nodes" in m for m in fedclust_log)
+
+
+def test_a_node_that_misreports_the_engine_is_excluded_not_believed(tmp_path):
+    """Probe: a node answering ``query.fedclust_node`` with num-partitions = 10**9 stopped the
+    run with a ConfigError that blamed the user's num-clients. The connected nodes and the
+    other answers outvote it; it is excluded, named, and the run goes on."""
+    def app(msg, context):
+        rep = client_app(msg, context)
+        if context.node_id == BAD and msg.metadata.message_type == "query.fedclust_node":
+            rep.content.metric_records["metrics"]["num-partitions"] = 10**9
+        return rep
+
+    summary = _run(app, IRIS, 3, tmp_path / "run")
+    assert [(e["node"], e["phase"]) for e in summary["excluded_nodes"]] == [(BAD, "engine")]
+    assert "num-partitions=1000000000" in summary["excluded_nodes"][0]["reason"]
+    assert summary["metrics"]["n_clients"] == 3
