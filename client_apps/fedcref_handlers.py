@@ -30,7 +30,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord
 
 from client_apps.base import app
-from client_apps.common import LazyModule, reply, run_config
+from client_apps.common import LazyModule, reply, run_config, run_settings
 from client_apps.evaluation import ALLOW_KEY, allows_evaluation, is_simulated
 from fedclust.config import ConfigError
 from fedclust.fedcref.keys import ClientSettings
@@ -205,7 +205,7 @@ def _setup(msg: Message, context: Context, with_cache: bool = False
     """(run config, its settings, x, y or None, state, message config, identity key) of one
     message."""
     cfg = run_config(context)
-    s = ClientSettings.from_config(cfg)
+    s = run_settings(context, ClientSettings.from_config)
     torch.set_num_threads(s.torch_threads)
     x, y, k = _data(context, cfg, s)
     key = node_key(context, x)
