@@ -97,6 +97,11 @@ def parse_run_config(text: str) -> dict[str, Any]:
         raise ConfigError(f"--run-config: {leftover.split()[0]!r} is not a key=value pair. "
                           f"Allowed: key=value pairs separated by blanks, strings in double "
                           f"quotes (dataset=\"files\" fcm.m=1.5)")
+    twice = sorted({k for k, _ in pairs if [p for p, _ in pairs].count(k) > 1})
+    if twice:
+        raise ConfigError(f"--run-config gives {', '.join(map(repr, twice))} more than once "
+                          f"(flwr run would keep the last value silently). Allowed: each key "
+                          f"once. Fix: remove the duplicate")
     out: dict[str, Any] = {}
     for key, value in pairs:
         try:

@@ -231,6 +231,13 @@ def validate(run_config: Mapping[str, Any], keys: Iterable[Key] | None = None) -
     require(cfg["num-clients"] == 0 or cfg["min-clients"] <= cfg["num-clients"], "min-clients",
             cfg["min-clients"], f"at most num-clients ({cfg['num-clients']}), or 0",
             f"pass min-clients={cfg['num-clients']} or raise num-clients")
+    require(cfg.get("partition.kind") != "column" or cfg.get("partition.column") != "",
+            "partition.column", "", "a grouping column of the dataset with "
+            "partition.kind='column'", "pass partition.column (e.g. 'job' for dataset=bank) or "
+            "another partition.kind")
+    require(cfg.get("partition.kind") != "size" or str(cfg.get("partition.sizes")).strip() != "",
+            "partition.sizes", "", "one size per client, comma-separated, with "
+            "partition.kind='size'", "pass partition.sizes=\"100,200,…\"")
     for check in spec.cross_checks:
         module, _, attr = check.partition(":")
         getattr(importlib.import_module(module), attr)(cfg)

@@ -455,7 +455,7 @@ def write_partitions(run_config: Mapping[str, Any], directory: Path) -> list[Pat
     cfg = validate(dict(run_config))
     ds = load_dataset(cfg)
     parts = make_partition(cfg["partition.kind"], ds, cfg["num-clients"], int(cfg["seed"]),
-                           float(cfg["partition.alpha"]), cfg["partition.column"])
+                           float(cfg["partition.alpha"]), cfg["partition.column"], options=cfg)
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
     for i, idx in enumerate(parts):

@@ -249,7 +249,7 @@ def test_num_clients_other_than_the_engine_stops_after_one_message(method, num_c
     assert isinstance(out, ConfigError), out
     assert_clear(str(out), f"'num-clients' = {num_clients}", f"has {nodes} nodes",
                  f"num-supernodes={num_clients}")
-    assert sent == ["query.fedclust_node"] and seconds < 60
+    assert set(sent) == {"query.fedclust_node"} and len(sent) <= 3 and seconds < 60
     assert not (tmp_path / "r").exists()
 
 
@@ -310,7 +310,7 @@ def test_files_folder_with_another_count_than_the_engine_stops_after_one_message
         "data-dir": str(sites), "output-dir": str(tmp_path / "r")}), nodes=2)
     assert isinstance(out, SiteFilesError), out
     assert_clear(str(out), "holds 3 site files", "2 nodes", "num-supernodes=3", allowed=False)
-    assert sent in ([], ["query.fedclust_node"]) and seconds < 60
+    assert set(sent) <= {"query.fedclust_node"} and len(sent) <= 3 and seconds < 60
     assert not (tmp_path / "r").exists()
 
 
@@ -355,7 +355,7 @@ def test_output_dir_problems_are_refused_and_nothing_is_touched(method, case, fr
                                       **{"output-dir": str(out)}), nodes=3)
     assert isinstance(res, (ConfigError, OutputDirError)), res
     assert_clear(str(res), "output-dir", fragment)
-    assert sent in ([], ["query.fedclust_node"])
+    assert set(sent) <= {"query.fedclust_node"} and len(sent) <= 3
     if case.startswith("a-file") or case == "below-a-file":
         assert sent == [] and (tmp_path / "results").read_text() == "not a folder"
     else:

@@ -79,6 +79,21 @@ def test_check_refuses_bad_values_and_missing_data_and_passes_a_good_config(tmp_
     assert other.returncode == 2 and "method='fedcref'" in other.stderr
 
 
+@pytest.mark.parametrize("text, message", [
+    ("fcm.m=1.5 fcm.m=3.0", "'fcm.m' more than once"),
+    ('partition.kind="column"', "'partition.column' = '' is invalid"),
+    ('partition.kind="size"', "'partition.sizes' = '' is invalid"),
+])
+def test_check_refuses_what_a_run_would_silently_misread(text, message):
+    """Probe: a key given twice kept its last value, and a partition kind without the key it
+    needs passed `fedclust check` when num-clients was left to the engine."""
+    from fedclust.cli import parse_run_config
+    from fedclust.config import validate
+
+    with pytest.raises(ConfigError, match=message):
+        validate(parse_run_config(text))
+
+
 def test_a_config_error_under_flwr_run_is_one_log_line_and_a_short_trace(fedclust_log):
     """What the ServerApp does with bad input under `flwr run` (Flower logs the exception it
     raises with its traceback): fedclust logs the message on one line, and the exception

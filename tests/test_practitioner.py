@@ -145,7 +145,8 @@ def test_bad_site_folders_stop_before_any_work(tmp_path, case, match):
     with pytest.raises(SiteFilesError, match=match):
         run_server({**FILES_CFG, "data-dir": str(data_dir), "output-dir": str(tmp_path / "o")},
                    num_nodes=nodes or 3, inspect=lambda msg, rep: sent.append(msg))
-    assert [m.metadata.message_type for m in sent] in ([], ["query.fedclust_node"])
+    types = [m.metadata.message_type for m in sent]
+    assert set(types) <= {"query.fedclust_node"} and len(types) <= 3
     assert not (tmp_path / "o").exists()
 
 

@@ -97,7 +97,7 @@ def test_secure_round_survives_a_dropout_and_names_it(tmp_path):
 # What a client's reply may carry in each phase of a secure run (evaluate=true, min-max scaling):
 # record name -> (record type, exact keys). The SecAgg+ stage is recognised by its reply keys.
 SECURE_REPLY_LAYOUTS = {
-    "query.fedclust_node": [   # one node says what the engine gave it (num-partitions)
+    "query.fedclust_node": [   # up to 3 nodes say what the engine gave them (num-partitions)
         {"metrics": ("MetricRecord", {"num-partitions"})}],
     "query.fcm_stats": [   # federated scaling (plain by design; see docs/deployment.md)
         {"stats": ("ArrayRecord", {"min", "max"}),
@@ -140,7 +140,7 @@ def test_every_secure_phase_carries_only_the_listed_records(tmp_path):
             assert rep.content["fitres.num_examples"]["num_examples"] == 1   # N not revealed
             assert rep.content["fitres.status"]["code"] == 0
         counts[kind] = counts.get(kind, 0) + 1
-    assert counts == {"query.fedclust_node": 1, "query.fcm_stats": 3,
+    assert counts == {"query.fedclust_node": 3, "query.fcm_stats": 3,
                       "train": 3 * 4 * (3 + 1)}   # 3 rounds + final
     assert secure["metrics"]["objective"] == pytest.approx(plain["metrics"]["objective"],
                                                            rel=1e-9)

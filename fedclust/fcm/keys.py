@@ -216,4 +216,4 @@ def preflight(cfg: dict[str, Any]) -> None:
     check_rows(cfg, int(ds.x.shape[0]), f"dataset {cfg['dataset']!r}")
     if cfg["num-clients"]:   # 0: the engine's node count, checked when the run starts
         make_partition(cfg["partition.kind"], ds, cfg["num-clients"], cfg["seed"],
-                       cfg["partition.alpha"], cfg["partition.column"])
+                       cfg["partition.alpha"], cfg["partition.column"], options=cfg)
