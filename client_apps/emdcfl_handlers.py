@@ -46,6 +46,7 @@ from flwr.app import ConfigRecord, Context, Message
 from client_apps.base import app
 from client_apps.common import run_config
 from client_apps.data import node_data_path
+from client_apps.evaluation import allows_evaluation
 from strategies.wire import emdcfl as wire
 
 
@@ -241,13 +242,15 @@ def eval_handler(msg: Message, context: Context) -> Message:
     # the owner's own test labels: its accuracy stays on the node unless it may evaluate
     result = client.test(s, data, weights, device)
     keep_owner_results(msg, context, cfg, s, data, weights, result)
-    evaluation = client.evaluation(s, data, weights, result, device) if s.evaluate else None
+    evaluation = (client.evaluation(s, data, weights, result, device)
+                  if allows_evaluation(context, cfg) else None)
     return Message(wire.final_reply(len(data.y_test), evaluation), reply_to=msg)
 
 
 @app.query("emdcfl_group")
 def group_handler(msg: Message, context: Context) -> Message:
     cfg = run_config(context)
-    if not cfg["evaluate"]:
-        raise RuntimeError("ground truth is only available with evaluate=true")
+    if not allows_evaluation(context, cfg):
+        raise RuntimeError("ground truth is only available with evaluate=true on a node that "
+                           "allows evaluation (node config allow-evaluation=true)")
     return Message(wire.group_reply(client_data(context, cfg).cluster), reply_to=msg)
