@@ -62,6 +62,7 @@ def main() -> None:
     from fedclust.fedcref import autoencoder as ae
     from fedclust.fedcref import client as core
     from fedclust.fedcref.association import log_ratio_quantile, normalized_gap
+    from fedclust.fedcref.keys import ClientSettings
     from fedclust.fedcref.system import dirty_clustering
 
     torch.set_num_threads(1)
@@ -69,6 +70,7 @@ def main() -> None:
     cfg = validate({"method": "fedcref", "dataset": args.dataset, "data-dir": args.data_dir,
                     "fedcref.split": "all", "num-clients": 25, "seed": args.seed,
                     "fedcref.assoc-rule": args.rule, **extra})
+    settings = ClientSettings.from_config(cfg)
     n = args.clients
     sts, xs, ys = [], [], []
     t0 = time.perf_counter()
@@ -76,7 +78,7 @@ def main() -> None:
         x, y = core.client_data(cfg, i)
         st = core.ClientState(labels=dirty_clustering(y, args.dirtiness, i),
                               k=len(np.unique(y)))
-        core.train_local(st, x, cfg, i)
+        core.train_local(st, x, settings, i)
         sts.append(st), xs.append(x), ys.append(y)
     out: dict = {"config": extra, "clients": n, "dirtiness": args.dirtiness,
                  "train_s": round(time.perf_counter() - t0, 1)}

@@ -9,6 +9,8 @@ records wall time and peak memory (ru_maxrss) next to each run's summary.json::
     python bench/fedcref_experiments.py --table runs/fedcref   # markdown table of all runs
     python bench/fedcref_experiments.py --table runs/fedcref --paired mnist-ratio mnist-local
         # ACC end of the first minus the second, seed by seed, on the seeds both ran
+    python bench/fedcref_experiments.py --grid runs/grid
+        # one row per system: experiments named <system>-default, -local, -perfect
 """
 
 from __future__ import annotations
@@ -125,6 +127,56 @@ def paired(root: Path, a: str, b: str) -> str:
             f"({per_seed})")
 
 
+def _runs(root: Path, name: str) -> dict[int, Path]:
+    return {int(p.parent.name[4:]): p.parent for p in (root / name).glob("seed*/summary.json")}
+
+
+def grid(root: Path) -> str:
+    """The no-harm table: per system (experiments ``<system>-default``, ``-local`` and
+    ``-perfect``), the default's final ACC per seed, its paired difference to local-only, the
+    largest wrong-association share in any iteration, and the perfect-association gain.
+
+    ``default − local ≥ −0.01`` on every seed and ``max wrong ≤ 5 %`` are the no-harm
+    criteria; where perfect associations gain ≥ 0.05 over local-only, the default should
+    gain at least half of that on average.
+    """
+    from fedclust.metrics import mean_ci
+
+    systems = sorted({p.name.rsplit("-", 1)[0] for p in root.iterdir()
+                      if p.is_dir() and p.name.endswith("-default")})
+    rows = ["| system | seeds | default ACC end (per seed) | local-only | default − local "
+            "(min) | wrong ass. % max in any it. (per seed) | perfect | half of the perfect "
+            "gain reached |", "|" + "---|" * 8]
+
+    def acc(run: Path) -> float:
+        return json.loads((run / "summary.json").read_text())["metrics"]["eval_acc_end"]
+
+    for system in systems:
+        d, lo, pf = (_runs(root, f"{system}-{arm}") for arm in ("default", "local", "perfect"))
+        seeds = sorted(set(d) & set(lo))
+        if not seeds:
+            continue
+        a = [acc(d[s]) for s in seeds]
+        b = [acc(lo[s]) for s in seeds]
+        gain = [x - y for x, y in zip(a, b, strict=True)]
+        worst = [_max_wrong_pct(d[s] / "history.jsonl") for s in seeds]
+        ps = [s for s in seeds if s in pf]
+        if ps:
+            pgain = mean_ci([acc(pf[s]) - acc(lo[s]) for s in ps])[0]
+            dgain = mean_ci([acc(d[s]) - acc(lo[s]) for s in ps])[0]
+            perfect = f"{mean_ci([acc(pf[s]) for s in ps])[0]:.3f} ({len(ps)} seeds)"
+            half = ("n/a (perfect gains < 0.05)" if pgain < 0.05 else
+                    f"{'yes' if dgain >= pgain / 2 else 'no'}: {dgain:+.3f} of {pgain:+.3f}")
+        else:
+            perfect, half = "not run", "–"
+        rows.append(
+            f"| {system} | {', '.join(map(str, seeds))} | {mean_ci(a)[0]:.3f} "
+            f"({' / '.join(f'{x:.3f}' for x in a)}) | {mean_ci(b)[0]:.3f} | "
+            f"{mean_ci(gain)[0]:+.3f} ({min(gain):+.3f}) | {max(worst):.1f} "
+            f"({' / '.join(f'{w:.1f}' for w in worst)}) | {perfect} | {half} |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--name")
@@ -133,7 +185,11 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "runs" / "fedcref"))
     ap.add_argument("--table")
     ap.add_argument("--paired", nargs=2, metavar=("A", "B"))
+    ap.add_argument("--grid")
     args = ap.parse_args()
+    if args.grid:
+        print(grid(Path(args.grid)))
+        return
     if args.table:
         print(paired(Path(args.table), *args.paired) if args.paired else table(Path(args.table)))
         return

@@ -39,6 +39,7 @@ def build(dataset: str, clients: int, spc: int, seed: int, dirtiness: float, dat
     from fedclust.fedcref import autoencoder as ae
     from fedclust.fedcref import client as core
     from fedclust.fedcref.initial import initial_clustering
+    from fedclust.fedcref.keys import ClientSettings
 
     path = cache_path(out, dataset, clients, spc, seed, dirtiness)
     if path.exists():
@@ -48,6 +49,7 @@ def build(dataset: str, clients: int, spc: int, seed: int, dirtiness: float, dat
                     "fedcref.split": "all", "num-clients": clients, "seed": seed,
                     "fedcref.samples-per-cluster": spc, "fedcref.dirtiness": dirtiness,
                     "output-dir": "unused", **(extra or {})})
+    settings = ClientSettings.from_config(cfg)
     t0 = time.perf_counter()
     sts, xs, ys = [], [], []
     phase = core.derive_seed(seed, 1, 1)
@@ -58,7 +60,7 @@ def build(dataset: str, clients: int, spc: int, seed: int, dirtiness: float, dat
                                    dirtiness=dirtiness,
                                    random_state=core.derive_seed(seed, key, 0))
         st = core.ClientState(labels=start, k=int(np.unique(y).size))
-        core.train_local(st, x, cfg, core.derive_seed(phase, key))
+        core.train_local(st, x, settings, core.derive_seed(phase, key))
         sts.append(st), xs.append(x), ys.append(y)
     owner = np.array([(i, int(q)) for i in range(clients) for q in sts[i].model_clusters],
                      dtype=np.int64).reshape(-1, 2)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from flwr.app import Context, Message
@@ -33,6 +33,32 @@ def run_config(context: Context) -> dict[str, Any]:
 
 
 _BY_KEY: dict[str, tuple[tuple[str, Any], ...]] = {}
+
+T = TypeVar("T")
+
+
+def run_settings(context: Context, build: Callable[[Mapping[str, Any]], T]) -> T:
+    """A method's typed settings, ``build(run config)`` (a ``from_config`` classmethod), built
+    once per distinct run config and process, as :func:`run_config` validates it once: a
+    config taken from the server's messages is found by its key, any other by its items."""
+    key = getattr(context.run_config, "key", None)
+    if isinstance(key, str):
+        hit = _SETTINGS.get((key, build))
+        if hit is None:
+            hit = _SETTINGS[(key, build)] = build(run_config(context))
+            while len(_SETTINGS) > 16:
+                del _SETTINGS[next(iter(_SETTINGS))]
+        return hit
+    return _settings(build, _validated(tuple(sorted(context.run_config.items()))))
+
+
+_SETTINGS: dict[tuple[str, Callable[[Mapping[str, Any]], Any]], Any] = {}
+
+
+@lru_cache(maxsize=8)
+def _settings(build: Callable[[Mapping[str, Any]], T], items: tuple[tuple[str, Any], ...]
+              ) -> T:
+    return build(dict(items))
 
 
 @lru_cache(maxsize=8)

@@ -30,9 +30,10 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord
 
 from client_apps.base import app
-from client_apps.common import LazyModule, reply, run_config
+from client_apps.common import LazyModule, reply, run_config, run_settings
 from client_apps.evaluation import ALLOW_KEY, allows_evaluation, is_simulated
 from fedclust.config import ConfigError
+from fedclust.fedcref.keys import ClientSettings
 
 # torch and the FedCRef core load on the first FedCRef message, not when the ClientApp starts.
 torch = LazyModule("torch")
@@ -63,18 +64,24 @@ def _deployment_data(path: str) -> tuple[np.ndarray, np.ndarray | None]:
     return load_pixel_table(path)
 
 
-def _data(context: Context, cfg: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None, int]:
+def _given(cfg: dict[str, Any], s: ClientSettings | None) -> ClientSettings:
+    """``s``, or the settings of the validated run config ``cfg`` when None."""
+    return s if s is not None else ClientSettings.from_config(cfg)
+
+
+def _data(context: Context, cfg: dict[str, Any], s: ClientSettings | None = None
+          ) -> tuple[np.ndarray, np.ndarray | None, int]:
     """(x, y or None, K_i given or 0 = estimate).
 
     ``y`` (the true classes) only where this node may use them for evaluation
     (:func:`client_apps.evaluation.allows_evaluation`): run config ``evaluate`` and, on a
     deployed node, node config ``allow-evaluation``.
     """
-    x, y, k = _node_data(context, cfg)
+    x, y, k = _node_data(context, _given(cfg, s))
     return x, (y if allows_evaluation(context, cfg) else None), k
 
 
-def _node_data(context: Context, cfg: dict[str, Any]
+def _node_data(context: Context, s: ClientSettings
                ) -> tuple[np.ndarray, np.ndarray | None, int]:
     """(x, y or None = the file has none, K_i given or 0): everything the node holds, before
     any permission check. Use :func:`_data` unless the labels are the simulated start's."""
@@ -82,20 +89,22 @@ def _node_data(context: Context, cfg: dict[str, Any]
     if "data-path" in node:
         x, y = _deployment_data(str(node["data-path"]))
         return x, y, int(node.get("num-clusters", 0))
-    x, y = core.client_data(cfg, int(node["partition-id"]))
+    x, y = core.client_data(s.system, int(node["partition-id"]))
     # K_i is given in the paper's experiments (the number of classes the client was dealt)
     return x, y, int(np.unique(y).size)
 
 
-def start_kind(context: Context, cfg: dict[str, Any]) -> str:
+def start_kind(context: Context, cfg: dict[str, Any], s: ClientSettings | None = None
+               ) -> str:
     """The initial clustering this node runs: ``fedcref.init``, with ``auto`` resolved to
     ``dirty`` on a simulated node and ``kmeans`` on a deployed node."""
     from fedclust.fedcref.initial import resolve_init
 
-    return resolve_init(cfg["fedcref.init"], is_simulated(context.node_config, cfg))
+    return resolve_init(_given(cfg, s).init, is_simulated(context.node_config, cfg))
 
 
-def _dirty_labels(context: Context, cfg: dict[str, Any]) -> np.ndarray | None:
+def _dirty_labels(context: Context, cfg: dict[str, Any], s: ClientSettings
+                  ) -> np.ndarray | None:
     """The true classes the ``dirty`` start is built from.
 
     A simulated node always has them (the paper's protocol). A deployed node's labels are for
@@ -113,7 +122,7 @@ def _dirty_labels(context: Context, cfg: dict[str, Any]) -> np.ndarray | None:
             "fedcref.init='auto' (the default: label-free k-means on deployed nodes) or "
             "'kmeans'/'dec'; or, for a test deployment of simulated data, run with "
             f"evaluate=true and give each node --node-config '... {ALLOW_KEY}=true'.")
-    return _node_data(context, cfg)[1]
+    return _node_data(context, s)[1]
 
 
 def _load_state(context: Context, with_cache: bool = False) -> core.ClientState | None:
@@ -150,19 +159,20 @@ def _save_state(context: Context, st: core.ClientState, with_cache: bool = False
 
 
 def _init_state(context: Context, cfg: dict[str, Any], x: np.ndarray, y: np.ndarray | None,
-                k: int, seed: int) -> core.ClientState:
-    kind = start_kind(context, cfg)
-    estimate = cfg["fedcref.estimate-k"] or k == 0
+                k: int, seed: int, s: ClientSettings | None = None) -> core.ClientState:
+    s = _given(cfg, s)
+    kind = start_kind(context, cfg, s)
+    estimate = s.estimate_k or k == 0
     if kind == "dirty":
-        y = _dirty_labels(context, cfg)
+        y = _dirty_labels(context, cfg, s)
         k = dirty_k(y, k, context.node_config.get("data-path"))
     else:
         y = None    # a label-free start: kmeans/dec never see the true classes
     labels = initial_clustering(
-        kind, x, max(k, 2), y_true=y, dirtiness=cfg["fedcref.dirtiness"],
-        estimate_k=estimate and kind != "dirty", k_max=cfg["fedcref.k-estimate-max"],
-        dec_options={"pretrain_epochs": cfg["fedcref.dec-pretrain-epochs"],
-                     "maxiter": cfg["fedcref.dec-maxiter"]}, random_state=seed)
+        kind, x, max(k, 2), y_true=y, dirtiness=s.dirtiness,
+        estimate_k=estimate and kind != "dirty", k_max=s.k_estimate_max,
+        dec_options={"pretrain_epochs": s.dec_pretrain_epochs, "maxiter": s.dec_maxiter},
+        random_state=seed)
     return core.ClientState(labels=labels, k=int(labels.max()) + 1 if kind != "dirty" else k)
 
 
@@ -190,18 +200,21 @@ def dirty_k(y: np.ndarray | None, k: int, where: Any = None) -> int:
 
 
 def _setup(msg: Message, context: Context, with_cache: bool = False
-           ) -> tuple[dict, np.ndarray, np.ndarray | None, core.ClientState, dict, int]:
-    """(run config, x, y or None, state, message config, identity key) of one message."""
+           ) -> tuple[dict, ClientSettings, np.ndarray, np.ndarray | None, core.ClientState,
+                      dict, int]:
+    """(run config, its settings, x, y or None, state, message config, identity key) of one
+    message."""
     cfg = run_config(context)
-    torch.set_num_threads(cfg["fedcref.torch-threads"])
-    x, y, k = _data(context, cfg)
+    s = run_settings(context, ClientSettings.from_config)
+    torch.set_num_threads(s.torch_threads)
+    x, y, k = _data(context, cfg, s)
     key = node_key(context, x)
     conf = dict(msg.content.config_records["config"]) if "config" in \
         msg.content.config_records else {}
     st = _load_state(context, with_cache)
     if st is None:
-        st = _init_state(context, cfg, x, y, k, core.derive_seed(cfg["seed"], key, 0))
-    return cfg, x, y, st, conf, key   # y: None unless allows_evaluation (see _data)
+        st = _init_state(context, cfg, x, y, k, core.derive_seed(s.seed, key, 0), s)
+    return cfg, s, x, y, st, conf, key   # y: None unless allows_evaluation (see _data)
 
 
 def node_key(context: Context, x: np.ndarray) -> int:
@@ -218,8 +231,8 @@ def _client_seed(conf: dict, key: int) -> int:
     return core.derive_seed(int(conf.get("seed", 0)), key)
 
 
-def _eval(st: core.ClientState, y: np.ndarray | None, cfg: dict) -> dict:
-    if y is None or not cfg["evaluate"]:
+def _eval(st: core.ClientState, y: np.ndarray | None, s: ClientSettings) -> dict:
+    if y is None or not s.evaluate:
         return {}
     return {"eval": {"hist": core.class_histograms(st.labels, y, st.k, int(y.max()) + 1)}}
 
@@ -284,8 +297,9 @@ def owner_result(st: core.ClientState, own: dict[str, np.ndarray], n_rows: int,
             "clusters": clusters, "models": models, "files": files}
 
 
-def _keep_owner_results(msg: Message, context: Context, cfg: dict, st: core.ClientState,
-                        own: dict[str, np.ndarray], n_rows: int, refined: bool) -> None:
+def _keep_owner_results(msg: Message, context: Context, s: ClientSettings,
+                        st: core.ClientState, own: dict[str, np.ndarray], n_rows: int,
+                        refined: bool) -> None:
     """Write the owner's files: after a refinement all of them, else ``result.json`` only
     (and nothing before the first refinement)."""
     from client_apps import results
@@ -304,7 +318,7 @@ def _keep_owner_results(msg: Message, context: Context, cfg: dict, st: core.Clie
         else:
             (folder / MODELS).unlink(missing_ok=True)
         results.write_predict_info(folder, "fedcref",
-                              {"fedcref.torch-threads": cfg["fedcref.torch-threads"]},
+                              {"fedcref.torch-threads": s.torch_threads},
                               models=MODELS, label="local cluster",
                               iteration=int(own["meta"][1]))
     results.write_result(folder, owner_result(st, own, n_rows, context.run_id))
@@ -316,18 +330,18 @@ def _keep_owner_results(msg: Message, context: Context, cfg: dict, st: core.Clie
 @app.train("fedcref_local")
 def fedcref_local(msg: Message, context: Context) -> Message:
     """Algorithm 1 lines 6–8: (re)train one autoencoder per local cluster if active."""
-    cfg, x, y, st, conf, key = _setup(msg, context)
+    _, s, x, y, st, conf, key = _setup(msg, context)
     arrays: dict[str, dict[str, np.ndarray]] = {}
     seconds = 0.0
     if bool(conf.get("active", True)) or not ae.n_models(st.models):
-        info = core.train_local(st, x, cfg, _client_seed(conf, key))
+        info = core.train_local(st, x, s, _client_seed(conf, key))
         seconds = info["seconds"]
-        arrays["models"] = (wire.encode(ae.to_numpy(st.models), cfg["fedcref.wire"])
+        arrays["models"] = (wire.encode(ae.to_numpy(st.models), s.wire)
                             if ae.n_models(st.models) else {})
         arrays["clusters"] = {"clusters": st.model_clusters}
-    elif core.drop_emptied(st, cfg):   # inactive: the clusters left that still have a model
+    elif core.drop_emptied(st, s):   # inactive: the clusters left that still have a model
         arrays["clusters"] = {"clusters": st.model_clusters}
-    arrays.update(_eval(st, y, cfg))
+    arrays.update(_eval(st, y, s))
     arrays = {k: v for k, v in arrays.items() if v}
     _save_state(context, st)
     # a new iteration: every modelled cluster is isolated until a community round names it
@@ -336,7 +350,7 @@ def fedcref_local(msg: Message, context: Context) -> Message:
     own["community"][st.model_clusters] = ISOLATED
     own["meta"][0] = int(conf.get("iteration", 0))
     _save_owner(context, own)
-    _keep_owner_results(msg, context, cfg, st, own, len(x), refined=False)
+    _keep_owner_results(msg, context, s, st, own, len(x), refined=False)
     return reply(msg, arrays=arrays, metrics={"seconds": seconds, "k": st.k,
                                               "version": st.version, "n": len(x),
                                               "key": key})
@@ -346,11 +360,11 @@ def fedcref_local(msg: Message, context: Context) -> Message:
 def fedcref_assoc(msg: Message, context: Context) -> Message:
     """Algorithm 1 lines 10–15 on the client: evaluate the received models (errors cached per
     model version) and report which foreign clusters each local cluster accepts."""
-    cfg, x, y, st, conf, _ = _setup(msg, context, with_cache=True)
+    _, s, x, _, st, conf, _ = _setup(msg, context, with_cache=True)
     keys = [str(k) for k in conf.get("keys", [])]
     new = _models_by_key(msg.content.array_records["models"]) \
         if "models" in msg.content.array_records else {}
-    acc, missing, seconds = core.associate(st, x, keys, new, cfg)
+    acc, missing, seconds = core.associate(st, x, keys, new, s)
     _save_state(context, st, with_cache=True)
     if missing:
         return reply(msg, metrics={"missing": [keys.index(k) for k in missing],
@@ -362,13 +376,13 @@ def fedcref_assoc(msg: Message, context: Context) -> Message:
 @app.train("fedcref_comm")
 def fedcref_comm(msg: Message, context: Context) -> Message:
     """Algorithm 1 line 22: one FedAvg round of every community this client is in, together."""
-    cfg, x, _, st, conf, key = _setup(msg, context)
+    _, s, x, _, st, conf, key = _setup(msg, context)
     t0 = time.perf_counter()
     params = _received(msg)
     lens = [int(v) for v in conf["members-len"]]
     flat = np.asarray(conf["members-flat"], dtype=np.int64)
     members = np.split(flat, np.cumsum(lens)[:-1])
-    out, counts = core.train_communities(x, st.labels, params, members, cfg,
+    out, counts = core.train_communities(x, st.labels, params, members, s,
                                          _client_seed(conf, key))
     own = _owner_state(context, st.k)
     before = own["community"].copy()
@@ -376,8 +390,8 @@ def fedcref_comm(msg: Message, context: Context) -> Message:
         own["community"][qs] = int(g)
     if not np.array_equal(before, own["community"]):   # the first round of an iteration
         _save_owner(context, own)
-        _keep_owner_results(msg, context, cfg, st, own, len(x), refined=False)
-    return reply(msg, arrays={"models": wire.encode(ae.to_numpy(out), cfg["fedcref.wire"]),
+        _keep_owner_results(msg, context, s, st, own, len(x), refined=False)
+    return reply(msg, arrays={"models": wire.encode(ae.to_numpy(out), s.wire),
                               "counts": {"counts": counts}},
                  metrics={"seconds": time.perf_counter() - t0})
 
@@ -386,14 +400,14 @@ def fedcref_comm(msg: Message, context: Context) -> Message:
 def fedcref_member(msg: Message, context: Context) -> Message:
     """The communities of this client's clusters whose model was kept, not trained, this
     iteration (``fedcref.reuse-communities``): for the data owner's ``result.json`` only."""
-    cfg, x, _, st, conf, _ = _setup(msg, context)
+    _, s, x, _, st, conf, _ = _setup(msg, context)
     lens = [int(v) for v in conf["members-len"]]
     members = np.split(np.asarray(conf["members-flat"], dtype=np.int64), np.cumsum(lens)[:-1])
     own = _owner_state(context, st.k)
     for g, qs in zip(conf["communities"], members, strict=True):
         own["community"][qs] = int(g)
     _save_owner(context, own)
-    _keep_owner_results(msg, context, cfg, st, own, len(x), refined=False)
+    _keep_owner_results(msg, context, s, st, own, len(x), refined=False)
     return reply(msg, metrics={"seconds": 0.0})
 
 
@@ -401,7 +415,7 @@ def fedcref_member(msg: Message, context: Context) -> Message:
 def fedcref_refine(msg: Message, context: Context) -> Message:
     """Algorithm 1 lines 26–30: Algorithm 2 with own + community models, and the agreement
     with the previous labeling (stability test)."""
-    cfg, x, y, st, conf, _ = _setup(msg, context)
+    _, s, x, y, st, conf, _ = _setup(msg, context)
     t0 = time.perf_counter()
     comm = _received(msg)
     ids = np.asarray(conf.get("communities", list(range(ae.n_models(comm)))), dtype=np.int64)
@@ -409,9 +423,8 @@ def fedcref_refine(msg: Message, context: Context) -> Message:
     flat = np.asarray(conf.get("members-flat", []), dtype=np.int64)
     members = [[int(q) for q in qs] for qs in np.split(flat, np.cumsum(lens)[:-1])] \
         if lens else []
-    mode = cfg["fedcref.refine"]
-    outcome = core.refine(st, x, comm, mode, members, cfg["fedcref.margin"],
-                          cfg["fedcref.beta"], ids)
+    mode = s.refine
+    outcome = core.refine(st, x, comm, mode, members, s.margin, s.beta, ids)
     _save_state(context, st)
     own = _owner_state(context, st.k)
     refined = bool(len(st.model_clusters)) or bool(ae.n_models(comm))   # else: no candidates
@@ -423,8 +436,8 @@ def fedcref_refine(msg: Message, context: Context) -> Message:
     if st.used_mismatch:   # only on exact ties of two models' errors
         LOG.warning("fedcref: %d rows' labels differ from the argmin of the models that "
                     "define them (ties)", st.used_mismatch)
-    _keep_owner_results(msg, context, cfg, st, own, len(x), refined=refined)
-    arrays = _eval(st, y, cfg)
+    _keep_owner_results(msg, context, s, st, own, len(x), refined=refined)
+    arrays = _eval(st, y, s)
     if mode == "covered":
         arrays["confirmed"] = {"confirmed": outcome.confirmed.astype(np.uint8)}
     return reply(msg, arrays=arrays,

@@ -26,14 +26,10 @@ from typing import Any
 import numpy as np
 
 from fedclust.prediction import FIX_RUN, PredictError, Prediction
+from fedclust.registry import METHODS
 
 # method -> "module:function(run_dir, summary, x, options) -> Prediction"
-PREDICTORS: dict[str, str] = {
-    "exact-fcm": "fedclust.fcm.predict:predict_fcm",
-    "fedfcm": "fedclust.fcm.predict:predict_fcm",
-    "fedcref": "fedclust.fedcref.predict:predict_rows",
-    "emdcfl": "fedclust.emdcfl.predict:predict_rows",
-}
+PREDICTORS: dict[str, str] = {name: spec.predictor for name, spec in METHODS.items()}
 
 
 def load_summary(run_dir: str | Path) -> dict[str, Any]:

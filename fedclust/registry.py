@@ -1,10 +1,13 @@
-"""Which methods exist and where their run-config keys live (data only).
+"""The table of fedclust's methods (data only).
 
-Each entry names, as import paths inside :mod:`fedclust` (nothing heavy is imported until a
-method is chosen), the run-config keys a method adds and its extra cross-key checks. The other
-layers keep their own half of the table: the server loops and preflight checks in
-:data:`strategies.methods.SERVER`, the ClientApp handler modules in
-:data:`client_apps.app.HANDLERS`.
+Each entry names, as import paths inside :mod:`fedclust` (``"module:attribute"``; nothing is
+imported until a method is chosen), what the core needs to know about a method: its run-config
+keys and cross-key checks (:mod:`fedclust.config`), the prefix of its keys, the predictor of
+``fedclust predict`` (:mod:`fedclust.predict`) and what ``fedclust report`` shows by default
+(:mod:`fedclust.report`). The layers above add their own column, keyed by the same names and
+checked against this table (``tests/test_layers.py``): the server loop and preflight in
+:data:`strategies.run.SERVER`, the ClientApp handler module in :data:`client_apps.app.HANDLERS`
+(the core never names the layers above it).
 """
 
 from __future__ import annotations
@@ -14,17 +17,45 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class MethodSpec:
+    """One method.
+
+    Attributes
+    ----------
+    keys : import paths of the lists of run-config keys the method adds
+    cross_checks : import paths of its checks across keys (``cfg -> None``, raise on error)
+    prefix : the prefix of its own keys (``fcm.``); another method's keys are refused
+    predictor : import path of ``predict(run_dir, summary, x, options) -> Prediction``
+    report_metrics : the metrics ``fedclust report`` shows by default
+    """
+
     keys: tuple[str, ...]
-    cross_checks: tuple[str, ...] = ()
+    cross_checks: tuple[str, ...]
+    prefix: str
+    predictor: str
+    report_metrics: tuple[str, ...]
 
 
 METHODS: dict[str, MethodSpec] = {
-    "exact-fcm": MethodSpec(keys=("fedclust.fcm.keys:FCM_KEYS",),
-                            cross_checks=("fedclust.fcm.keys:check_fcm",)),
-    "fedfcm": MethodSpec(keys=("fedclust.fedfcm.keys:FEDFCM_KEYS",),
-                         cross_checks=("fedclust.fedfcm.keys:check_fedfcm",)),
-    "fedcref": MethodSpec(keys=("fedclust.fedcref.keys:KEYS",),
-                          cross_checks=("fedclust.fedcref.keys:check",)),
-    "emdcfl": MethodSpec(keys=("fedclust.emdcfl.keys:KEYS",),
-                         cross_checks=("fedclust.emdcfl.keys:check",)),
+    "exact-fcm": MethodSpec(
+        keys=("fedclust.fcm.keys:FCM_KEYS",), cross_checks=("fedclust.fcm.keys:check_fcm",),
+        prefix="fcm.",
+        predictor="fedclust.fcm.predict:predict_fcm",
+        report_metrics=("eval_ari", "objective", "rounds", "converged")),
+    "fedfcm": MethodSpec(
+        keys=("fedclust.fedfcm.keys:FEDFCM_KEYS",),
+        cross_checks=("fedclust.fedfcm.keys:check_fedfcm",),
+        prefix="fedfcm.",
+        predictor="fedclust.fcm.predict:predict_fcm",
+        report_metrics=("best_k", "elbow_k", "eval_ari_best_k", "objective_best_k")),
+    "fedcref": MethodSpec(
+        keys=("fedclust.fedcref.keys:KEYS",), cross_checks=("fedclust.fedcref.keys:check",),
+        prefix="fedcref.",
+        predictor="fedclust.fedcref.predict:predict_rows",
+        report_metrics=("eval_acc_end", "communities", "iterations",
+                        "eval_wrong_associations_pct")),
+    "emdcfl": MethodSpec(
+        keys=("fedclust.emdcfl.keys:KEYS",), cross_checks=("fedclust.emdcfl.keys:check",),
+        prefix="emdcfl.",
+        predictor="fedclust.emdcfl.predict:predict_rows",
+        report_metrics=("eval_acc_mean", "eval_acc_worst", "eval_ari", "num_clusters")),
 }

@@ -31,21 +31,17 @@ from pathlib import Path
 from typing import Any
 
 from fedclust import outputs
+from fedclust.registry import METHODS
 
 SUMMARY = "summary.json"
 #: keys that differ between the seeds (and folders) of one setting: never a group key
 RUN_ONLY = ("seed", "output-dir", "overwrite")
 #: default metrics per method, where the runs have them (``--metric all``: every scalar)
 DEFAULT_METRICS: dict[str, tuple[str, ...]] = {
-    "exact-fcm": ("eval_ari", "objective", "rounds", "converged"),
-    "fedfcm": ("best_k", "elbow_k", "eval_ari_best_k", "objective_best_k"),
-    "fedcref": ("eval_acc_end", "communities", "iterations", "eval_wrong_associations_pct"),
-    "emdcfl": ("eval_acc_mean", "eval_acc_worst", "eval_ari", "num_clusters"),
-}
+    name: spec.report_metrics for name, spec in METHODS.items()}
 #: the run-config key prefix of each method's own keys: another method's keys are left out of
 #: a run's config when runs are compared (they do not act on it)
-METHOD_PREFIX = {"exact-fcm": "fcm.", "fedfcm": "fedfcm.", "fedcref": "fedcref.",
-                 "emdcfl": "emdcfl."}
+METHOD_PREFIX = {name: spec.prefix for name, spec in METHODS.items()}
 MARKER = ".fedclust-report.json"
 CSV_NAME, PLOT_NAME = "report.csv", "report.png"
 

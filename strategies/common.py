@@ -280,12 +280,23 @@ def engine_clients(grid: Grid, cfg: Mapping[str, object]) -> int:
     if not first:
         raise RuntimeError(f"no node connected within timeout={timeout:g}s (run config "
                            "'timeout'): start the SuperNodes, or raise timeout, and run again")
-    ex = send_and_collect(grid, first[:1], RecordDict(), "query.fedclust_node", "engine",
+    # up to 3 nodes: one node's word about the engine is not trusted on its own
+    ex = send_and_collect(grid, first[:3], RecordDict(), "query.fedclust_node", "engine",
                           timeout, validate=_node_info_ok)
     if not ex.replies:
         raise RuntimeError(f"node {first[0]} did not say what the engine gave it: "
                            f"{ex.failed[first[0]]}")
-    parts = int(ex.replies[first[0]].metric_records["metrics"]["num-partitions"])
+    said = {nid: int(r.metric_records["metrics"]["num-partitions"])
+            for nid, r in ex.replies.items()}
+    connected = len(first)
+    # a simulation engine registers all its nodes at the start: its node count is what the
+    # grid lists; a deployed node says 0. Any other count is a node's error or lie.
+    trusted = [v for v in said.values() if v in (0, connected)]
+    parts = trusted[0] if trusted else max(set(said.values()), key=list(said.values()).count)
+    for nid, v in said.items():
+        reject(ex, nid, None if v == parts else
+               f"it says the engine has num-partitions={v} nodes, but {connected} are "
+               f"connected and the other nodes say {parts}", "engine")
     n = int(cfg["num-clients"])  # type: ignore[call-overload]
     if parts == 0:
         return n
@@ -306,6 +317,9 @@ def _node_info_ok(content: RecordDict) -> str | None:
     if "metrics" not in content.metric_records or \
             "num-partitions" not in content.metric_records["metrics"]:
         return "no 'num-partitions'"
+    value = content.metric_records["metrics"]["num-partitions"]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return f"'num-partitions' = {value!r} is not a node count"
     return None
 
 

@@ -44,8 +44,8 @@ from flwr.serverapp import Grid
 from fedclust.fedcref import algorithm, wire
 from fedclust.fedcref import autoencoder as ae
 from fedclust.fedcref.algorithm import Contribution, LocalReply, Model, Node, RefineReply
-from fedclust.fedcref.client import hidden_sizes
 from fedclust.fedcref.client import refine_inputs as core_refine_inputs
+from fedclust.fedcref.keys import ClientSettings, Settings
 from fedclust.results import Progress, RunRecorder
 from strategies.common import (
     Exchange,
@@ -176,16 +176,15 @@ def steps(epochs: int, rows: int, batch: int) -> int:
     return int(epochs) * max(1, -(-int(rows) // int(batch)))
 
 
-def fresh_bound(cfg: dict[str, Any], sizes: list[int], rows: int) -> Callable[[str], float]:
+def fresh_bound(s: ClientSettings, sizes: list[int], rows: int) -> Callable[[str], float]:
     """The largest weight a cluster model freshly trained on at most ``rows`` samples can
     hold: its initialisation bound (:func:`fedclust.fedcref.autoencoder.init_params`) plus
     what ``ae-epochs`` epochs of Adam can add."""
-    reach = ADAM_STEP * cfg["fedcref.lr"] * steps(cfg["fedcref.ae-epochs"], rows,
-                                                  cfg["fedcref.batch-size"])
+    reach = ADAM_STEP * s.lr * steps(s.ae_epochs, rows, s.batch_size)
 
     def bound(name: str) -> float:
         fan_in, fan_out = sizes[int(name[1:])], sizes[int(name[1:]) + 1]
-        if cfg["fedcref.ae-init"] == "torch":
+        if s.ae_init == "torch":
             init = 1.0 / np.sqrt(fan_in)
         else:   # keras: glorot-uniform weights, zero biases
             init = np.sqrt(6.0 / (fan_in + fan_out)) if name[0] == "W" else 0.0
@@ -195,7 +194,7 @@ def fresh_bound(cfg: dict[str, Any], sizes: list[int], rows: int) -> Callable[[s
 
 
 def _check_local(content: RecordDict, sizes: list[int] | None, hidden: list[int],
-                 cfg: dict[str, Any] | None = None) -> str | None:
+                 s: ClientSettings | None = None) -> str | None:
     """Reply of ``train.fedcref_local``: k, identity key, version, row count, the list of
     modelled clusters and, after a (re)training, the stacked models (layer sizes ``sizes``
     once known, else those its own input width implies), of weights its training can reach."""
@@ -222,7 +221,7 @@ def _check_local(content: RecordDict, sizes: list[int] | None, hidden: list[int]
         if w0 is None or w0.numpy().ndim != 3:
             return "'models' lacks a 3-D 'W0'"
         dims = sizes or ae.layer_sizes(int(w0.numpy().shape[1]), hidden)
-        bound = fresh_bound(cfg, dims, n) if cfg is not None else None
+        bound = fresh_bound(s, dims, n) if s is not None else None
         problem = _models(content, "models", model_shapes(dims, len(clusters)), bound)
     return problem or _check_hist(content, k, n)
 
@@ -263,7 +262,7 @@ def _check_accept(content: RecordDict, k: int, n_foreign: int) -> str | None:
 
 def _check_comm(content: RecordDict, shapes: dict[str, tuple[int, ...]],
                 sent: dict[str, np.ndarray] | None = None, rows: int | None = None,
-                cfg: dict[str, Any] | None = None) -> str | None:
+                s: ClientSettings | None = None) -> str | None:
     """Reply of ``train.fedcref_comm``: the models it was sent (same names and shapes), trained
     (no weight further from the one sent than ``fl-local-epochs`` epochs of Adam on the
     node's ``rows`` can move it), and one whole sample count per community, at most ``rows``."""
@@ -280,11 +279,10 @@ def _check_comm(content: RecordDict, shapes: dict[str, tuple[int, ...]],
             or (rows is not None and np.any(counts > rows)):
         return (f"'counts' must be {n_comm} whole numbers in [0, {rows}], got "
                 f"{counts.dtype} {counts.shape}")
-    if sent is None or cfg is None:
+    if sent is None or s is None:
         return None
-    reach = ADAM_STEP * cfg["fedcref.lr"] * steps(cfg["fedcref.fl-local-epochs"],
-                                                  int(counts.max(initial=0)),
-                                                  cfg["fedcref.batch-size"])
+    reach = ADAM_STEP * s.lr * steps(s.fl_local_epochs, int(counts.max(initial=0)),
+                                     s.batch_size)
     return _models(content, "models", shapes, near=sent, reach=reach)
 
 
@@ -373,14 +371,15 @@ class FlowerClients:
     answered (``dropped_nodes``).
     """
 
-    def __init__(self, grid: Grid, nodes: list[int], cfg: dict[str, Any],
-                 result_dir: str) -> None:
-        self.grid, self.nodes, self.cfg = grid, nodes, cfg
+    def __init__(self, grid: Grid, nodes: list[int], cfg: dict[str, Any], s: ClientSettings,
+                 result_dir: str, association: str = "mutual") -> None:
+        self.grid, self.nodes, self.cfg, self.s = grid, nodes, cfg, s
+        self.association = association     # the loop's (fedcref.association)
         self.n = len(nodes)
         self.index = {nid: i for i, nid in enumerate(nodes)}
         self.timeout = cfg["timeout"]
         self.result = result_dir
-        self.hidden = hidden_sizes(cfg)
+        self.hidden = s.hidden
         self.layer: list[int] | None = None     # fixed by the first valid model
         self.ks: dict[int, int] = {}
         self.evaluated: dict[int, set[str]] = {nid: set() for nid in nodes}
@@ -407,7 +406,7 @@ class FlowerClients:
 
         # warm-started models carry earlier iterations' training: only their shapes and
         # finiteness are checked
-        limits = None if self.cfg["fedcref.warm-start"] else self.cfg
+        limits = None if self.s.warm_start else self.s
 
         def check(nid: int, c: RecordDict) -> str | None:
             problem = _check_local(c, self.layer, self.hidden, limits)
@@ -463,9 +462,9 @@ class FlowerClients:
             if reply.hist is not None:
                 self.hists[i] = reply.hist
             out[i] = reply
-        if t == 1 and self.cfg["evaluate"]:
+        if t == 1 and self.s.evaluate:
             _check_evaluation(ex.replies, {self.nodes[i]: h for i, h in self.hists.items()},
-                              self.cfg["fedcref.association"])
+                              self.association)
         return out
 
     # -- lines 9-16 ---------------------------------------------------------------------------
@@ -479,7 +478,7 @@ class FlowerClients:
             if keys_all[node] not in self.arrays:
                 self.arrays[keys_all[node]] = {
                     k: Array(np.ascontiguousarray(v))
-                    for k, v in wire.encode(model, self.cfg["fedcref.wire"]).items()}
+                    for k, v in wire.encode(model, self.s.wire).items()}
 
         def foreign(nid: int) -> list[Node]:
             return [node for node in models if node[0] != self.index[nid]]
@@ -545,7 +544,7 @@ class FlowerClients:
             gs = [g for g, _ in mine]
             return RecordDict({
                 "models": _arrays(wire.encode({k: v[gs] for k, v in np_params.items()},
-                                              self.cfg["fedcref.wire"])),
+                                              self.s.wire)),
                 "config": ConfigRecord({
                     "communities": gs, "members-len": [len(qs) for _, qs in mine],
                     "members-flat": [q for _, qs in mine for q in qs], "seed": seed}),
@@ -555,13 +554,13 @@ class FlowerClients:
         targets = [self.nodes[ci] for ci in sorted(members)]
         shapes = {nid: model_shapes(self.layer, len(members[self.index[nid]]))
                   for nid in targets}
-        fmt = self.cfg["fedcref.wire"]
+        fmt = self.s.wire
 
         def check(nid: int, c: RecordDict) -> str | None:
             gs = [g for g, _ in members[self.index[nid]]]
             sent = wire.roundtrip({k: v[gs] for k, v in np_params.items()}, fmt)
             return _check_comm(c, shapes[nid], sent, self.declared.get(nid, (0, None))[1],
-                               self.cfg)
+                               self.s)
 
         ex = send_and_collect(self.grid, targets, content, "train.fedcref_comm",
                               f"comm-{t}-{rnd}", self.timeout)
@@ -581,7 +580,7 @@ class FlowerClients:
     def refine(self, t: int, targets: list[int], params: ae.Params,
                members: dict[int, list[tuple[int, list[int]]]]) -> dict[int, RefineReply]:
         LOG.info("iteration %d: %d communities trained", t, ae.n_models(params))
-        mode = self.cfg["fedcref.refine"]
+        mode = self.s.refine
         np_params = ae.to_numpy(params) if ae.n_models(params) else {}
         sent: dict[int, int] = {}
 
@@ -596,7 +595,7 @@ class FlowerClients:
                 "result": result_record(self.result)})
             if len(ids):
                 c["models"] = _arrays(wire.encode({k: v[ids] for k, v in np_params.items()},
-                                                  self.cfg["fedcref.wire"]))
+                                                  self.s.wire))
             return c
 
         def check(nid: int, c: RecordDict) -> str | None:
@@ -657,8 +656,10 @@ def _key(node: Node, version: int) -> str:
 def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any]:
     """``method=fedcref`` (``preflight`` runs before, from the ServerApp's method registry):
     :func:`fedclust.fedcref.algorithm.run` over :class:`FlowerClients`."""
-    clients = FlowerClients(grid, connected_clients(grid, cfg), cfg, str(recorder.dir))
-    progress = Progress(cfg["fedcref.max-iterations"], "fedcref iteration")
+    loop, settings = Settings.from_config(cfg), ClientSettings.from_config(cfg)
+    clients = FlowerClients(grid, connected_clients(grid, cfg), cfg, settings,
+                            str(recorder.dir), loop.association)
+    progress = Progress(loop.max_iterations, "fedcref iteration")
 
     def log(rec: dict[str, Any]) -> None:
         clients.annotate(rec)
@@ -668,7 +669,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
                       f"{rec['active_after']}" + (f" acc {rec['eval_acc']:.3f}"
                                                   if "eval_acc" in rec else ""))
 
-    outcome = algorithm.run(clients, algorithm.Settings.from_config(cfg), log)
+    outcome = algorithm.run(clients, loop, log)
     comm_params = outcome.community_models
 
     # what `fedclust predict RUN_DIR` applies: the last iteration's community models
@@ -677,7 +678,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     if ae.n_models(comm_params):
         # as the clients received them (in the wire format), so that the server's models and
         # the copies in the clients' models.npz are the same numbers
-        sent = ae.from_numpy(wire.roundtrip(ae.to_numpy(comm_params), cfg["fedcref.wire"]))
+        sent = ae.from_numpy(wire.roundtrip(ae.to_numpy(comm_params), settings.wire))
         save_models(recorder.path(COMMUNITY_MODELS), sent, np.arange(ae.n_models(sent)))
     else:   # no community at the end (and none left from an earlier run in this folder)
         recorder.path(COMMUNITY_MODELS).unlink(missing_ok=True)

@@ -92,27 +92,26 @@ def execute(grid: Grid, run_config: dict[str, Any], validated: dict[str, Any] | 
     memory as it wrote it (``history``, ``arrays``, ``dir``). ``validated``: ``run_config``
     already validated (:func:`check_run_config`)."""
     setup_logging()
-    from strategies.common import engine_clients
+    from strategies.common import engine_clients, exclusions_recorded, messages_carry
 
     # Bad values and missing files stop the run here, before it waits for any node.
     cfg = check_run_config(run_config, validated)
-    n = engine_clients(grid, cfg)
-    if n != cfg["num-clients"]:   # num-clients = 0: now the engine's count is known
-        cfg = check_run_config({**run_config, "num-clients": n})
-    runner = load(SERVER[cfg["method"]][0])
-    recorder = RunRecorder(output_dir(cfg), cfg["method"], cfg["dataset"], cfg["seed"],
-                           cfg["num-clients"], cfg, overwrite=cfg["overwrite"])
-    LOG.info("method=%s dataset=%s clients=%s -> %s", cfg["method"], cfg["dataset"],
-             cfg["num-clients"] or "every connected node", recorder.dir)
-    from strategies.common import exclusions_recorded, messages_carry
-
-    try:
-        with messages_carry(cfg), exclusions_recorded() as excluded:
-            recorder.round_notes = excluded.since_last
-            metrics = runner(grid, cfg, recorder)
-    except BaseException as exc:   # Ctrl-C included: the folder says the run did not finish
-        recorder.interrupted(exc)
-        raise
+    with exclusions_recorded() as excluded:     # from the first question to a node on
+        n = engine_clients(grid, cfg)
+        if n != cfg["num-clients"]:   # num-clients = 0: now the engine's count is known
+            cfg = check_run_config({**run_config, "num-clients": n})
+        runner = load(SERVER[cfg["method"]][0])
+        recorder = RunRecorder(output_dir(cfg), cfg["method"], cfg["dataset"], cfg["seed"],
+                               cfg["num-clients"], cfg, overwrite=cfg["overwrite"])
+        LOG.info("method=%s dataset=%s clients=%s -> %s", cfg["method"], cfg["dataset"],
+                 cfg["num-clients"] or "every connected node", recorder.dir)
+        try:
+            with messages_carry(cfg):
+                recorder.round_notes = excluded.since_last
+                metrics = runner(grid, cfg, recorder)
+        except BaseException as exc:   # Ctrl-C included: the folder says the run did not finish
+            recorder.interrupted(exc)
+            raise
     recorder.num_clients = recorder.config["num-clients"] = cfg["num-clients"]
     # every node whose reply failed a server check, with the phase and the reason
     summary = recorder.finish(metrics, {"excluded_nodes": excluded.records})

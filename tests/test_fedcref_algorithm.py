@@ -17,6 +17,7 @@ from fedclust.fedcref import algorithm
 from fedclust.fedcref import autoencoder as ae
 from fedclust.fedcref import client as core
 from fedclust.fedcref.inmemory import InMemoryClients
+from fedclust.fedcref.keys import ClientSettings
 from tests.fake_grid import run_server
 from tests.test_fedcref_e2e import FAST, planted
 
@@ -202,10 +203,12 @@ def test_a_cluster_emptied_by_refinement_leaves_the_graph() -> None:
     st = core.ClientState(labels=np.zeros(12, dtype=np.int64), k=2,
                           models=_const_models([0.1, 0.5]), model_clusters=np.array([0, 1]))
     st.own_errors = core.own_error_matrix(st, x)
-    assert core.drop_emptied(st, {"fedcref.min-cluster-size": 5})
+    s = ClientSettings.from_config(validate({"method": "fedcref", "output-dir": "unused",
+                                             "fedcref.min-cluster-size": 5}))
+    assert core.drop_emptied(st, s)
     assert st.model_clusters.tolist() == [0] and ae.n_models(st.models) == 1
     assert np.isnan(st.own_errors[1]).all() and not np.isnan(st.own_errors[0]).any()
-    assert not core.drop_emptied(st, {"fedcref.min-cluster-size": 5})
+    assert not core.drop_emptied(st, s)
 
     # server side: a reply listing fewer modelled clusters removes the stale graph node
     class Shrinking(Scripted):

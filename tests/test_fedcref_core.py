@@ -450,6 +450,7 @@ def test_dec_estimates_k_by_silhouette() -> None:
 @pytest.mark.parametrize("warm", [True, False])
 def test_warm_start_begins_a_cluster_model_at_its_previous_model(warm: bool) -> None:
     from fedclust.config import validate
+    from fedclust.fedcref.keys import ClientSettings
 
     torch.set_num_threads(1)
     cfg = validate({"method": "fedcref", "dataset": "digits", "output-dir": "unused",
@@ -459,11 +460,12 @@ def test_warm_start_begins_a_cluster_model_at_its_previous_model(warm: bool) -> 
     rng = np.random.default_rng(0)
     x = rng.random((60, 16)).astype(np.float32)
     st = core.ClientState(labels=np.repeat([0, 1, 2], 20), k=3)
-    core.train_local(st, x, cfg, seed=1)                   # iteration 1: all fresh
+    s = ClientSettings.from_config(cfg)
+    core.train_local(st, x, s, seed=1)                     # iteration 1: all fresh
     first = [p.clone() for p in st.models]
     st.models = [p[:2] for p in st.models]                 # cluster 2 lost its model
     st.model_clusters = np.array([0, 1])
-    core.train_local(st, x, cfg, seed=2)                   # iteration 2, another init seed
+    core.train_local(st, x, s, seed=2)                     # iteration 2, another init seed
     fresh = ae.init_params(3, ae.layer_sizes(16, [8, 4]), 2, "keras")
     for p, old, new in zip(st.models, first, fresh, strict=True):
         # lr ~ 0: every model stays where it started

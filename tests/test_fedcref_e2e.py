@@ -11,6 +11,7 @@ import pytest
 
 from fedclust.config import ConfigError, validate
 from fedclust.fedcref import client as core
+from fedclust.fedcref.keys import ClientSettings
 from fedclust.fedcref.system import SystemSizeError
 from tests.fake_grid import run_server
 
@@ -229,15 +230,17 @@ def test_bad_input_fails_before_any_work(data_root: Path, tmp_path: Path) -> Non
 def test_client_cache_reports_missing_models() -> None:
     st = core.ClientState(labels=np.array([0, 0, 1, 1]), k=2)
     st.own_errors = np.random.default_rng(0).random((2, 4)).astype(np.float32)
-    cfg = {"fedcref.theta": 0.2, "fedcref.alpha": 0.75, "fedcref.min-cluster-size": 1,
-           "fedcref.assoc-best-per-client": True, "fedcref.assoc-rule": "eq2",
-           "fedcref.epsilon": 0.2, "fedcref.ratio-quantile": 0.5, "fedcref.lambda": 0.9,
-           "fedcref.beta": 0.02}
-    acc, missing, _ = core.associate(st, np.zeros((4, 3), np.float32), ["1:0:1"], {}, cfg)
+    s = ClientSettings.from_config(validate({
+        "method": "fedcref", "dataset": "digits", "output-dir": "unused",
+        "fedcref.theta": 0.2, "fedcref.alpha": 0.75, "fedcref.min-cluster-size": 1,
+        "fedcref.assoc-best-per-client": True, "fedcref.assoc-rule": "eq2",
+        "fedcref.epsilon": 0.2, "fedcref.ratio-quantile": 0.5, "fedcref.lambda": 0.9,
+        "fedcref.beta": 0.02}))
+    acc, missing, _ = core.associate(st, np.zeros((4, 3), np.float32), ["1:0:1"], {}, s)
     assert missing == ["1:0:1"]
     st.cache["1:0:1"] = st.own_errors[0]
     st.cache["9:9:9"] = st.own_errors[1]            # stale: no longer current, dropped
-    acc, missing, _ = core.associate(st, np.zeros((4, 3), np.float32), ["1:0:1"], {}, cfg)
+    acc, missing, _ = core.associate(st, np.zeros((4, 3), np.float32), ["1:0:1"], {}, s)
     assert missing == [] and acc.shape == (2, 1) and acc[0, 0] and "9:9:9" not in st.cache
 
 

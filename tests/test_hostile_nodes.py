@@ -219,6 +219,39 @@ def test_secure_aggregation_checks_the_total(tmp_path, monkeypatch, field, kind)
         assert (tmp_path / "run" / "interrupted.json").exists()
 
 
+@pytest.mark.parametrize("how", ["empty", "replayed setup reply"])
+@pytest.mark.parametrize("stage", ["setup", "share_keys", "collect_masked_vectors", "unmask"])
+def test_a_malformed_secagg_stage_reply_drops_its_node_not_the_run(tmp_path, stage, how):
+    """Probe: an empty reply, or the node's setup reply sent again in a later stage, reached
+    Flower's workflow unchecked and stopped the run with a bare KeyError. The node is now
+    excluded, naming the stage, and the others' secure sums go on."""
+    from flwr.app import Message, RecordDict
+
+    kept: dict[str, RecordDict] = {}
+
+    def app(msg, context):
+        rec = msg.content.config_records.get("secaggplus_configs")     # before the mod reads it
+        now = rec["stage"] if rec is not None and "stage" in rec else None
+        rep = client_app(msg, context)
+        if context.node_id != BAD or now is None or rep.has_error():
+            return rep
+        if now == "setup":
+            kept.setdefault("setup", rep.content)
+        if now != stage or (how != "empty" and stage == "setup"):
+            return rep
+        content = RecordDict() if how == "empty" else kept["setup"]
+        return Message(content, reply_to=msg)
+
+    summary = _run(app, SECURE, 3, tmp_path / "run")
+    excluded = summary["excluded_nodes"]
+    if how != "empty" and stage == "setup":       # a setup reply in the setup stage is honest
+        assert excluded == []
+        return
+    assert {e["node"] for e in excluded} == {BAD}, excluded
+    assert "SecAgg+ stage" in excluded[0]["reason"] or "SecAgg+ reply" in excluded[0]["reason"]
+    assert np.isfinite(summary["metrics"]["objective"])
+
+
 # --- the probe's repros ----------------------------------------------------------------------
 
 def _honest(tmp_path: Path, cfg: dict = IRIS) -> dict:
@@ -366,3 +399,19 @@ def test_emdcfl_evaluation_coverage(tmp_path, fedclust_log):
     part = _run(client_app, EMD, 4, tmp_path / "part", drop=silent("evaluate.emdcfl_eval"))
     assert part["metrics"]["eval_coverage"] == {"nodes": 3, "of_nodes": 4, "rows": 30}
     assert any("eval_* metrics cover 3 of 4 nodes" in m for m in fedclust_log)
+
+
+def test_a_node_that_misreports_the_engine_is_excluded_not_believed(tmp_path):
+    """Probe: a node answering ``query.fedclust_node`` with num-partitions = 10**9 stopped the
+    run with a ConfigError that blamed the user's num-clients. The connected nodes and the
+    other answers outvote it; it is excluded, named, and the run goes on."""
+    def app(msg, context):
+        rep = client_app(msg, context)
+        if context.node_id == BAD and msg.metadata.message_type == "query.fedclust_node":
+            rep.content.metric_records["metrics"]["num-partitions"] = 10**9
+        return rep
+
+    summary = _run(app, IRIS, 3, tmp_path / "run")
+    assert [(e["node"], e["phase"]) for e in summary["excluded_nodes"]] == [(BAD, "engine")]
+    assert "num-partitions=1000000000" in summary["excluded_nodes"][0]["reason"]
+    assert summary["metrics"]["n_clients"] == 3

@@ -168,3 +168,22 @@ def test_the_checker_sees_cycles_and_string_targets(tmp_path) -> None:
                    'def f():\n    from server_app import app\n')
     known = {"strategies.fcm.exact", "server_app", "server_app.app"}
     assert imports_of("fedclust.m", src, known) == {"strategies.fcm.exact", "server_app.app"}
+
+
+def test_each_layers_method_column_covers_the_method_table_and_resolves() -> None:
+    """The server and ClientApp columns name exactly the methods of the one table in the core
+    (:data:`fedclust.registry.METHODS`), and every import path of every column resolves."""
+    import importlib
+
+    from client_apps.app import HANDLERS
+    from fedclust.registry import METHODS
+    from strategies.run import SERVER
+
+    assert set(SERVER) == set(METHODS) == set(HANDLERS)
+    paths = [p for spec in METHODS.values()
+             for p in (*spec.keys, *spec.cross_checks, spec.predictor)]
+    paths += [p for pair in SERVER.values() for p in pair] + list(HANDLERS.values())
+    for path in paths:
+        module, _, attr = path.partition(":")
+        obj = importlib.import_module(module)
+        assert not attr or hasattr(obj, attr), path

@@ -232,8 +232,14 @@ COMMA = "f1,f2,label\n1.5,2,cat\n-3.25,4e-3,dog\n"
     ("decimal-comma.csv", "f1;f2;label\n1,5;2;cat\n-3,25;4e-3;dog\n"),
     ("decimal-comma-tab.tsv", "f1\tf2\tlabel\n1,5\t2\tcat\n-3,25\t4e-3\tdog\n"),
     ("comma-in-a-tsv.tsv", COMMA),
+    ("quoted.csv", '"f1","f2","label"\n"1.5","2","cat"\n"-3.25","4e-3","dog"\n'),
+    ("quoted-no-header.csv", None),
 ])
 def test_other_separators_and_decimal_commas_read_as_the_comma_file(tmp_path, name, text):
+    if text is None:        # quoted numbers without a header are rows, not a header line
+        x, _ = load_local_table(str(_write(tmp_path / name, '"1.5","2"\n"-3.25","4e-3"\n')))
+        np.testing.assert_array_equal(x, [[1.5, 2.0], [-3.25, 4e-3]])
+        return
     want_x, want_y = load_local_table(str(_write(tmp_path / "ref.csv", COMMA)),
                                       label_column="label", stable_labels=True)
     x, y = load_local_table(str(_write(tmp_path / name, text)), label_column="label",

@@ -596,7 +596,15 @@ def _line_numbers(p: Path, delim: str | None, skip: int) -> list[int]:
 
 
 def _number(text: str, decimal_comma: bool) -> bool:
+    text = _unquote(text)
     return _is_number(text.replace(",", ".") if decimal_comma else text)
+
+
+def _unquote(cell: str) -> str:
+    """A cell without the double quotes a CSV writer may put around any field."""
+    cell = cell.strip()
+    return cell[1:-1].replace('""', '"') if len(cell) >= 2 and cell[0] == cell[-1] == '"' \
+        else cell
 
 
 def _sniff(p: Path, preferred: str) -> tuple[str | None, bool]:
@@ -696,9 +704,9 @@ def _parse_delimited(p: Path, preferred: str, label_column: str, stable_labels: 
         raise _fail(p, "is empty (no rows, no columns). Fix: give this node data")
     delim, comma = _sniff(p, preferred)
     number, first = _first_data_line(p, delim)
-    has_header = bool(first and first[0].strip()) and not _number(first[0], comma)
+    has_header = bool(first and _unquote(first[0])) and not _number(first[0], comma)
     skip = number if has_header else 0
-    names = [c.strip() for c in first] if has_header else []
+    names = [_unquote(c) for c in first] if has_header else []
     if has_header:
         _check_unique_names(p, names, label_column)
     col = (None if label_column == "" else
@@ -708,7 +716,7 @@ def _parse_delimited(p: Path, preferred: str, label_column: str, stable_labels: 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")           # "input contained no data": checked below
             cells = np.loadtxt(p, delimiter=delim, skiprows=skip, ndmin=2, encoding="utf-8-sig",
-                               dtype=str if text else np.float64)
+                               dtype=str if text else np.float64, quotechar='"')
     except UnicodeDecodeError:
         raise
     except ValueError:

@@ -52,6 +52,7 @@ from fedclust.fedcref.association import (
 from fedclust.fedcref.client import derive_seed
 from fedclust.fedcref.evaluation import majority_classes, mean_accuracy, wrong_associations
 from fedclust.fedcref.health import assess
+from fedclust.fedcref.keys import Settings
 from fedclust.fedcref.stopping import StabilityStop
 
 LOG = logging.getLogger("fedclust")
@@ -134,38 +135,6 @@ class Clients(Protocol):
         """Tell the members of communities whose model was reused, not trained, which
         community each of their clusters is in (for the data owner's results; the members of
         trained communities learn it from the community rounds)."""
-
-
-@dataclass
-class Settings:
-    """The loop's parameters (run-config keys ``fedcref.*``)."""
-
-    seed: int = 0
-    max_iterations: int = 10
-    tau: float = 0.8
-    fl_rounds: int = 15
-    stop_window: int = 3
-    stop_change: float = 0.1
-    association: str = "mutual"          # "mutual", "perfect" (ground truth), "none"
-    ae_init: str = "keras"
-    evaluate: bool = False
-    cannot_link: bool = True             # no community holds two clusters of one client
-    reuse_communities: bool = False      # keep a community's model while nothing changed
-    warm_start: bool = False             # start a community from an earlier model
-    warm_rounds: int = 5                 # FedAvg rounds of a warm-started community
-
-    @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> Settings:
-        return cls(seed=int(cfg["seed"]), max_iterations=int(cfg["fedcref.max-iterations"]),
-                   tau=float(cfg["fedcref.tau"]), fl_rounds=int(cfg["fedcref.fl-rounds"]),
-                   stop_window=int(cfg["fedcref.stop-window"]),
-                   stop_change=float(cfg["fedcref.stop-change"]),
-                   association=str(cfg["fedcref.association"]),
-                   ae_init=str(cfg["fedcref.ae-init"]), evaluate=bool(cfg["evaluate"]),
-                   cannot_link=bool(cfg["fedcref.cannot-link"]),
-                   reuse_communities=bool(cfg["fedcref.reuse-communities"]),
-                   warm_start=bool(cfg["fedcref.warm-start"]),
-                   warm_rounds=int(cfg["fedcref.warm-rounds"]))
 
 
 @dataclass

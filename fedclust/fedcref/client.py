@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,22 +18,9 @@ from numpy.typing import NDArray
 
 from fedclust.fedcref import autoencoder as ae
 from fedclust.fedcref.association import HELD_OUT_RULES, accept_matrix
+from fedclust.fedcref.keys import ClientSettings, SystemSettings
 from fedclust.fedcref.refine import cluster_refine, label_agreement
 from fedclust.fedcref.system import ClientSlice, generate_system
-
-SYSTEM_KEYS = ("dataset", "data-dir", "num-clients", "seed", "fedcref.samples-per-cluster",
-               "fedcref.k-min", "fedcref.k-max", "fedcref.overlap", "fedcref.split",
-               "fedcref.k49-min-count")
-
-
-def samples_per_cluster(cfg: dict[str, Any]) -> int:
-    """S: the configured value, or the automatic default (500; 30 for the small 'digits')."""
-    s = int(cfg["fedcref.samples-per-cluster"])
-    return s if s > 0 else (30 if cfg["dataset"] == "digits" else 500)
-
-
-def hidden_sizes(cfg: dict[str, Any]) -> list[int]:
-    return [int(v) for v in str(cfg["fedcref.ae-hidden"]).split(",")]
 
 
 def client_key(x: NDArray) -> int:
@@ -56,13 +44,9 @@ def derive_seed(*parts: int) -> int:
 
 
 @functools.lru_cache(maxsize=2)
-def _labels_and_system(items: tuple[tuple[str, Any], ...]) -> tuple[list[ClientSlice], int]:
-    cfg = dict(items)
-    _, y = _dataset(cfg["dataset"], cfg["data-dir"], cfg["fedcref.split"],
-                    int(cfg["fedcref.k49-min-count"]))
-    system = generate_system(y, int(cfg["num-clients"]), samples_per_cluster(cfg),
-                             int(cfg["fedcref.k-min"]), int(cfg["fedcref.k-max"]),
-                             float(cfg["fedcref.overlap"]), int(cfg["seed"]))
+def _labels_and_system(s: SystemSettings) -> tuple[list[ClientSlice], int]:
+    _, y = _dataset(s.dataset, s.data_dir, s.split, s.k49_min_count)
+    system = generate_system(y, s.num_clients, s.samples, s.k_min, s.k_max, s.overlap, s.seed)
     return system, int(np.unique(y).size)
 
 
@@ -78,26 +62,32 @@ def _dataset(name: str, data_dir: str, split: str, k49_min: int) -> tuple[NDArra
     return x, y
 
 
-def build_system(cfg: dict[str, Any]) -> tuple[list[ClientSlice], int]:
-    """The whole system (indices and true classes only), regenerated from the run config."""
-    return _labels_and_system(tuple((k, cfg[k]) for k in SYSTEM_KEYS))
+def _system_settings(cfg: Mapping[str, Any] | SystemSettings) -> SystemSettings:
+    return cfg if isinstance(cfg, SystemSettings) else SystemSettings.from_config(cfg)
+
+
+def build_system(cfg: Mapping[str, Any] | SystemSettings) -> tuple[list[ClientSlice], int]:
+    """The whole system (indices and true classes only), regenerated from a validated run
+    config or its :class:`~fedclust.fedcref.keys.SystemSettings`; and the dataset's number
+    of classes."""
+    return _labels_and_system(_system_settings(cfg))
 
 
 @functools.lru_cache(maxsize=4)
-def _client_data(items: tuple[tuple[str, Any], ...], client: int) -> tuple[NDArray, NDArray]:
+def _client_data(s: SystemSettings, client: int) -> tuple[NDArray, NDArray]:
     from fedclust.data.images import flatten_unit
 
-    cfg = dict(items)
-    system, _ = build_system(cfg)
-    x, _ = _dataset(cfg["dataset"], cfg["data-dir"], cfg["fedcref.split"],
-                    int(cfg["fedcref.k49-min-count"]))
+    system, _ = build_system(s)
+    x, _ = _dataset(s.dataset, s.data_dir, s.split, s.k49_min_count)
     sl = system[client]
     return flatten_unit(x[sl.indices]), sl.y.copy()
 
 
-def client_data(cfg: dict[str, Any], client: int) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
-    """Samples (flattened, [0, 1]) and true classes of simulated client ``client`` (cached)."""
-    return _client_data(tuple((k, cfg[k]) for k in SYSTEM_KEYS), int(client))
+def client_data(cfg: Mapping[str, Any] | SystemSettings, client: int
+                ) -> tuple[NDArray[np.float32], NDArray[np.int64]]:
+    """Samples (flattened, [0, 1]) and true classes of simulated client ``client`` (cached),
+    from a validated run config or its :class:`~fedclust.fedcref.keys.SystemSettings`."""
+    return _client_data(_system_settings(cfg), int(client))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -141,7 +131,7 @@ def own_error_matrix(state: ClientState, x: NDArray) -> NDArray[np.float32]:
     return out
 
 
-def train_local(state: ClientState, x: NDArray, cfg: dict[str, Any], seed: int) -> dict:
+def train_local(state: ClientState, x: NDArray, s: ClientSettings, seed: int) -> dict:
     """Algorithm 1 lines 6–8: one fresh autoencoder per local cluster, trained together.
 
     With ``fedcref.warm-start`` (and a rule that holds out no samples: a warm model has seen
@@ -150,18 +140,18 @@ def train_local(state: ClientState, x: NDArray, cfg: dict[str, Any], seed: int) 
     """
     t0 = time.perf_counter()
     sizes = np.bincount(state.labels, minlength=state.k)
-    clusters = np.flatnonzero(sizes >= cfg["fedcref.min-cluster-size"])
-    layer = ae.layer_sizes(x.shape[1], hidden_sizes(cfg))
-    params = ae.init_params(len(clusters), layer, seed, cfg["fedcref.ae-init"])
+    clusters = np.flatnonzero(sizes >= s.min_cluster_size)
+    layer = ae.layer_sizes(x.shape[1], s.hidden)
+    params = ae.init_params(len(clusters), layer, seed, s.ae_init)
     train_on = np.ones(len(x), dtype=bool)
     state.held_out = None
     # the baselines (association none / perfect) hold out the same samples, so that they
     # differ from the run only in the cluster graph
-    if cfg["fedcref.assoc-rule"] in HELD_OUT_RULES:
-        state.held_out = hold_out(state.labels, cfg["fedcref.holdout"], derive_seed(seed, 3))
+    if s.assoc_rule in HELD_OUT_RULES:
+        state.held_out = hold_out(state.labels, s.holdout, derive_seed(seed, 3))
         train_on = ~state.held_out
     previous = {int(q): r for r, q in enumerate(state.model_clusters)}
-    warm = [previous.get(int(q)) if cfg["fedcref.warm-start"] and state.held_out is None
+    warm = [previous.get(int(q)) if s.warm_start and state.held_out is None
             else None for q in clusters]
     if len(clusters):
         data = [x[(state.labels == q) & train_on] for q in clusters]
@@ -169,13 +159,11 @@ def train_local(state: ClientState, x: NDArray, cfg: dict[str, Any], seed: int) 
         again = [j for j, r in enumerate(warm) if r is not None]
         parts: dict[int, ae.Params] = {}
         for rows, start, epochs in (
-                (fresh, ae.select(params, fresh), cfg["fedcref.ae-epochs"]),
-                (again, ae.select(state.models, [warm[j] for j in again]),
-                 cfg["fedcref.warm-epochs"])):
+                (fresh, ae.select(params, fresh), s.ae_epochs),
+                (again, ae.select(state.models, [warm[j] for j in again]), s.warm_epochs)):
             if rows:
-                trained, _ = ae.train(start, [data[j] for j in rows], epochs,
-                                      cfg["fedcref.batch-size"], cfg["fedcref.lr"],
-                                      cfg["fedcref.ae-patience"], seed)
+                trained, _ = ae.train(start, [data[j] for j in rows], epochs, s.batch_size,
+                                      s.lr, s.ae_patience, seed)
                 parts.update({j: ae.select(trained, [i]) for i, j in enumerate(rows)})
         params = ae.concat([parts[j] for j in range(len(clusters))])
     state.models, state.model_clusters = params, clusters.astype(np.int64)
@@ -197,7 +185,7 @@ def hold_out(labels: NDArray[np.int64], share: float, seed: int) -> NDArray[np.b
     return out
 
 
-def drop_emptied(state: ClientState, cfg: dict[str, Any]) -> bool:
+def drop_emptied(state: ClientState, s: ClientSettings) -> bool:
     """An inactive client's clusters that its last refinement left with fewer than
     ``min-cluster-size`` samples lose their model (an active client's retraining already
     skips them). Without this, the stale model stays a graph node that accepts nothing and
@@ -205,7 +193,7 @@ def drop_emptied(state: ClientState, cfg: dict[str, Any]) -> bool:
     if not len(state.model_clusters):
         return False
     sizes = np.bincount(state.labels, minlength=state.k)
-    keep = sizes[state.model_clusters] >= cfg["fedcref.min-cluster-size"]
+    keep = sizes[state.model_clusters] >= s.min_cluster_size
     if keep.all():
         return False
     if state.own_errors is not None:
@@ -216,7 +204,7 @@ def drop_emptied(state: ClientState, cfg: dict[str, Any]) -> bool:
 
 
 def associate(state: ClientState, x: NDArray, keys: list[str], new_models: dict[str, ae.Params],
-              cfg: dict[str, Any]) -> tuple[NDArray[np.bool_], list[str], float]:
+              s: ClientSettings) -> tuple[NDArray[np.bool_], list[str], float]:
     """Algorithm 1 lines 10–15, client side.
 
     Evaluates every newly received model once on all local samples (cached by key), drops
@@ -242,22 +230,21 @@ def associate(state: ClientState, x: NDArray, keys: list[str], new_models: dict[
     foreign = (np.stack([state.cache[k] for k in keys]) if keys
                else np.zeros((0, len(x)), dtype=np.float32))
     groups = (np.array([int(str(k).split(":")[0]) for k in keys], dtype=np.int64)
-              if cfg["fedcref.assoc-best-per-client"] else None)
-    rule = cfg["fedcref.assoc-rule"]
+              if s.assoc_best_per_client else None)
+    rule = s.assoc_rule
     held_out = state.held_out
     if rule in HELD_OUT_RULES and held_out is None:  # models trained on every sample: none
         held_out = np.zeros(len(x), dtype=bool)
     confident = rule == "confident"
-    acc = accept_matrix(state.labels, state.own_errors, foreign, cfg["fedcref.theta"],
-                        cfg["fedcref.alpha"], cfg["fedcref.min-cluster-size"], groups, rule,
-                        cfg["fedcref.margin"] if confident else cfg["fedcref.epsilon"],
-                        cfg["fedcref.ratio-quantile"], held_out, cfg["fedcref.lambda"],
-                        cfg["fedcref.beta"], cfg["fedcref.best-margin"] if confident else None)
+    acc = accept_matrix(state.labels, state.own_errors, foreign, s.theta, s.alpha,
+                        s.min_cluster_size, groups, rule,
+                        s.margin if confident else s.epsilon, s.ratio_quantile, held_out,
+                        s.lam, s.beta, s.best_margin if confident else None)
     return acc, [], time.perf_counter() - t0
 
 
 def train_communities(x: NDArray, labels: NDArray, params: ae.Params,
-                      members: list[NDArray[np.int64]], cfg: dict[str, Any], seed: int
+                      members: list[NDArray[np.int64]], s: ClientSettings, seed: int
                       ) -> tuple[ae.Params, NDArray[np.int64]]:
     """One FedAvg round for all the communities this client takes part in (one message).
 
@@ -265,8 +252,7 @@ def train_communities(x: NDArray, labels: NDArray, params: ae.Params,
     is trained on their union. Returns the updated models and the sample counts (FedAvg weights).
     """
     data = [x[np.isin(labels, m)] for m in members]
-    out, _ = ae.train(params, data, cfg["fedcref.fl-local-epochs"], cfg["fedcref.batch-size"],
-                      cfg["fedcref.lr"], 0, seed)
+    out, _ = ae.train(params, data, s.fl_local_epochs, s.batch_size, s.lr, 0, seed)
     return out, np.array([len(d) for d in data], dtype=np.int64)
 
 

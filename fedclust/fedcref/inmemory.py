@@ -18,6 +18,7 @@ from fedclust.fedcref import autoencoder as ae
 from fedclust.fedcref import client as core
 from fedclust.fedcref import wire
 from fedclust.fedcref.algorithm import Contribution, LocalReply, Model, Node, RefineReply
+from fedclust.fedcref.keys import ClientSettings
 
 
 class InMemoryClients:
@@ -28,16 +29,18 @@ class InMemoryClients:
     xs : samples of each client, (n_i, d) in [0, 1]
     starts : initial local clustering of each client
     ks : K_i of each client (default: ``starts[i].max() + 1``)
-    cfg : a validated FedCRef run config (``fedclust.config.validate``)
+    cfg : a validated FedCRef run config (``fedclust.config.validate``), or its
+        :class:`~fedclust.fedcref.keys.ClientSettings`
     ys : true classes of each client, for the ``eval`` histograms only (optional)
 
     Clients are numbered in the order of their identity key (:func:`core.client_key`), as
     the strategy numbers nodes; ``order[i]`` is the position in ``xs`` of client ``i``.
     """
 
-    def __init__(self, xs: Sequence[NDArray], starts: Sequence[NDArray], cfg: Mapping[str, Any],
-                 ks: Sequence[int] | None = None, ys: Sequence[NDArray] | None = None) -> None:
-        self.cfg = dict(cfg)
+    def __init__(self, xs: Sequence[NDArray], starts: Sequence[NDArray],
+                 cfg: Mapping[str, Any] | ClientSettings, ks: Sequence[int] | None = None,
+                 ys: Sequence[NDArray] | None = None) -> None:
+        self.s = cfg if isinstance(cfg, ClientSettings) else ClientSettings.from_config(cfg)
         keys = [core.client_key(x) for x in xs]
         self.order = sorted(range(len(xs)), key=lambda i: keys[i])
         self.keys = [keys[i] for i in self.order]
@@ -53,7 +56,7 @@ class InMemoryClients:
         return core.derive_seed(seed, self.keys[i])
 
     def _hist(self, i: int) -> NDArray[np.int64] | None:
-        if self.ys is None or not self.cfg["evaluate"]:
+        if self.ys is None or not self.s.evaluate:
             return None
         st = self.states[i]
         return core.class_histograms(st.labels, self.ys[i], st.k, int(self.ys[i].max()) + 1)
@@ -63,14 +66,14 @@ class InMemoryClients:
         for i, st in enumerate(self.states):
             reply = LocalReply(k=st.k, version=st.version)
             if i in active or not ae.n_models(st.models):
-                core.train_local(st, self.xs[i], self.cfg, self._seed(i, seed))
+                core.train_local(st, self.xs[i], self.s, self._seed(i, seed))
                 reply.version = st.version
-                sent = wire.roundtrip(ae.to_numpy(st.models), self.cfg["fedcref.wire"])
+                sent = wire.roundtrip(ae.to_numpy(st.models), self.s.wire)
                 reply.models = {int(q): {k: v[j:j + 1] for k, v in sent.items()}
                                 for j, q in enumerate(st.model_clusters)}
                 reply.modelled = [int(q) for q in st.model_clusters]
             else:
-                pruned = core.drop_emptied(st, self.cfg)
+                pruned = core.drop_emptied(st, self.s)
                 if pruned:
                     reply.modelled = [int(q) for q in st.model_clusters]
             reply.hist = self._hist(i)
@@ -86,7 +89,7 @@ class InMemoryClients:
             new = {key: ae.from_numpy(models[node][1]) for key, node in zip(keys, foreign,
                                                                             strict=True)
                    if key not in self.states[i].cache}
-            acc, missing, _ = core.associate(self.states[i], self.xs[i], keys, new, self.cfg)
+            acc, missing, _ = core.associate(self.states[i], self.xs[i], keys, new, self.s)
             assert not missing
             out[i] = acc
         return out
@@ -100,7 +103,7 @@ class InMemoryClients:
             mine = self._travel([p[gs] for p in params])
             trained, counts = core.train_communities(
                 self.xs[i], self.states[i].labels, mine,
-                [np.asarray(qs, dtype=np.int64) for _, qs in members[i]], self.cfg,
+                [np.asarray(qs, dtype=np.int64) for _, qs in members[i]], self.s,
                 self._seed(i, seed))
             trained = self._travel(trained)
             out[i] = [Contribution(g, [p[j:j + 1] for p in trained], float(counts[j]))
@@ -109,18 +112,17 @@ class InMemoryClients:
 
     def _travel(self, params: ae.Params) -> ae.Params:
         """``params`` as a message in the run's wire format delivers them."""
-        return ae.from_numpy(wire.roundtrip(ae.to_numpy(params), self.cfg["fedcref.wire"]))
+        return ae.from_numpy(wire.roundtrip(ae.to_numpy(params), self.s.wire))
 
     def refine(self, t: int, targets: list[int], params: ae.Params,
                members: dict[int, list[tuple[int, list[int]]]]) -> dict[int, RefineReply]:
         out = {}
         for i in targets:
-            models, mine, ids = core.refine_inputs(params, members.get(i, []),
-                                                   self.cfg["fedcref.refine"])
+            models, mine, ids = core.refine_inputs(params, members.get(i, []), self.s.refine)
             models = self._travel(models) if ae.n_models(models) else models
-            r = core.refine(self.states[i], self.xs[i], models, self.cfg["fedcref.refine"],
-                            mine, self.cfg["fedcref.margin"], self.cfg["fedcref.beta"], ids)
-            covered = self.cfg["fedcref.refine"] == "covered"
+            r = core.refine(self.states[i], self.xs[i], models, self.s.refine, mine,
+                            self.s.margin, self.s.beta, ids)
+            covered = self.s.refine == "covered"
             out[i] = RefineReply(r.agreement, self._hist(i),
                                  [bool(b) for b in r.confirmed] if covered else None,
                                  r.community_share)

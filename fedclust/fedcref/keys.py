@@ -1,7 +1,11 @@
-"""Run-config keys of FedCRef (paper 000), prefix ``fedcref.``."""
+"""Run-config keys of FedCRef (paper 000), prefix ``fedcref.``, and the typed settings built
+from them: :class:`Settings` (the server's loop), :class:`ClientSettings` (the client steps)
+and :class:`SystemSettings` (the simulated system of §5.2)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from fedclust.schema import Key, require
@@ -159,3 +163,267 @@ def check(cfg: dict[str, Any]) -> None:
     require(cfg["dataset"] in ("digits", "local", "files") or cfg["data-dir"] != "", "data-dir",
             cfg["data-dir"], f"the folder holding the {cfg['dataset']} files",
             "pass data-dir=/path/to/data")
+
+
+# ---------------------------------------------------------------------------------------------
+# typed settings, from a validated run config (fedclust.config.validate; nothing here checks
+# again)
+
+@dataclass(frozen=True)
+class Settings:
+    """The server loop's parameters (:func:`fedclust.fedcref.algorithm.run`).
+
+    Attributes
+    ----------
+    seed : int
+        Draws every phase's seed (``seed``).
+    max_iterations : int
+        Most iterations of Algorithm 1 (``fedcref.max-iterations``).
+    tau : float
+        ``τ``: a client whose labels agree (ACC) ≥ ``τ`` with the last iteration's becomes
+        inactive (``fedcref.tau``).
+    fl_rounds : int
+        FedAvg rounds per community per iteration (``fedcref.fl-rounds``).
+    stop_window : int
+        Iterations of unchanged counts that stop the run (``fedcref.stop-window``).
+    stop_change : float
+        Relative change regarded as unchanged (``fedcref.stop-change``).
+    association : str
+        ``"mutual"``, ``"perfect"`` (ground truth) or ``"none"`` (``fedcref.association``).
+    ae_init : str
+        Initialisation of the community models, ``"keras"`` or ``"torch"``
+        (``fedcref.ae-init``).
+    evaluate : bool
+        Compute the ``eval_*`` metrics from the clients' histograms (``evaluate``).
+    cannot_link : bool
+        No community holds two clusters of one client (``fedcref.cannot-link``).
+    reuse_communities : bool
+        Keep a community's model while nothing it depends on changed
+        (``fedcref.reuse-communities``).
+    warm_start : bool
+        Start a community from an earlier model (``fedcref.warm-start``).
+    warm_rounds : int
+        FedAvg rounds of a warm-started community (``fedcref.warm-rounds``).
+    """
+
+    seed: int = 0
+    max_iterations: int = 10
+    tau: float = 0.8
+    fl_rounds: int = 15
+    stop_window: int = 3
+    stop_change: float = 0.1
+    association: str = "mutual"
+    ae_init: str = "keras"
+    evaluate: bool = False
+    cannot_link: bool = True
+    reuse_communities: bool = False
+    warm_start: bool = False
+    warm_rounds: int = 5
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> Settings:
+        """The settings of a validated run config."""
+        return cls(seed=int(cfg["seed"]), max_iterations=int(cfg["fedcref.max-iterations"]),
+                   tau=float(cfg["fedcref.tau"]), fl_rounds=int(cfg["fedcref.fl-rounds"]),
+                   stop_window=int(cfg["fedcref.stop-window"]),
+                   stop_change=float(cfg["fedcref.stop-change"]),
+                   association=str(cfg["fedcref.association"]),
+                   ae_init=str(cfg["fedcref.ae-init"]), evaluate=bool(cfg["evaluate"]),
+                   cannot_link=bool(cfg["fedcref.cannot-link"]),
+                   reuse_communities=bool(cfg["fedcref.reuse-communities"]),
+                   warm_start=bool(cfg["fedcref.warm-start"]),
+                   warm_rounds=int(cfg["fedcref.warm-rounds"]))
+
+
+@dataclass(frozen=True)
+class SystemSettings:
+    """The simulated system (§5.2): what :func:`fedclust.fedcref.client.build_system` draws
+    from. Hashable: it keys the caches of the system and of each client's data.
+
+    Attributes
+    ----------
+    dataset, data_dir : str
+        The image dataset and its folder (``dataset``, ``data-dir``).
+    num_clients : int
+        Clients drawn (``num-clients``).
+    seed : int
+        Draws the system (``seed``).
+    samples_per_cluster : int
+        ``S`` as configured, 0 for automatic (``fedcref.samples-per-cluster``); see
+        :attr:`samples`.
+    k_min, k_max : int
+        Fewest and most classes per client, ``k_max`` 0 for ``|U|/2`` (``fedcref.k-min``,
+        ``fedcref.k-max``).
+    overlap : float
+        ``O``, the share of a cluster's samples shared with other clients (``fedcref.overlap``).
+    split : str
+        The dataset split drawn from (``fedcref.split``).
+    k49_min_count : int
+        k49: the classes kept have at least this many training samples
+        (``fedcref.k49-min-count``).
+    """
+
+    dataset: str
+    data_dir: str
+    num_clients: int
+    seed: int
+    samples_per_cluster: int
+    k_min: int
+    k_max: int
+    overlap: float
+    split: str
+    k49_min_count: int
+
+    @property
+    def samples(self) -> int:
+        """``S``: the configured value, or the automatic default (500; 30 for the small
+        embedded 'digits')."""
+        if self.samples_per_cluster > 0:
+            return self.samples_per_cluster
+        return 30 if self.dataset == "digits" else 500
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> SystemSettings:
+        """The settings of a validated run config."""
+        return cls(dataset=str(cfg["dataset"]), data_dir=str(cfg["data-dir"]),
+                   num_clients=int(cfg["num-clients"]), seed=int(cfg["seed"]),
+                   samples_per_cluster=int(cfg["fedcref.samples-per-cluster"]),
+                   k_min=int(cfg["fedcref.k-min"]), k_max=int(cfg["fedcref.k-max"]),
+                   overlap=float(cfg["fedcref.overlap"]), split=str(cfg["fedcref.split"]),
+                   k49_min_count=int(cfg["fedcref.k49-min-count"]))
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """What a client's steps use (:mod:`fedclust.fedcref.client`, the ClientApp handlers),
+    and what the server's reply checks bound a client's training by.
+
+    Attributes
+    ----------
+    system : SystemSettings
+        The simulated system a simulated node's data comes from.
+    init : str
+        Initial local clustering: ``"auto"``, ``"dirty"``, ``"kmeans"`` or ``"dec"``
+        (``fedcref.init``).
+    dirtiness : float
+        Dirty start: the chance a sample starts in a wrong cluster (``fedcref.dirtiness``).
+    estimate_k : bool
+        kmeans/dec start: estimate ``K_i`` by silhouette (``fedcref.estimate-k``).
+    k_estimate_max : int
+        Largest ``K_i`` the estimate tries (``fedcref.k-estimate-max``).
+    dec_pretrain_epochs, dec_maxiter : int
+        DEC start: autoencoder pretraining epochs and KL iterations
+        (``fedcref.dec-pretrain-epochs``, ``fedcref.dec-maxiter``).
+    ae_hidden : tuple of int
+        Encoder layer sizes, the decoder mirrored (``fedcref.ae-hidden``).
+    ae_init : str
+        ``"keras"`` or ``"torch"`` weight initialisation (``fedcref.ae-init``).
+    ae_epochs, ae_patience : int
+        Epochs of a fresh cluster model, early-stopping patience (``fedcref.ae-epochs``,
+        ``fedcref.ae-patience``).
+    batch_size : int
+        Mini-batch size of all training (``fedcref.batch-size``).
+    lr : float
+        Adam learning rate (``fedcref.lr``).
+    min_cluster_size : int
+        Clusters smaller than this get no model (``fedcref.min-cluster-size``).
+    warm_start : bool
+        A cluster model starts from its previous model (``fedcref.warm-start``).
+    warm_epochs : int
+        Epochs of a warm-started cluster model (``fedcref.warm-epochs``).
+    fl_local_epochs : int
+        Local epochs per community FedAvg round (``fedcref.fl-local-epochs``).
+    assoc_rule : str
+        ``"confident"``, ``"ratio"``, ``"eq2"`` or ``"calibrated"`` (``fedcref.assoc-rule``).
+    holdout : float
+        Share of each cluster held out from its own model (``fedcref.holdout``).
+    theta, alpha : float
+        ``θ`` and ``α`` of eq. (2) (``fedcref.theta``, ``fedcref.alpha``).
+    margin, best_margin, beta : float
+        The confident test's margins and level (``fedcref.margin``, ``fedcref.best-margin``,
+        ``fedcref.beta``); ``margin`` and ``beta`` also confirm communities in refinement.
+    epsilon, ratio_quantile, lam : float
+        The ratio and calibrated tests (``fedcref.epsilon``, ``fedcref.ratio-quantile``,
+        ``fedcref.lambda``).
+    assoc_best_per_client : bool
+        A cluster accepts at most one cluster per foreign client
+        (``fedcref.assoc-best-per-client``).
+    refine : str
+        ``"paper"``, ``"gated"`` or ``"covered"`` (``fedcref.refine``).
+    wire : str
+        Number format of model weights in messages (``fedcref.wire``).
+    torch_threads : int
+        Torch threads per client process (``fedcref.torch-threads``).
+    evaluate : bool
+        Send the evaluation histograms where allowed (``evaluate``).
+    seed : int
+        The run's seed (``seed``).
+    """
+
+    system: SystemSettings
+    init: str
+    dirtiness: float
+    estimate_k: bool
+    k_estimate_max: int
+    dec_pretrain_epochs: int
+    dec_maxiter: int
+    ae_hidden: tuple[int, ...]
+    ae_init: str
+    ae_epochs: int
+    ae_patience: int
+    batch_size: int
+    lr: float
+    min_cluster_size: int
+    warm_start: bool
+    warm_epochs: int
+    fl_local_epochs: int
+    assoc_rule: str
+    holdout: float
+    theta: float
+    alpha: float
+    margin: float
+    best_margin: float
+    beta: float
+    epsilon: float
+    ratio_quantile: float
+    lam: float
+    assoc_best_per_client: bool
+    refine: str
+    wire: str
+    torch_threads: int
+    evaluate: bool
+    seed: int
+
+    @property
+    def hidden(self) -> list[int]:
+        """The encoder layer sizes as a list."""
+        return list(self.ae_hidden)
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> ClientSettings:
+        """The settings of a validated run config."""
+        return cls(system=SystemSettings.from_config(cfg), init=str(cfg["fedcref.init"]),
+                   dirtiness=float(cfg["fedcref.dirtiness"]),
+                   estimate_k=bool(cfg["fedcref.estimate-k"]),
+                   k_estimate_max=int(cfg["fedcref.k-estimate-max"]),
+                   dec_pretrain_epochs=int(cfg["fedcref.dec-pretrain-epochs"]),
+                   dec_maxiter=int(cfg["fedcref.dec-maxiter"]),
+                   ae_hidden=tuple(int(v) for v in str(cfg["fedcref.ae-hidden"]).split(",")),
+                   ae_init=str(cfg["fedcref.ae-init"]), ae_epochs=int(cfg["fedcref.ae-epochs"]),
+                   ae_patience=int(cfg["fedcref.ae-patience"]),
+                   batch_size=int(cfg["fedcref.batch-size"]), lr=float(cfg["fedcref.lr"]),
+                   min_cluster_size=int(cfg["fedcref.min-cluster-size"]),
+                   warm_start=bool(cfg["fedcref.warm-start"]),
+                   warm_epochs=int(cfg["fedcref.warm-epochs"]),
+                   fl_local_epochs=int(cfg["fedcref.fl-local-epochs"]),
+                   assoc_rule=str(cfg["fedcref.assoc-rule"]),
+                   holdout=float(cfg["fedcref.holdout"]), theta=float(cfg["fedcref.theta"]),
+                   alpha=float(cfg["fedcref.alpha"]), margin=float(cfg["fedcref.margin"]),
+                   best_margin=float(cfg["fedcref.best-margin"]),
+                   beta=float(cfg["fedcref.beta"]), epsilon=float(cfg["fedcref.epsilon"]),
+                   ratio_quantile=float(cfg["fedcref.ratio-quantile"]),
+                   lam=float(cfg["fedcref.lambda"]),
+                   assoc_best_per_client=bool(cfg["fedcref.assoc-best-per-client"]),
+                   refine=str(cfg["fedcref.refine"]), wire=str(cfg["fedcref.wire"]),
+                   torch_threads=int(cfg["fedcref.torch-threads"]),
+                   evaluate=bool(cfg["evaluate"]), seed=int(cfg["seed"]))

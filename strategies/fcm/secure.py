@@ -187,10 +187,34 @@ def _secure_round(grid: Grid, node_ids: list[int], centers: np.ndarray, sc: Scal
     """Drive one SecAgg+ round; return ``(Σ of the clients' vectors or None, exchange, n)``.
 
     ``None`` means nothing was summed (fewer than 2 clients, or the protocol halted).
-    ``length``: the size of every client's vector; a masked vector of another size is refused
-    before it reaches the sum (the node is excluded and SecAgg+ recovers from it as from a
-    dropout).
+    ``length``: the size of every client's vector; a reply of the wrong form (a masked vector
+    of another size, or a stage reply without what the stage returns) is refused before it
+    reaches the workflow, and the node counts as dropped. SecAgg+ recovers from a node dropped
+    after it shared its key shares; one dropped before (in the setup or share-keys stage)
+    leaves the others unable to unmask, so the round halts. It is then run once more without
+    the nodes whose replies were refused.
     """
+    total, ex, n = _secure_round_once(grid, node_ids, centers, sc, timeout, rnd, fit_config,
+                                      length)
+    rest = [nid for nid in node_ids if nid not in ex.excluded]
+    if total is not None or not ex.excluded or len(rest) < 2:
+        return total, ex, n
+    LOG.warning("[round-%s] secure aggregation again without the excluded node(s) %s",
+                rnd, sorted(ex.excluded))
+    total, again, n = _secure_round_once(grid, rest, centers, sc, timeout, rnd, fit_config,
+                                         length)
+    again.failed.update(ex.excluded)
+    again.excluded.update(ex.excluded)
+    again.bytes_sent += ex.bytes_sent
+    again.bytes_received += ex.bytes_received
+    again.seconds += ex.seconds
+    return total, again, n
+
+
+def _secure_round_once(grid: Grid, node_ids: list[int], centers: np.ndarray, sc: Scaling,
+                       timeout: float, rnd: int, fit_config: dict[str, Any], length: int
+                       ) -> tuple[np.ndarray | None, Exchange, int]:
+    """One run of the SecAgg+ workflow over ``node_ids`` (:func:`_secure_round`)."""
     from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
     from flwr.server import LegacyContext, ServerConfig
     from flwr.server.compat.grid_client_proxy import GridClientProxy
@@ -310,6 +334,12 @@ def _to_parameters(record: Any) -> Any:
     return compat.arrayrecord_to_parameters(record, keep_input=True)
 
 
+def _stage(content: RecordDict) -> str | None:
+    """The SecAgg+ stage a message of the workflow asks for (None: not a stage message)."""
+    rec = content.get("secaggplus_configs")
+    return str(rec["stage"]) if isinstance(rec, ConfigRecord) and "stage" in rec else None
+
+
 class _CountingGrid:
     """Grid wrapper that counts payload bytes, remembers error replies per node and refuses
     masked vectors of the wrong size (``rejected``: node → reason)."""
@@ -321,6 +351,7 @@ class _CountingGrid:
         self.bytes_received = 0
         self.why: dict[int, str] = {}
         self.rejected: dict[int, str] = {}
+        self.seen: set[int] = set()     # every node sent a message in this secure round
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._grid, name)
@@ -337,8 +368,12 @@ class _CountingGrid:
                             dst_node_id=m.metadata.dst_node_id,
                             message_type=m.metadata.message_type, group_id=m.metadata.group_id)
                     for m in messages]
+        # before sending: an in-process node's mod consumes the stage record
+        stages = {m.metadata.dst_node_id: _stage(m.content) for m in messages}
         replies = list(self._grid.send_and_receive(messages, timeout=timeout))
         by_msg = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}
+        round_nodes = set(by_msg.values())
+        self.seen |= round_nodes
         answered = set()
         clean = []
         for r in replies:
@@ -353,8 +388,12 @@ class _CountingGrid:
             if nid is not None:
                 answered.add(nid)
             self.bytes_received += record_nbytes(r.content)
-            problem = wire.masked_size_problem(r.content, self.length)
-            if problem and nid is not None:
+            stage = stages.get(nid) if nid is not None else None
+            problem = (wire.secagg_reply_problem(r.content, stage, round_nodes | self.seen)
+                       if stage else None) or wire.masked_size_problem(r.content, self.length)
+            if problem and nid is None:
+                continue        # a reply to no message of this exchange: never passed on
+            if problem:
                 # kept from the sum: SecAgg+ treats the node as dropped and removes its masks
                 self.rejected[nid] = problem
                 continue

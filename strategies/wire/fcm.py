@@ -495,6 +495,52 @@ def secure_reply(vector: np.ndarray) -> RecordDict:
     })
 
 
+#: what a node's reply to each SecAgg+ stage holds in its ``secaggplus_configs`` record:
+#: key -> (element type, or None for a scalar of that type)
+SECAGG_REPLY: dict[str, dict[str, tuple[type, bool]]] = {
+    "setup": {"pk1": (bytes, False), "pk2": (bytes, False)},
+    "share_keys": {"dsts": (int, True), "ctxts": (bytes, True)},
+    "collect_masked_vectors": {"masked_params": (bytes, True)},
+    "unmask": {"nids": (int, True), "shares": (bytes, True)},
+}
+
+
+def secagg_reply_problem(rd: RecordDict, stage: str, nodes: set[int]) -> str | None:
+    """Server side: what is wrong with the form of a node's reply to SecAgg+ stage ``stage``
+    (None: the keys and types Flower's workflow reads are there; node ids in them are among
+    ``nodes``, the round's nodes). Flower's workflow reads them unchecked, so a reply without
+    them — empty, or one of another stage replayed — would stop the run with a ``KeyError``;
+    refused here, the node counts as dropped and the others' sum goes on."""
+    expected = SECAGG_REPLY.get(stage)
+    if expected is None:
+        return None
+    rec = rd.get("secaggplus_configs")
+    if not isinstance(rec, ConfigRecord):
+        return f"its reply to SecAgg+ stage '{stage}' has no 'secaggplus_configs' record"
+    for key, (kind, is_list) in expected.items():
+        if key not in rec:
+            return f"its reply to SecAgg+ stage '{stage}' lacks '{key}'"
+        value = rec[key]
+        items = value if is_list else [value]
+        if (is_list and not isinstance(value, list)) or not all(
+                isinstance(v, kind) and not isinstance(v, bool) for v in items):
+            return (f"'{key}' of its reply to SecAgg+ stage '{stage}' is not "
+                    f"{'a list of ' if is_list else ''}{kind.__name__}")
+    pairs = {"share_keys": ("dsts", "ctxts"), "unmask": ("nids", "shares")}.get(stage)
+    if pairs and len(rec[pairs[0]]) != len(rec[pairs[1]]):
+        return f"'{pairs[0]}' and '{pairs[1]}' of its SecAgg+ reply differ in length"
+    if pairs and not set(rec[pairs[0]]) <= nodes:
+        return f"'{pairs[0]}' of its SecAgg+ reply names nodes outside the round"
+    if stage == "collect_masked_vectors":
+        try:
+            import flwr.compat.common.recorddict_compat as compat
+
+            compat.recorddict_to_fitres(rd, True)
+        except Exception as exc:  # a reply Flower cannot read as a fit result
+            return f"its masked-vector reply is not a fit result ({type(exc).__name__})"
+    return None
+
+
 def masked_size_problem(rd: RecordDict, length: int) -> str | None:
     """Server side: what is wrong with the size of a masked vector in a SecAgg+ reply (None:
     no masked vector in it, or the right size). The values are masked; their size is not."""
