@@ -73,7 +73,7 @@ def main() -> None:
         train_local,
     )
     from fedclust.emdcfl.model import weights_from_record as read_model
-    from strategies.emdcfl_common import model_record
+    from strategies.wire.emdcfl import model_record
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--clients", type=int, default=40)

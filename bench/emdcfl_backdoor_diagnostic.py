@@ -19,6 +19,7 @@ import argparse
 def main() -> None:
     from fedclust.emdcfl import data as D
     from fedclust.emdcfl import model as M
+    from fedclust.emdcfl.keys import model_spec
     from server_app.emdcfl_experiments import CPU_BACKDOOR
 
     p = argparse.ArgumentParser()
@@ -35,7 +36,7 @@ def main() -> None:
         cfg["emdcfl.local-epochs"] = args.epochs
     if args.conv:
         cfg["emdcfl.conv1"], cfg["emdcfl.conv2"] = args.conv
-    spec = M.spec_from_config(cfg)
+    spec = model_spec(cfg)
     print(f"round 0: {cfg['emdcfl.local-epochs']} epochs, conv {cfg['emdcfl.conv1']}/"
           f"{cfg['emdcfl.conv2']} channels", flush=True)
     for palette in args.palettes:

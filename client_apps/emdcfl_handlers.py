@@ -17,59 +17,52 @@ Actions (message type → what the client does → what it sends back):
   all pairs.
 - ``train.emdcfl_ifca``: IFCA — picks the cluster model with the lowest validation loss, trains
   it → weights, choice.
-- ``evaluate.emdcfl_eval``: test accuracy of the received model (ground truth returned only
-  when ``evaluate=true``). This is the final message: it carries the node's cluster model and
-  (config record ``"result"``) its cluster id and the server's results folder; the node keeps
-  ``model.pt``, ``predict.json`` and ``result.json`` for its data owner (never sent).
-- ``query.emdcfl_group``: ground-truth cluster (Oracle baseline; only when ``evaluate=true``).
+- ``evaluate.emdcfl_eval``: test accuracy of the received model, sent (with the ground-truth
+  group) only when the run asks ``evaluate=true`` **and** the node allows it
+  (:func:`client_apps.evaluation.allows_evaluation`: a deployed node needs node config
+  ``allow-evaluation=true``); otherwise only ``num-test``. This is the final message: it
+  carries the node's cluster model and (config record ``"result"``) its cluster id and the
+  server's results folder; the node keeps ``model.pt``, ``predict.json`` and ``result.json``
+  for its data owner (never sent).
+- ``query.emdcfl_group``: ground-truth cluster (Oracle baseline; only when the node may
+  evaluate, as above).
 - ``query.emdcfl_pacfl``: PACFL baseline — the client's class subspaces (orthonormal columns
   from the SVD of each class's validation images; labels stay on the client).
 
-Clients never send samples or labels; only models, projected embeddings, counts and metrics.
-Training, embedding and evaluation run on ``emdcfl.device`` (``cpu`` with one torch thread,
-``cuda``, or ``auto``); ``cuda`` without a GPU fails with a ConfigError (an error reply).
+The computations are :mod:`fedclust.emdcfl.client`'s, the messages (both ends)
+:mod:`strategies.wire.emdcfl`'s. Clients never send samples or labels; only models, projected
+embeddings, counts and metrics. Training, embedding and evaluation run on ``emdcfl.device``
+(``cpu`` with one torch thread, ``cuda``, or ``auto``); ``cuda`` without a GPU fails with a
+ConfigError (an error reply).
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
-from itertools import chain
 from typing import Any
 
-import numpy as np
-from flwr.app import ConfigRecord, Context, Message, MetricRecord
+from flwr.app import ConfigRecord, Context, Message
 
 from client_apps.base import app
-from client_apps.common import reply, run_config
+from client_apps.common import run_config
 from client_apps.data import node_data_path
+from client_apps.evaluation import allows_evaluation
+from strategies.wire import emdcfl as wire
 
-SPLIT_KEYS = ("dataset", "emdcfl.rotation", "emdcfl.samples", "emdcfl.test-samples",
-              "emdcfl.val-fraction", "seed", "data-dir", "emdcfl.backdoor-colours")
+
+def _settings(context: Context) -> tuple[Any, dict[str, Any]]:
+    """This run's :class:`~fedclust.emdcfl.keys.EMDCFLSettings` and its validated config."""
+    from fedclust.emdcfl.keys import EMDCFLSettings
+
+    cfg = run_config(context)
+    return EMDCFLSettings.from_config(cfg), cfg
 
 
-def _device(cfg: dict[str, Any], context: Context | None = None) -> str:
-    """Torch device of this node (``emdcfl.device``); on the CPU, torch runs one thread.
+def _device(s: Any, context: Context, cfg: dict[str, Any]) -> str:
+    """Torch device of this node (:func:`fedclust.emdcfl.client.device_for`)."""
+    from fedclust.emdcfl.client import device_for
 
-    On a GPU, a simulated node (``context`` given, node config with ``partition-id``) also
-    turns cuDNN's autotuner off and asks for its deterministic kernels (reproducible runs).
-
-    Raises a ConfigError naming the key when ``cuda`` is requested but unavailable (the
-    reply is then an error reply and the server drops the node with that reason).
-    """
-    from fedclust.emdcfl.keys import resolve_device
-
-    device = resolve_device(cfg["emdcfl.device"])
-    if device == "cpu":
-        import torch
-
-        # 2 threads thrash on a shared 2-core box; one thread also fixes the reduction order
-        torch.set_num_threads(1)
-    elif context is not None and _is_simulated(context, cfg):
-        import torch
-
-        torch.backends.cudnn.benchmark = False
-        torch.backends.cudnn.deterministic = True
-    return device
+    return device_for(s.device, _is_simulated(context, cfg))
 
 
 def _is_simulated(context: Context, cfg: dict[str, Any]) -> bool:
@@ -78,18 +71,6 @@ def _is_simulated(context: Context, cfg: dict[str, Any]) -> bool:
     from fedclust.data.sites import is_simulated
 
     return is_simulated(context.node_config, cfg)
-
-
-@lru_cache(maxsize=64)
-def _simulated(items: tuple[tuple[str, Any], ...], partition: int, num_parts: int):
-    from fedclust.emdcfl.data import client_split
-    from fedclust.emdcfl.keys import dataset_name
-
-    cfg = dict(items)
-    return client_split(dataset_name(cfg), cfg["emdcfl.rotation"], partition, num_parts,
-                        cfg["emdcfl.samples"], cfg["emdcfl.test-samples"],
-                        cfg["emdcfl.val-fraction"], cfg["seed"], cfg["data-dir"],
-                        cfg["emdcfl.backdoor-colours"])
 
 
 SPLITS = {"x_train": "y_train", "x_val": "y_val", "x_test": "y_test"}
@@ -110,47 +91,30 @@ def _from_file(path: str, image_shape: tuple[int, ...], n_classes: int):
 
 
 def client_data(context: Context, cfg: dict[str, Any]):
+    """This node's :class:`~fedclust.emdcfl.data.ClientSplit`: its ``data-path`` file, or its
+    partition of the run's simulated dataset."""
+    from fedclust.emdcfl.client import simulated_split
+    from fedclust.emdcfl.keys import EMDCFLSettings
+
+    s = EMDCFLSettings.from_config(cfg)
     path = node_data_path(context, cfg)
     if path is not None:
-        spec = model_spec(cfg)
+        spec = s.spec
         shape = ((spec.size, spec.size) if spec.in_channels == 1 else
                  (spec.size, spec.size, spec.in_channels))
         return _from_file(path, shape, spec.num_classes)
     node = context.node_config
-    return _simulated(tuple((k, cfg[k]) for k in SPLIT_KEYS), int(node["partition-id"]),
-                      int(node["num-partitions"]))
-
-
-def model_spec(cfg: dict[str, Any]):
-    from fedclust.emdcfl.model import spec_from_config
-
-    return spec_from_config(cfg)
-
-
-def weights_from_record(record) -> list[np.ndarray]:
-    """The model layers of an ArrayRecord (torch is imported on first use, not with the app)."""
-    from fedclust.emdcfl.model import weights_from_record as read
-
-    return read(record)
+    return simulated_split(s, int(node["partition-id"]), int(node["num-partitions"]))
 
 
 def _train_seed(cfg: dict[str, Any], context: Context, rnd: int) -> int:
     """Seed of the minibatch order of round ``rnd``: from the run seed and the partition id on
     a simulated node (Flower's simulated node ids change from run to run), else the node id."""
+    from fedclust.emdcfl.client import train_seed
+
     who = (int(context.node_config["partition-id"]) if _is_simulated(context, cfg)
            else int(context.node_id) % (2**31))
-    return int(np.random.SeedSequence([cfg["seed"], rnd, who]).generate_state(1)[0])
-
-
-def _train(cfg, context, weights, rnd, device="cpu"):
-    from fedclust.emdcfl.model import train_local
-
-    data = client_data(context, cfg)
-    epochs = (cfg["emdcfl.round0-epochs"] or cfg["emdcfl.local-epochs"]) if rnd == 0 \
-        else cfg["emdcfl.local-epochs"]
-    return train_local(model_spec(cfg), weights, data.x_train, data.y_train, epochs,
-                       cfg["emdcfl.lr"], cfg["emdcfl.batch-size"],
-                       _train_seed(cfg, context, rnd), device=device), len(data.y_train)
+    return train_seed(int(cfg["seed"]), rnd, who)
 
 
 KEY_STATE = "emdcfl_keys"
@@ -170,85 +134,56 @@ def _ensure_keys(context: Context, cfg: dict[str, Any]) -> bytes:
 
 @app.train("emdcfl_local")
 def train_local_handler(msg: Message, context: Context) -> Message:
-    cfg = run_config(context)
-    device = _device(cfg, context)
-    conf = msg.content.config_records["config"]
-    start = weights_from_record(msg.content.array_records["model"])
-    (weights, loss), n = _train(cfg, context, start, int(conf["round"]), device)
-    arrays = {"model": {str(i): w for i, w in enumerate(weights)}}
-    if bool(conf.get("keygen", False)):
-        arrays["pub"] = {"key": np.frombuffer(_ensure_keys(context, cfg), dtype=np.uint8)}
-    return reply(msg, arrays=arrays, metrics={"num-examples": n, "train-loss": loss})
+    from fedclust.emdcfl import client
+
+    s, cfg = _settings(context)
+    device = _device(s, context, cfg)
+    start, rnd, keygen = wire.read_train(msg.content)
+    weights, loss, n = client.train(s, client_data(context, cfg), start, rnd,
+                                    _train_seed(cfg, context, rnd), device)
+    pub = _ensure_keys(context, cfg) if keygen else None
+    return Message(wire.train_reply(weights, n, loss, pub), reply_to=msg)
 
 
 @app.query("emdcfl_embed")
 def embed_handler(msg: Message, context: Context) -> Message:
-    from fedclust.emdcfl.excess import Solver, reference_distance
-    from fedclust.emdcfl.model import embed, embed_many
-    from fedclust.emdcfl.privacy import PairContext
+    from fedclust.emdcfl import client
+    from fedclust.emdcfl.privacy import key_id
 
-    cfg = run_config(context)
-    device = _device(cfg, context)
-    spec, data = model_spec(cfg), client_data(context, cfg)
-    peers = msg.content.array_records["peers"]
-    ids = peers["ids"].numpy().astype(np.uint64)
-    pubs = peers["pub"].numpy().astype(np.uint8)
+    s, cfg = _settings(context)
+    device = _device(s, context, cfg)
+    data = client_data(context, cfg)
     me = int(context.node_id)
+    own, peers, pubs, models = wire.read_embed(msg.content, me)
     if KEY_STATE not in context.state.config_records:
         raise RuntimeError("no X25519 key pair: train.emdcfl_local with keygen must come first")
-    private = bytes(context.state.config_records[KEY_STATE]["private"])
-    simulated = _is_simulated(context, cfg)
-    if simulated:    # pair seeds name keys, not node ids (random in every simulation run)
-        from fedclust.emdcfl.privacy import key_id
+    keys = context.state.config_records[KEY_STATE]
+    if _is_simulated(context, cfg):  # pair seeds name keys, not node ids (random per run)
+        me_in_pair = key_id(bytes(keys["public"]))
 
-        me_in_pair = key_id(bytes(context.state.config_records[KEY_STATE]["public"]))
+        def in_pair(peer: int) -> int:
+            return key_id(pubs[peer])
     else:
         me_in_pair = me
-    own = weights_from_record(msg.content.array_records[f"m:{me}"])
-    e_train = embed(spec, own, data.x_train, device=device)
-    others = [int(i) for i in ids.tolist() if int(i) != me]
-    pub_of = {int(i): p.tobytes() for i, p in zip(ids.tolist(), pubs)}
-    # own val under every model (own first): images converted once, no module per peer,
-    # peer models deserialised one at a time
-    models = chain([own], (weights_from_record(msg.content.array_records[f"m:{peer}"])
-                           for peer in others))
-    e_vals = embed_many(spec, models, data.x_val, device=device)
-    e_val = e_vals[0]
-    cap, ratio = cfg["emdcfl.max-samples"], cfg["emdcfl.proj-ratio"]
-    solver = Solver.from_config(cfg)
-    src, tgt, reference = {}, {}, {}
-    for peer, e_peer in zip(others, e_vals[1:]):
-        peer_in_pair = key_id(pub_of[peer]) if simulated else peer
-        pair = PairContext(private, me_in_pair, peer_in_pair, pub_of[peer], spec.embed_dim,
-                           ratio, cfg["emdcfl.projection"])
-        src[str(peer)] = pair.project(e_train, cap)        # W(train_me, ·) source cloud
-        own_val = pair.project(e_val, cap)                 # never sent
-        tgt[str(peer)] = pair.project(e_peer, cap)         # val_me under peer's model
-        # the paper's reference W(train_me, val_me), under R of this pair, from the same
-        # source subsample the server gets: only the scalar leaves the node
-        reference[str(peer)] = reference_distance(src[str(peer)], own_val, solver)
-    out = reply(msg, arrays={"src": src, "tgt": tgt}, metrics={"num-pairs": len(src)})
-    out.content["reference"] = MetricRecord(reference)
-    return out
+
+        def in_pair(peer: int) -> int:
+            return peer
+    src, tgt, reference = client.embed_pairs(s, data, own, peers, pubs, models(),
+                                             bytes(keys["private"]), me_in_pair, in_pair,
+                                             device)
+    return Message(wire.embed_reply(src, tgt, reference), reply_to=msg)
 
 
 @app.train("emdcfl_ifca")
 def ifca_handler(msg: Message, context: Context) -> Message:
-    from fedclust.emdcfl.model import evaluate
+    from fedclust.emdcfl import client
 
-    cfg = run_config(context)
-    device = _device(cfg, context)
-    spec, data = model_spec(cfg), client_data(context, cfg)
-    conf = msg.content.config_records["config"]
-    k = int(conf["k"])
-    models = [weights_from_record(msg.content.array_records[f"c:{j}"]) for j in range(k)]
-    losses = np.array([evaluate(spec, w, data.x_val, data.y_val, device=device)[0]
-                       for w in models])
-    choice = int(np.argmin(losses))
-    (weights, loss), n = _train(cfg, context, models[choice], int(conf["round"]), device)
-    return reply(msg, arrays={"model": {str(i): w for i, w in enumerate(weights)}},
-                 metrics={"num-examples": n, "train-loss": loss, "choice": choice,
-                          "val-losses": losses.tolist()})
+    s, cfg = _settings(context)
+    device = _device(s, context, cfg)
+    models, rnd = wire.read_ifca(msg.content)
+    weights, loss, n, choice, losses = client.ifca(s, client_data(context, cfg), models, rnd,
+                                                   _train_seed(cfg, context, rnd), device)
+    return Message(wire.ifca_reply(weights, n, loss, choice, losses), reply_to=msg)
 
 
 @app.query("emdcfl_pacfl")
@@ -256,17 +191,15 @@ def pacfl_handler(msg: Message, context: Context) -> Message:
     """PACFL baseline: this client's class subspaces ``U`` (the first ``emdcfl.pacfl-basis``
     left singular vectors of each class's validation images, as the model sees them). The
     labels stay here; the columns are principal directions of the client's own images."""
-    from fedclust.emdcfl.model import to_tensor
-    from fedclust.emdcfl.pacfl import class_subspaces
+    from fedclust.emdcfl import client
 
-    cfg = run_config(context)
-    data = client_data(context, cfg)
-    u = class_subspaces(to_tensor(data.x_val).numpy(), data.y_val, cfg["emdcfl.pacfl-basis"])
-    return reply(msg, arrays={"subspace": {"u": u}})
+    s, cfg = _settings(context)
+    return Message(wire.pacfl_reply(client.subspaces(s, client_data(context, cfg))),
+                   reply_to=msg)
 
 
-def keep_owner_results(msg: Message, context: Context, cfg: dict[str, Any], spec, data,
-                       weights: list[np.ndarray], test: tuple[float, float]) -> None:
+def keep_owner_results(msg: Message, context: Context, cfg: dict[str, Any], s: Any, data,
+                       weights: list, test: tuple[float, float]) -> None:
     """Write this node's results for its data owner (never sent): ``model.pt`` (its cluster's
     final model, a torch ``state_dict``), ``predict.json`` (so that ``fedclust predict`` can use
     the folder) and ``result.json`` last. Nothing happens when the message names no cluster
@@ -283,9 +216,9 @@ def keep_owner_results(msg: Message, context: Context, cfg: dict[str, Any], spec
     cluster = int(rec["cluster"])
     save_model(folder / OWNER_MODEL, weights)
     results.write_predict_info(folder, "emdcfl", {k: cfg[k] for k in SPEC_KEYS},
-                          model=OWNER_MODEL, spec=spec_dict(spec), cluster=cluster)
+                               model=OWNER_MODEL, spec=spec_dict(s.spec), cluster=cluster)
     results.write_result(folder, {
-        "method": "emdcfl", "algorithm": cfg["emdcfl.algorithm"], "run_id": context.run_id,
+        "method": "emdcfl", "algorithm": s.algorithm, "run_id": context.run_id,
         "cluster": cluster, "num_clusters": int(rec.get("num-clusters", 0)),
         "test_accuracy": test[1], "test_loss": test[0], "num_test": int(len(data.y_test)),
         "num_train": int(len(data.y_train)), "files": [OWNER_MODEL, "predict.json"]})
@@ -296,31 +229,28 @@ def eval_handler(msg: Message, context: Context) -> Message:
     """Test accuracy of the received model (the node's final cluster model).
 
     The final model arrives here: the node also keeps its owner's results
-    (:func:`keep_owner_results`); the reply carries the same metrics as before (with
-    ``evaluate=false`` only ``num-test``).
+    (:func:`keep_owner_results`). The reply carries ``num-test`` and, only when the run asks
+    ``evaluate=true`` and the node allows it (:func:`client_apps.evaluation.allows_evaluation`),
+    the evaluation metrics (test accuracy, ground-truth group).
     """
-    from fedclust.emdcfl.model import evaluate
+    from fedclust.emdcfl import client
 
-    cfg = run_config(context)
-    device = _device(cfg, context)
-    spec, data = model_spec(cfg), client_data(context, cfg)
-    weights = weights_from_record(msg.content.array_records["model"])
-    metrics: dict[str, Any] = {"num-test": len(data.y_test)}
-    # the owner's own test labels: its accuracy stays on the node unless evaluate=true
-    loss, acc = evaluate(spec, weights, data.x_test, data.y_test, device=device)
-    keep_owner_results(msg, context, cfg, spec, data, weights, (loss, acc))
-    if cfg["evaluate"]:
-        metrics.update({"test-loss": loss, "test-acc": acc, "cluster": data.cluster,
-                        "set": data.set_id})
-        if data.x_test_bd is not None and data.set_id == 0:
-            metrics["backdoor-acc"] = evaluate(spec, weights, data.x_test_bd, data.y_test,
-                                               device=device)[1]
-    return reply(msg, metrics=metrics)
+    s, cfg = _settings(context)
+    device = _device(s, context, cfg)
+    data = client_data(context, cfg)
+    weights = wire.read_final(msg.content)
+    # the owner's own test labels: its accuracy stays on the node unless it may evaluate
+    result = client.test(s, data, weights, device)
+    keep_owner_results(msg, context, cfg, s, data, weights, result)
+    evaluation = (client.evaluation(s, data, weights, result, device)
+                  if allows_evaluation(context, cfg) else None)
+    return Message(wire.final_reply(len(data.y_test), evaluation), reply_to=msg)
 
 
 @app.query("emdcfl_group")
 def group_handler(msg: Message, context: Context) -> Message:
     cfg = run_config(context)
-    if not cfg["evaluate"]:
-        raise RuntimeError("ground truth is only available with evaluate=true")
-    return reply(msg, metrics={"cluster": client_data(context, cfg).cluster})
+    if not allows_evaluation(context, cfg):
+        raise RuntimeError("ground truth is only available with evaluate=true on a node that "
+                           "allows evaluation (node config allow-evaluation=true)")
+    return Message(wire.group_reply(client_data(context, cfg).cluster), reply_to=msg)

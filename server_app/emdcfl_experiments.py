@@ -99,8 +99,9 @@ def table(out: Path | list[Path]) -> str:
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         c = r["config"]
-        key = (c["dataset"], c.get("emdcfl.rotation", "max"), c["emdcfl.algorithm"],
-               float(c.get("emdcfl.epsilon", 0.1)), int(c.get("emdcfl.local-epochs", 1)),
+        key = (c["dataset"], c.get("emdcfl.rotation", "max"),
+               c.get("emdcfl.algorithm", "emdcfl"), float(c.get("emdcfl.epsilon", 0.1)),
+               int(c.get("emdcfl.local-epochs", 1)),
                int(c.get("num-clients", 0)), float(c.get("emdcfl.lr", 0.01)))
         groups.setdefault(key, []).append(r)
     lines = ["| dataset | rotation | clients | epochs/round | lr | method | eps | seeds | "

@@ -1,96 +1,68 @@
-"""Server loop of EMD-CFL (paper 001, Alg. 1) — and the entry point of its baselines.
+"""EMD-CFL (paper 001) and its baselines over Flower messages: :class:`FlowerClients`, the
+:class:`fedclust.emdcfl.clients.Clients` of a run's nodes, and :func:`run`, the method's entry
+of the ServerApp (:data:`strategies.run.SERVER`).
 
-Rounds (global epochs) ``r = 0 … R−1``:
-
-1. The round's clients (all, or ``emdcfl.clients-per-round`` sampled without replacement)
-   train their current cluster model locally (``train.emdcfl_local``); before they have been
-   clustered every client is a singleton holding the shared initial model. On first contact a
-   client creates its X25519 key pair and returns the public key.
-2. Each cluster's model becomes the FedAvg (weighted by train size) of this round's members.
-3. With ``emdcfl.recluster=on-join`` (default) when clients joined for the first time (round 0
-   under full participation: one-shot, the paper's Alg. 1), with ``every-round`` in every round
-   (the authors' partial-participation code), the server relays the latest local model of
-   every client seen so far and all public keys (``query.emdcfl_embed``, one message per
-   client), and receives per peer the projected clouds ``src`` (its train, own model) and
-   ``tgt`` (its val, the peer's model) plus the scalar reference ``W(train_c, val_c)`` that the
-   client computed under the same ``R_co``. The clustering step itself is Flower-free:
-   :func:`fedclust.emdcfl.excess.cluster_clients` solves ``W(train_c, val_o)`` (equal-size
-   clouds; a pair's second direction is skipped once the first failed, unless
-   ``emdcfl.full-matrix``), subtracts ``c``'s reference, ANDs both directions; equal closed
-   neighbourhoods form a cluster; clients not yet seen stay singletons. A cluster whose member
-   set did not change keeps its model from step 2; a new or changed cluster starts from the
-   FedAvg of its members' latest (possibly stale) local models.
-
-Finally (:func:`evaluate_models`, the same for every baseline) the server saves every cluster's
-model (``models/``) and sends each client its cluster's model with its cluster id; the client
-keeps them for its data owner (``model.pt``, ``result.json``) and, on the evaluation path,
-reports its test accuracy.
-
-Every reply is checked (:mod:`strategies.emdcfl_replies`): an error reply, a late one or one of
-the wrong shape is rejected with a logged reason, the node is named in ``history.jsonl``
-``dropped_nodes`` (node id → reason) and the phase continues with the others. A phase that
-keeps no client stops the run with a RuntimeError naming the phase and every node's reason.
+The loop is :func:`fedclust.emdcfl.loop.run` (Algorithm 1 and the baselines' loops of
+:mod:`fedclust.emdcfl.baselines`); the messages, both ends, and the checks of every reply are
+:mod:`strategies.wire.emdcfl`. A reply that fails a check, an error reply or a late one is
+rejected with a logged reason, the node is named in ``history.jsonl`` ``dropped_nodes`` (node
+id → reason) and the phase continues with the others. A phase that keeps no client stops the
+run with a RuntimeError naming the phase and every node's reason.
 """
 
 from __future__ import annotations
 
 import logging
-import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from flwr.app import RecordDict
 from flwr.serverapp import Grid
 
-from fedclust.emdcfl.cluster import Participation, cluster_fedavg, recluster_models
-from fedclust.emdcfl.excess import PairClouds, Solver, cluster_clients
-from fedclust.emdcfl.model import init_weights
+from fedclust.emdcfl import loop
+from fedclust.emdcfl.clients import (
+    Clouds,
+    Evaluation,
+    Final,
+    Groups,
+    Phase,
+    Subspaces,
+    Trained,
+    Weights,
+)
+from fedclust.emdcfl.keys import EMDCFLSettings
 from fedclust.emdcfl.privacy import projection_dim
-from fedclust.results import Progress, RunRecorder
+from fedclust.results import RunRecorder
 from strategies.common import (
-    arrays,
+    Exchange,
     check_each,
     connected_clients,
     require_honest,
+    result_record,
     send_and_collect,
 )
-from strategies.emdcfl_baselines import run_baseline
-from strategies.emdcfl_common import (
-    Traffic,
-    Weights,
-    dropped,
-    evaluate_models,
-    finish_metrics,
-    model_record,
-    require_replies,
-    spec_of,
-    train_round,
-)
-from strategies.emdcfl_replies import embed_reply
+from strategies.wire import emdcfl as wire
 
 LOG = logging.getLogger("fedclust")
-
-# "src"/"tgt" → peer id → (n, k) cloud; "reference" → peer id → W(train_c, val_c) (a float)
-Replies = dict[str, dict[str, Any]]
 WARN_MESSAGE_MIB = 256.0     # larger embedding messages: warn (memory, gRPC) and name the fix
 
 
-def pair_inputs(replies: dict[int, Replies], order: list[int]
-                ) -> dict[tuple[int, int], PairClouds]:
-    """Every ordered pair ``(c, o)`` whose three inputs arrived: ``c``'s ``src`` cloud and
-    reference for ``o``, and ``o``'s ``tgt`` cloud for ``c``."""
-    out = {}
-    for c in order:
-        if c not in replies:
-            continue
-        src, ref = replies[c]["src"], replies[c]["reference"]
-        for o in order:
-            if o == c or o not in replies or str(o) not in src or str(o) not in ref:
-                continue
-            tgt = replies[o]["tgt"]
-            if str(c) in tgt:
-                out[(c, o)] = PairClouds(src[str(o)], tgt[str(c)], float(ref[str(o)]))
-    return out
+def require_replies(ex: Exchange, phase: str) -> None:
+    """Stop the run when a phase kept no client, naming the phase and every node's reason.
+
+    Raises
+    ------
+    RuntimeError
+        ``ex`` has no usable reply.
+    """
+    if ex.replies:
+        return
+    reasons = "; ".join(f"node {n}: {why}" for n, why in sorted(ex.failed.items()))
+    raise RuntimeError(
+        f"EMD-CFL phase '{phase}': no client left — every reply was missing, an error or "
+        f"rejected ({reasons or 'no client was asked'}). Fix the cause named above (e.g. "
+        "data-dir, node data-path files, timeout) and run again.")
 
 
 def peer_batches(members: list[int], batch: int) -> list[list[int]]:
@@ -123,156 +95,155 @@ def warn_message_size(model: Weights, members: list[int], batch: int) -> float:
     return mib
 
 
-def cluster_step(grid: Grid, cfg: dict[str, Any], seen: list[int], latest: dict[int, Weights],
-                 pubs: dict[int, bytes], rnd: int, traffic: Traffic
-                 ) -> tuple[dict[int, int], dict[str, Any]]:
-    """Embedding exchange among ``seen`` clients, EMD matrix, adjacency, neighbourhood clusters.
+class FlowerClients:
+    """:class:`fedclust.emdcfl.clients.Clients` over Flower messages.
 
-    With ``emdcfl.embed-batch`` = B > 0 the peer models go out B at a time (one exchange per
-    batch, each client also gets its own model); each pair's projection and subsample come from
-    the pair seed, so the distances equal those of one message with every peer.
+    Parameters
+    ----------
+    grid : Grid
+    nodes : list of int
+        The run's nodes (:func:`strategies.common.connected_clients`), sorted.
+    cfg : dict
+        The validated run config (``timeout``, ``min-clients``).
+    s : EMDCFLSettings
+    recorder : RunRecorder
+        The run's folder: the final phase saves every cluster's model there and names it to
+        the nodes.
     """
-    members = [n for n in seen if n in latest and n in pubs]
-    spec, group = spec_of(cfg), f"embed-{rnd}"
-    check = embed_reply(members, projection_dim(spec.embed_dim, cfg["emdcfl.proj-ratio"]),
-                        cfg["emdcfl.max-samples"], all_but_sender=False,
-                        metric=cfg["emdcfl.metric"])
-    batches = peer_batches(members, cfg["emdcfl.embed-batch"])
-    message_mib = warn_message_size(latest[members[0]], members, cfg["emdcfl.embed-batch"]) \
-        if members else 0.0
-    records = {n: model_record(latest[n]) for n in members}    # shared by all messages
-    clouds: dict[int, Replies] = {n: {"src": {}, "tgt": {}, "reference": {}} for n in members}
-    failed: dict[int, str] = {}
-    embed_s = 0.0
-    for b, batch in enumerate(batches):
-        targets = [n for n in members if set(batch) - {n}]
-        name = group if len(batches) == 1 else f"{group}-batch{b}"
 
-        def content(nid: int, batch: list[int] = batch) -> RecordDict:
-            rd = RecordDict({f"m:{n}": records[n] for n in sorted({nid, *batch})})
-            rd["peers"] = arrays(ids=np.array(batch, dtype=np.uint64),   # ids are < 2**64
-                                 pub=np.stack([np.frombuffer(pubs[n], np.uint8)
-                                               for n in batch]))
-            return rd
+    def __init__(self, grid: Grid, nodes: list[int], cfg: dict[str, Any], s: EMDCFLSettings,
+                 recorder: RunRecorder) -> None:
+        self.grid, self.ids, self.cfg, self.s = grid, list(nodes), cfg, s
+        self.recorder = recorder
+        self.timeout = float(cfg["timeout"])
+        self.declared: dict[int, int] = {}    # train sizes as first reported
 
-        ex = send_and_collect(grid, targets, content, "query.emdcfl_embed", name,
-                              cfg["timeout"], validate=check)
-        check_each(ex, lambda nid, rd, batch=batch: _peer_problem(nid, rd, batch), name)
-        require_replies(ex, name)
-        require_honest(ex, name, len(ex.replies), len(targets), cfg)
-        traffic.add(ex, "clustering")
-        embed_s += ex.seconds
-        failed.update(ex.failed)
+    def _send(self, nodes: Sequence[int], content: RecordDict | Callable[[int], RecordDict],
+              message_type: str, phase: str, check: wire.Check,
+              node_check: wire.NodeCheck | None = None, required: bool = True) -> Exchange:
+        """One exchange: send, check every reply (and, given the node, ``node_check``), stop
+        when ``required`` and no client is left or too few honest ones."""
+        ex = send_and_collect(self.grid, nodes, content, message_type, phase, self.timeout,
+                              validate=check)
+        if node_check is not None:
+            check_each(ex, node_check, phase)
+        if required:
+            require_replies(ex, phase)
+            require_honest(ex, phase, len(ex.replies), len(nodes), self.cfg)
+        return ex
+
+    @staticmethod
+    def _phase(ex: Exchange, out: Phase) -> Phase:
+        out.failed, out.seconds = dict(ex.failed), ex.seconds
+        out.bytes_sent, out.bytes_received = ex.bytes_sent, ex.bytes_received
+        return out
+
+    def train(self, rnd: int, models: Mapping[int, Weights], keygen: bool) -> Trained:
+        config = wire.train_config(rnd, keygen)
+        shapes = wire.shapes_of(next(iter(models.values()))) if models else []
+        ex = self._send(sorted(models), lambda nid: wire.train_request(models[nid], config),
+                        wire.TRAIN, f"train-{rnd}", wire.check_train(shapes, keygen),
+                        wire.check_trained(models, self.declared))
+        out = Trained()
         for nid, rd in ex.replies.items():
-            for record in ("src", "tgt"):
-                clouds[nid][record].update(
-                    {k: v.numpy() for k, v in rd.array_records[record].items()})
-            clouds[nid]["reference"].update(dict(rd.metric_records["reference"]))
-    answered = {n: clouds[n] for n in members if n not in failed}
-    # a client that did not answer has no pair: no edge, it stays a singleton
-    found = cluster_clients(members, pair_inputs(answered, members), cfg["emdcfl.epsilon"],
-                            Solver.from_config(cfg), lazy=not cfg["emdcfl.full-matrix"])
-    traffic.seconds["clustering"] += found.seconds
-    labels = found.labels
-    info = {"emd": found.distance, "excess": found.excess, "adjacency": found.adjacency,
-            "members": members, "emd_s": found.seconds, "emd_solves": found.solves,
-            "emd_skipped": found.skipped, "embed_s": embed_s, "embed_messages": len(batches),
-            "embed_message_mib": message_mib,
-            "dropped": {str(n): f"embed: {why}" for n, why in sorted(failed.items())}}
-    return {n: int(labels[i]) for i, n in enumerate(members)}, info
+            out.models[nid], out.counts[nid], out.losses[nid], pub = wire.read_trained(rd,
+                                                                                   keygen)
+            if pub is not None:
+                out.pubs[nid] = pub
+        return self._phase(ex, out)
+
+    def ifca(self, rnd: int, models: Sequence[Weights]) -> Trained:
+        sent: dict[int, Weights] = {}
+
+        def trained(nid: int, rd: RecordDict) -> str | None:
+            # the model a node trained is the one it chose
+            sent[nid] = models[wire.read_choice(rd)]
+            return wire.check_trained(sent, self.declared)(nid, rd)
+
+        ex = self._send(self.ids, wire.ifca_request(models, rnd), wire.IFCA, f"ifca-{rnd}",
+                        wire.check_ifca(wire.shapes_of(models[0]), len(models)), trained)
+        out = Trained()
+        for nid, rd in ex.replies.items():
+            out.models[nid], out.counts[nid], out.losses[nid], _ = wire.read_trained(rd, False)
+            out.choices[nid] = wire.read_choice(rd)
+        return self._phase(ex, out)
+
+    def embed(self, rnd: int, members: list[int], models: Mapping[int, Weights],
+              pubs: Mapping[int, bytes]) -> Clouds:
+        """With ``emdcfl.embed-batch`` = B > 0 the peer models go out B at a time (one
+        exchange per batch, each client also gets its own model); each pair's projection and
+        subsample come from the pair seed, so the distances equal those of one message with
+        every peer."""
+        s, group = self.s, f"embed-{rnd}"
+        check = wire.check_embed(members, projection_dim(s.spec.embed_dim, s.proj_ratio),
+                                 s.max_samples, all_but_sender=False, metric=s.metric)
+        batches = peer_batches(members, s.embed_batch)
+        out = Clouds(replies={n: {"src": {}, "tgt": {}, "reference": {}} for n in members},
+                     messages=len(batches))
+        out.message_mib = (warn_message_size(models[members[0]], members, s.embed_batch)
+                           if members else 0.0)
+        records = {n: wire.model_record(models[n]) for n in members}   # shared by all messages
+        for b, batch in enumerate(batches):
+            targets = [n for n in members if set(batch) - {n}]
+            name = group if len(batches) == 1 else f"{group}-batch{b}"
+            ex = self._send(targets,
+                            lambda nid, batch=batch: wire.embed_request(nid, batch, records,
+                                                                        pubs),
+                            wire.EMBED, name, check, wire.check_peers(batch))
+            out.seconds += ex.seconds
+            out.bytes_sent += ex.bytes_sent
+            out.bytes_received += ex.bytes_received
+            out.failed.update(ex.failed)
+            for nid, rd in ex.replies.items():
+                for part, values in wire.read_clouds(rd).items():
+                    out.replies[nid][part].update(values)
+        out.replies = {n: r for n, r in out.replies.items() if n not in out.failed}
+        return out
+
+    def subspaces(self) -> Subspaces:
+        spec = self.s.spec
+        ex = self._send(self.ids, RecordDict(), wire.PACFL, "pacfl-subspaces",
+                        wire.check_pacfl(spec.in_channels * spec.size * spec.size,
+                                         self.s.pacfl_basis * spec.num_classes))
+        out = Subspaces(u={n: wire.read_subspace(rd) for n, rd in ex.replies.items()})
+        return self._phase(ex, out)
+
+    def groups(self) -> Groups:
+        ex = self._send(self.ids, RecordDict(), wire.GROUP, "oracle-groups",
+                        wire.check_group())
+        return self._phase(ex, Groups(truth={n: wire.read_group(rd)
+                                             for n, rd in ex.replies.items()}))
+
+    def final(self, models: Mapping[int, Weights], found: Mapping[int, int]) -> Final:
+        """Saves every cluster's model in the run's folder first (:func:`save_final_models`);
+        with ``evaluate=false`` a node that missed its model is only named."""
+        save_final_models(self.recorder, self.s, models, found)
+        num_clusters = len(set(found.values()))
+        ex = self._send(sorted(models),
+                        lambda nid: wire.final_request(models[nid],
+                                                       result_record(self.recorder.dir),
+                                                       found[nid], num_clusters),
+                        wire.FINAL, "evaluate", wire.check_final(self.s.evaluate),
+                        required=self.s.evaluate)
+        out = Final(answered=len(ex.replies))
+        for nid, rd in ex.replies.items():
+            ev = wire.read_evaluation(rd)
+            if ev is not None:
+                out.evaluations[nid] = Evaluation(**ev)
+        return self._phase(ex, out)
 
 
-def _peer_problem(nid: int, rd: RecordDict, batch: list[int]) -> str | None:
-    """The reply holds exactly the clouds of the peers it was sent (not the sender itself)."""
-    got = set(rd.array_records["src"])
-    want = {str(n) for n in batch if n != nid}
-    if got == want:
-        return None
-    if str(nid) in got:
-        return f"'src' holds the sender's own id {nid} as a peer"
-    return f"'src' has peers {sorted(got)}, expected the {len(want)} sent: {sorted(want)}"
+def save_final_models(recorder: RunRecorder, s: EMDCFLSettings, models: Mapping[int, Weights],
+                      found: Mapping[int, int]) -> None:
+    """``models/cluster_<c>.pt`` for every final cluster (a torch ``state_dict``) and
+    ``models/clusters.json`` (network shape, file and client ids of every cluster)."""
+    from fedclust.emdcfl.predict import save_cluster_models
 
-
-def run_emdcfl(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any]:
-    t_start, traffic = time.perf_counter(), Traffic()
-    nodes = connected_clients(grid, cfg)
-    init = init_weights(spec_of(cfg), cfg["seed"])
-    per_round = cfg["emdcfl.clients-per-round"] or len(nodes)
-    part = Participation(nodes, min(per_round, len(nodes)), cfg["seed"])
-    labels = {n: i for i, n in enumerate(nodes)}            # everyone starts a singleton
-    cluster_models: dict[int, Weights] = {i: init for i in range(len(nodes))}
-    latest: dict[int, Weights] = {}
-    counts: dict[int, int] = {}
-    declared: dict[int, int] = {}    # train sizes as first reported
-    pubs: dict[int, bytes] = {}
-    clustered: dict[int, int] = {}
-    emd_s = embed_s = 0.0
-    last_info: dict[str, Any] | None = None
-    every_round = cfg["emdcfl.recluster"] == "every-round"
-    progress = Progress(cfg["emdcfl.rounds"], "emdcfl round")
-    for rnd in range(cfg["emdcfl.rounds"]):
-        picked, grew = part.sample()
-        todo = {n: cluster_models[labels[n]] for n in picked}
-        new, cnt, losses, keys, ex = train_round(grid, cfg, todo, rnd, True, traffic,
-                                                 declared)
-        latest.update(new)
-        counts.update(cnt)
-        pubs.update(keys)
-        record: dict[str, Any] = {"round": rnd, "participants": len(picked),
-                                  "train_loss": float(np.mean(list(losses.values())))
-                                  if losses else None, "train_s": ex.seconds,
-                                  "dropped_nodes": dropped(ex, "train: ")}
-        # this round's FedAvg inside the current clusters (kept by unchanged clusters below)
-        cluster_models.update(cluster_fedavg({n: labels[n] for n in new}, new, counts))
-        if grew or every_round:
-            clustered, info = cluster_step(grid, cfg, part.seen, latest, pubs, rnd, traffic)
-            emd_s += info["emd_s"]
-            embed_s += info["embed_s"]
-            last_info = info
-            new_labels = part.labels(clustered)
-            cluster_models, kept = recluster_models(labels, cluster_models, new_labels, latest,
-                                                    counts, init)
-            labels = new_labels
-            record.update({"reclustered": True, "kept_clusters": kept, "emd_s": info["emd_s"],
-                           "emd_solves": info["emd_solves"],
-                           "emd_skipped": info["emd_skipped"],
-                           "embed_s": info["embed_s"],
-                           "embed_messages": info["embed_messages"],
-                           "embed_message_mib": info["embed_message_mib"],
-                           "dropped_nodes": merge_drops(record["dropped_nodes"],
-                                                        info["dropped"])})
-        record["num_clusters"] = len(set(labels.values()))
-        record["clusters"] = [labels[n] for n in nodes]
-        recorder.log_round(record)
-        progress.step(rnd + 1, f"clusters={record['num_clusters']} loss={record['train_loss']}")
-    out = evaluate_models(grid, cfg, {n: cluster_models[labels[n]] for n in nodes}, labels,
-                          traffic, recorder)
-    out = finish_metrics(out, traffic, t_start)
-    out.update({"emd_s": emd_s, "embed_s": embed_s,
-                "emd_share_of_run": emd_s / out["total_s"] if out["total_s"] else 0.0,
-                "clustering_share_of_run": out["clustering_s"] / out["total_s"]
-                if out["total_s"] else 0.0})
-    if last_info is not None:
-        recorder.save_array("emd_matrix", last_info["emd"])
-        recorder.save_array("emd_excess", last_info["excess"])
-        recorder.save_array("adjacency", last_info["adjacency"].astype(np.int8))
-        recorder.save_array("clusters", np.array([labels[n] for n in last_info["members"]]))
-        if cfg["plots"]:
-            from fedclust.emdcfl.plots import emd_heatmap
-
-            emd_heatmap(recorder.path("emd_heatmap.png"), last_info["emd"],
-                        np.array([labels[n] for n in last_info["members"]]),
-                        f"EMD-CFL {cfg['dataset']} ({cfg['emdcfl.rotation']}), seed {cfg['seed']}")
-    return out
-
-
-def merge_drops(*drops: dict[str, str]) -> dict[str, str]:
-    """Union of ``dropped_nodes`` dicts; a node dropped twice keeps both reasons."""
-    out: dict[str, str] = {}
-    for d in drops:
-        for n, why in d.items():
-            out[n] = f"{out[n]} | {why}" if n in out else why
-    return out
+    members: dict[int, list[int]] = {}
+    for n in sorted(models):
+        members.setdefault(found[n], []).append(n)
+    save_cluster_models(recorder.dir, s.spec, {c: models[ns[0]] for c, ns in members.items()},
+                        members)
 
 
 def preflight(cfg: dict[str, Any]) -> None:
@@ -287,17 +258,17 @@ def preflight(cfg: dict[str, Any]) -> None:
     fedclust.data.images.DatasetError
         A file is missing: the message names it, the folder searched and where to get it.
     """
-    if not cfg["emdcfl.preflight"]:
+    s = EMDCFLSettings.from_config(cfg)
+    if not s.preflight:
         return
     from fedclust.emdcfl.data import check_files
-    from fedclust.emdcfl.keys import dataset_name
 
-    check_files(dataset_name(cfg), cfg["data-dir"])
+    check_files(s.dataset, s.data_dir)
 
 
 def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any]:
-    """``method=emdcfl``: EMD-CFL, or the baseline named by ``emdcfl.algorithm``
-    (``preflight`` runs before, from the ServerApp's method registry)."""
+    """``method=emdcfl``: EMD-CFL, or the baseline named by ``emdcfl.algorithm``, over the
+    run's nodes (``preflight`` runs before, from the ServerApp's method registry)."""
     from fedclust.emdcfl.keys import uneven_groups
 
     if cfg["dataset"] == "blobs":
@@ -305,14 +276,13 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     warning = uneven_groups(cfg)
     if warning:
         LOG.warning("method=emdcfl: %s", warning)
-    algorithm = cfg["emdcfl.algorithm"]
-    if algorithm == "emdcfl":
-        out = run_emdcfl(grid, cfg, recorder)
-    else:
-        out = run_baseline(algorithm, grid, cfg, recorder)
-    out["algorithm"] = algorithm
-    history_drops = [h.get("dropped_nodes") or {} for h in recorder.history]
-    history_drops.append(out.get("eval_dropped_nodes", {}))
-    history_drops.append(out.get("final_dropped_nodes", {}))
-    out.setdefault("dropped_nodes", sorted({int(n) for drops in history_drops for n in drops}))
+    s = EMDCFLSettings.from_config(cfg)
+    clients = FlowerClients(grid, connected_clients(grid, cfg), cfg, s, recorder)
+    out = loop.run(clients, s, recorder)
+    if s.algorithm == "emdcfl" and s.plots and "emd_matrix" in recorder.arrays:
+        from fedclust.emdcfl.plots import emd_heatmap
+
+        emd_heatmap(recorder.path("emd_heatmap.png"), recorder.arrays["emd_matrix"],
+                    recorder.arrays["clusters"],
+                    f"EMD-CFL {s.dataset} ({s.rotation}), seed {s.seed}")
     return out

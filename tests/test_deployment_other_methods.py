@@ -64,7 +64,7 @@ def emdcfl_files(cfg: dict, directory: Path) -> list[dict[str, Any]]:
         s = client_data(_ctx(i, full["num-clients"], cfg), full)
         np.savez(directory / f"c{i}.npz", x_train=s.x_train, y_train=s.y_train, x_val=s.x_val,
                  y_val=s.y_val, x_test=s.x_test, y_test=s.y_test, cluster=s.cluster)
-        nodes.append({"data-path": str(directory / f"c{i}.npz")})
+        nodes.append({"data-path": str(directory / f"c{i}.npz"), "allow-evaluation": True})
     return nodes
 
 

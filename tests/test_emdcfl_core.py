@@ -474,8 +474,8 @@ def test_device_cpu_path_equals_the_default_and_cuda_is_validated(monkeypatch):
     the CUDA path itself is not exercised.)"""
     import torch
 
-    from client_apps.emdcfl_handlers import _device
     from fedclust.config import ConfigError, validate
+    from fedclust.emdcfl.client import device_for
     from fedclust.emdcfl.keys import resolve_device
     from fedclust.emdcfl.model import ModelSpec, embed_many, evaluate, init_weights, train_local
 
@@ -501,8 +501,8 @@ def test_device_cpu_path_equals_the_default_and_cuda_is_validated(monkeypatch):
     assert validate({**base, "emdcfl.device": "cuda"})["emdcfl.device"] == "cuda"
     with pytest.raises(ConfigError, match=r"'emdcfl.device' = 'cuda'.*Allowed.*Fix"):
         resolve_device("cuda")
-    assert _device({"emdcfl.device": "auto"}) == "cpu" and threads == [1]
+    assert device_for("auto", False) == "cpu" and threads == [1]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert validate({**base, "emdcfl.device": "cuda"})["emdcfl.device"] == "cuda"
     assert resolve_device("auto") == "cuda"
-    assert _device({"emdcfl.device": "auto"}) == "cuda" and threads == [1]   # no 1-thread cap
+    assert device_for("auto", False) == "cuda" and threads == [1]   # no 1-thread cap

@@ -123,7 +123,7 @@ def _train_content(shapes, *, dtype=np.float32, loss=0.5, n=10, pub=32):
 
 
 def test_train_reply_check_covers_shapes_dtypes_metrics_and_the_public_key():
-    from strategies.emdcfl_replies import train_reply
+    from strategies.wire.emdcfl import check_train as train_reply
 
     shapes = [(2, 3), (3,)]
     check = train_reply(shapes, keygen=True)
@@ -138,7 +138,7 @@ def test_train_reply_check_covers_shapes_dtypes_metrics_and_the_public_key():
 
 
 def test_embed_reply_check_covers_peers_projection_width_and_sample_cap():
-    from strategies.emdcfl_replies import embed_reply
+    from strategies.wire.emdcfl import check_embed as embed_reply
 
     def content(peers, width=5, rows=4, ref=0.1, records=("src", "tgt")):
         arrs = {str(p): Array(np.ones((rows, width), np.float32)) for p in peers}

@@ -32,7 +32,8 @@ def planted_nodes(tmp_path):
         path = tmp_path / f"client{client}.npz"
         np.savez(path, x_train=x[tr], y_train=y[tr], x_val=x[va], y_val=y[va], x_test=x[te],
                  y_test=y[te], cluster=group)
-        configs.append({"data-path": str(path)})
+        # the owner lets its node send evaluation statistics (evaluate=true runs below)
+        configs.append({"data-path": str(path), "allow-evaluation": True})
     return configs
 
 
@@ -352,3 +353,42 @@ def test_each_phase_carries_exactly_what_the_docs_say(tmp_path):
         other = {name: kind for name, (kind, _) in layout.items()
                  if not (name.startswith("m:") and kind == "arrays")}
         assert set(other.values()) <= {"config"}, other      # (the run config it carries)
+
+
+def test_a_deployed_node_sends_evaluation_only_when_its_owner_allows_it(tmp_path):
+    """evaluate=true asks for evaluation; a deployed node (own data-path) sends its test
+    accuracy and ground-truth group only with node config allow-evaluation=true. Nodes 0 and 2
+    do not allow it: their final replies carry num-test only, the others' the evaluation, and
+    the eval_* metrics rest on the two that allowed it (eval_coverage says so)."""
+    sent: dict[int, set[str]] = {}
+
+    def inspect(instruction, reply):
+        if instruction.metadata.message_type == "evaluate.emdcfl_eval" and reply.has_content():
+            sent[instruction.metadata.dst_node_id] = set(reply.content["metrics"])
+
+    nodes = planted_nodes(tmp_path)
+    for i in (0, 2):
+        nodes[i] = {"data-path": nodes[i]["data-path"]}          # allow-evaluation: default
+    summary, _ = run_server({**TINY, "emdcfl.rounds": 1, "emdcfl.local-epochs": 1,
+                             "output-dir": str(tmp_path / "out")}, inspect=inspect,
+                            node_configs=nodes)
+    m = summary["metrics"]
+    assert sorted(sent) == [1000, 1001, 1002, 1003]
+    assert sent[1000] == sent[1002] == {"num-test"}
+    assert {"test-acc", "cluster"} <= sent[1001] and {"test-acc", "cluster"} <= sent[1003]
+    assert m["eval_coverage"] == {"nodes": 2, "of_nodes": 4, "rows": 100}
+    assert m["eval_truth"] == [-1, 0, -1, 1]
+    acc = m["eval_acc_per_client"]          # NaN (null in summary.json): not evaluated
+    assert all(a is None or a != a for a in (acc[0], acc[2])) and 0 <= acc[1] <= 1
+    assert m["dropped_nodes"] == [] and "excluded_nodes" not in m
+
+
+def test_oracle_needs_the_nodes_permission_for_their_ground_truth(tmp_path):
+    """The Oracle baseline reads each node's ground-truth group: a deployed node without
+    allow-evaluation=true refuses (an error reply, no group) and becomes a singleton."""
+    nodes = planted_nodes(tmp_path)
+    nodes[0] = {"data-path": nodes[0]["data-path"]}
+    summary, _ = run_server({**TINY, "emdcfl.algorithm": "oracle", "emdcfl.rounds": 1,
+                             "emdcfl.local-epochs": 1, "output-dir": str(tmp_path / "out")},
+                            node_configs=nodes)
+    assert summary["metrics"]["clusters"] == [2, 0, 1, 1]         # node 0: a singleton

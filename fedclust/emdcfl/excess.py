@@ -54,7 +54,7 @@ class PairClouds:
 @dataclass(frozen=True)
 class Solver:
     """How each ``W`` is solved: ground cost, exact EMD or Sinkhorn, limits, workers, the seed
-    of the equal-size subsamples."""
+    of the equal-size subsamples (a run's: :attr:`fedclust.emdcfl.keys.EMDCFLSettings.solver`)."""
 
     metric: str = "cosine"
     solver: str = "emd"
@@ -62,13 +62,6 @@ class Solver:
     reg: float = 0.1
     workers: int = 1
     seed: int = 0
-
-    @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> Solver:
-        """The solver of a run config (``emdcfl.metric``, ``emdcfl.solver`` …, ``seed``)."""
-        return cls(cfg["emdcfl.metric"], cfg["emdcfl.solver"], int(cfg["emdcfl.num-itermax"]),
-                   float(cfg["emdcfl.sinkhorn-reg"]), int(cfg["emdcfl.workers"]),
-                   int(cfg["seed"]))
 
     def many(self, pairs: Sequence[tuple[NDArray, NDArray]],
              at_least: Sequence[float | None] | None = None) -> NDArray[np.float64]:

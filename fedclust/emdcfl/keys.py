@@ -1,11 +1,19 @@
-"""Run-config keys of EMD-CFL (``method=emdcfl``) and its clustered-FL baselines."""
+"""Run-config keys of EMD-CFL (``method=emdcfl``) and its clustered-FL baselines, and the
+typed settings built from them once per run (:class:`EMDCFLSettings`): the server loop, the
+client steps and the node handlers read the settings, never the run config's keys."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from fedclust.emdcfl.data import DATASETS, PALETTES, ROTATIONS
 from fedclust.schema import ConfigError, Key, require
+
+if TYPE_CHECKING:
+    from fedclust.emdcfl.excess import Solver
+    from fedclust.emdcfl.model import ModelSpec
 
 ALGORITHMS = ("emdcfl", "oracle", "fedavg", "local", "ifca", "cfl", "pacfl")
 DEVICES = ("cpu", "cuda", "auto")
@@ -87,6 +95,111 @@ KEYS: list[Key] = [
     Key("emdcfl.preflight", bool, True, "check on the server that the base image files "
         "exist before any message (false: a deployment whose nodes all read `data-path`)"),
 ]
+
+
+@dataclass(frozen=True)
+class EMDCFLSettings:
+    """EMD-CFL (paper 001) and its baselines, typed, from a validated run config
+    (:func:`fedclust.config.validate`; nothing here checks again). Every field is the run
+    config key of the same name under ``emdcfl.`` (``_`` for ``-``), except:
+
+    Attributes
+    ----------
+    dataset : str
+        The EMD-CFL dataset (:func:`dataset_name`: the project default ``blobs`` is
+        ``rotdigits``).
+    seed : int
+        Run seed: the initial model, partial participation, the equal-size subsamples of the
+        EMD, the simulated data and the simulated nodes' keys and minibatch orders.
+    evaluate : bool
+        Whether the nodes report test accuracy and ground truth (``evaluate``).
+    data_dir : str
+        Where the simulated clients find the base image files (``data-dir``).
+    plots : bool
+        Draw the EMD heatmap (``plots``).
+    """
+
+    algorithm: str
+    rotation: str
+    clients_per_group: int
+    backdoor_colours: str
+    samples: int
+    test_samples: int
+    val_fraction: float
+    rounds: int
+    local_epochs: int
+    round0_epochs: int
+    lr: float
+    batch_size: int
+    conv1: int
+    conv2: int
+    embed_dim: int
+    epsilon: float
+    proj_ratio: float
+    projection: str
+    max_samples: int
+    metric: str
+    solver_name: str
+    sinkhorn_reg: float
+    num_itermax: int
+    embed_batch: int
+    workers: int
+    full_matrix: bool
+    recluster: str
+    clients_per_round: int
+    num_clusters: int
+    cfl_eps1: float
+    cfl_eps2: float
+    pacfl_threshold: float
+    pacfl_basis: int
+    device: str
+    preflight: bool
+    dataset: str
+    seed: int
+    evaluate: bool
+    data_dir: str
+    plots: bool
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> EMDCFLSettings:
+        """The settings of a validated run config (every ``emdcfl.*`` key present)."""
+        fields = {k.name.removeprefix("emdcfl.").replace("-", "_"): cfg[k.name] for k in KEYS}
+        fields["solver_name"] = fields.pop("solver")
+        return cls(**fields, dataset=dataset_name(cfg), seed=int(cfg["seed"]),
+                   evaluate=bool(cfg["evaluate"]), data_dir=str(cfg["data-dir"]),
+                   plots=bool(cfg["plots"]))
+
+    def epochs(self, rnd: int) -> int:
+        """Local epochs of round ``rnd`` (``round0-epochs`` in round 0 when set)."""
+        return (self.round0_epochs or self.local_epochs) if rnd == 0 else self.local_epochs
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The CNN's shape: the dataset's images, the conv and embedding widths, 10 classes."""
+        return _spec(self.dataset, self.conv1, self.conv2, self.embed_dim)
+
+    @property
+    def solver(self) -> Solver:
+        """How each ``W`` is solved (ground cost, EMD or Sinkhorn, limits, workers, seed)."""
+        from fedclust.emdcfl.excess import Solver
+
+        return Solver(self.metric, self.solver_name, int(self.num_itermax),
+                      float(self.sinkhorn_reg), int(self.workers), self.seed)
+
+
+def model_spec(cfg: Mapping[str, Any]) -> ModelSpec:
+    """The CNN's shape from a run config's ``dataset`` and ``emdcfl.conv1``, ``emdcfl.conv2``,
+    ``emdcfl.embed-dim`` (all a saved run config needs; raises KeyError when one is missing)."""
+    return _spec(dataset_name(cfg), int(cfg["emdcfl.conv1"]), int(cfg["emdcfl.conv2"]),
+                 int(cfg["emdcfl.embed-dim"]))
+
+
+def _spec(dataset: str, conv1: int, conv2: int, embed_dim: int) -> ModelSpec:
+    from fedclust.emdcfl.data import image_shape
+    from fedclust.emdcfl.model import ModelSpec
+
+    channels, side = image_shape(dataset)
+    return ModelSpec(channels, side, int(conv1), int(conv2), int(embed_dim), 10)
 
 
 def check(cfg: dict[str, Any]) -> None:
@@ -184,6 +297,6 @@ def uneven_groups(cfg: dict[str, Any]) -> str | None:
             f"emdcfl.clients-per-group=10 with num-clients={10 * s})")
 
 
-def dataset_name(cfg: dict[str, Any]) -> str:
+def dataset_name(cfg: Mapping[str, Any]) -> str:
     """The EMD-CFL dataset of a run (the project default 'blobs' maps to 'rotdigits')."""
     return "rotdigits" if cfg["dataset"] == "blobs" else cfg["dataset"]

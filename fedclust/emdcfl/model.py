@@ -66,16 +66,6 @@ STATE_KEYS: tuple[str, ...] = ("features.0.weight", "features.0.bias", "features
                                "head.weight", "head.bias")
 
 
-def spec_from_config(cfg: Mapping[str, Any]) -> ModelSpec:
-    """The run's :class:`ModelSpec` from its run config (dataset and ``emdcfl.*`` widths)."""
-    from fedclust.emdcfl.data import image_shape
-    from fedclust.emdcfl.keys import dataset_name
-
-    channels, side = image_shape(dataset_name(dict(cfg)))
-    return ModelSpec(channels, side, int(cfg["emdcfl.conv1"]), int(cfg["emdcfl.conv2"]),
-                     int(cfg["emdcfl.embed-dim"]), 10)
-
-
 def state_dict(weights: Weights) -> dict[str, torch.Tensor]:
     """The weight arrays as a :class:`CNN` ``state_dict`` (``CNN(spec).load_state_dict`` takes
     it; copies, so the arrays may change afterwards)."""

@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedclust.emdcfl.keys import model_spec
 from fedclust.emdcfl.model import (
     ModelSpec,
     Weights,
     predict_classes,
-    spec_from_config,
     state_dict,
     weights_from_state_dict,
 )
@@ -109,7 +109,7 @@ def _spec(stored: Mapping[str, Any] | None, config: Mapping[str, Any], where: Pa
                                f"{stored!r}. Allowed: positive sizes. Fix: {_FIX}")
         return spec
     try:
-        return spec_from_config(config)
+        return model_spec(config)
     except KeyError as exc:
         raise PredictError(f"{where} names no model shape (spec) and its config lacks "
                            f"{exc}: the run was made by an older fedclust") from exc

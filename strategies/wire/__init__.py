@@ -10,5 +10,6 @@ Flower's records and nothing of grids, exchanges or server loops.
 - :mod:`strategies.wire.replies`: the vocabulary of reply checks;
 - :mod:`strategies.wire.fcm`: exact federated FCM (plain and SecAgg+), and the scaling and
   final messages FedFCM shares;
-- :mod:`strategies.wire.fedfcm`: FedFCM's local-centers and FedFuzzDB messages.
+- :mod:`strategies.wire.fedfcm`: FedFCM's local-centers and FedFuzzDB messages;
+- :mod:`strategies.wire.emdcfl`: EMD-CFL's and its baselines' messages.
 """

@@ -3,7 +3,7 @@
 Nothing a node sends is trusted. Each reply is checked by one function per message, kept with
 the rest of that message's code — its builder and its parser — in the method's wire module
 (:mod:`strategies.wire.fcm` and :mod:`strategies.wire.fedfcm` for the FCM family;
-:mod:`strategies.emdcfl_replies` for EMD-CFL and its baselines), and every such function is
+:mod:`strategies.wire.emdcfl` for EMD-CFL and its baselines), and every such function is
 built from the primitives here:
 
 - presence: :func:`read_array`, :func:`metric_problem` (a record, a key);
