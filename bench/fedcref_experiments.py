@@ -142,8 +142,12 @@ def grid(root: Path) -> str:
     """
     from fedclust.metrics import mean_ci
 
+    def order(system: str) -> tuple:
+        return tuple(int(t[1:]) if t[:1] in "ns" and t[1:].isdigit() else t
+                     for t in system.split("-"))
+
     systems = sorted({p.name.rsplit("-", 1)[0] for p in root.iterdir()
-                      if p.is_dir() and p.name.endswith("-default")})
+                      if p.is_dir() and p.name.endswith("-default")}, key=order)
     rows = ["| system | seeds | default ACC end (per seed) | local-only | default − local "
             "(min) | wrong ass. % max in any it. (per seed) | perfect | half of the perfect "
             "gain reached |", "|" + "---|" * 8]

@@ -39,7 +39,7 @@ from numpy.typing import NDArray
 
 from client_apps.evaluation import allows_evaluation
 from fedclust.config import ConfigError
-from fedclust.data.local import load_local_table
+from fedclust.data.local import feature_names, load_local_table, names_digest
 from fedclust.data.partition import make_partition
 from fedclust.data.tabular import OWN_DATA_HELP, Dataset, load_dataset
 
@@ -55,6 +55,7 @@ PARTITION_KEYS = ("partition.kind", "partition.alpha", "partition.column",
 class ClientData:
     x: NDArray[np.float64]
     y_eval: NDArray[np.int64] | None   # ground truth; evaluation path only
+    columns: int = 0   # digest of the feature column names (0: none), fedclust.data.local
 
 
 T = TypeVar("T")
@@ -184,7 +185,9 @@ def load_client_data(context: Context, cfg: dict[str, Any]) -> ClientData:
         fmt, column = str(node.get("data-format", "")), str(node.get("label-column", ""))
         x, y = file_cached(path, lambda: load_local_table(path, fmt, column, stable_labels=True),
                            "table", fmt, column)
-        return ClientData(x, y if allows_evaluation(context, cfg) else None)
+        names = file_cached(path, lambda: names_digest(feature_names(path, fmt, column)),
+                            "names", fmt, column)
+        return ClientData(x, y if allows_evaluation(context, cfg) else None, names)
     parts = int(node["num-partitions"])
     if parts != int(cfg["num-clients"]):
         raise ConfigError(

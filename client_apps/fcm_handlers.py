@@ -85,7 +85,8 @@ def fcm_stats(msg: Message, context: Context) -> Message:
     # (sums of memberships add up to N); under SecAgg+ N stays hidden (standard scaling
     # reveals it in the statistics anyway); minmax and none reveal only the bounds
     return Message(wire.stats_reply(scaling.column_stats(data.x), s.scaling == "standard",
-                                    None if secure else int(data.x.shape[0]), codes),
+                                    None if secure else int(data.x.shape[0]), codes,
+                                    data.columns),
                    reply_to=msg)
 
 

@@ -141,6 +141,34 @@ def load_local_table(path: str, data_format: str = "", label_column: str = "",
 
 # --------------------------------------------------------------------------- file checks
 
+def feature_names(path: str, data_format: str = "", label_column: str = "") -> list[str] | None:
+    """The feature column names of a node's table, in file order, without the label column
+    (None: the file has no header row, or is no table: ``.npz``, ``.npy``, images). Call it
+    after :func:`load_local_table` accepted the file."""
+    p = Path(path).expanduser()
+    fmt = (data_format or ("images" if p.is_dir() else p.suffix.lstrip("."))).lower()
+    if fmt not in ("csv", "tsv", "txt"):
+        return None
+    delim, comma = _sniff(p, "\t" if fmt == "tsv" else ",")
+    _, first = _first_data_line(p, delim)
+    if not first or not _unquote(first[0]) or _number(first[0], comma):
+        return None
+    names = [_unquote(c) for c in first]
+    if label_column != "":
+        del names[_label_index(p, names, len(names), True, label_column)]
+    return names
+
+
+def names_digest(names: Sequence[str] | None) -> int:
+    """A 62-bit digest of column names in order (0: no names), compared across nodes: the
+    names themselves never leave a node."""
+    if not names:
+        return 0
+    joined = "\x1f".join(n.strip().casefold() for n in names)
+    return 1 + int.from_bytes(hashlib.blake2b(joined.encode("utf-8", "surrogatepass"),
+                                              digest_size=8).digest(), "big") % (2**62 - 1)
+
+
 def _is_loop(p: Path) -> bool:
     """Whether resolving ``p`` runs into a symbolic link loop."""
     try:

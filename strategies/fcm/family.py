@@ -81,6 +81,20 @@ class FamilyClients:
                 if reject(ex, nid, None if d == common else
                           f"{d} features where the other clients have {common}", "scaling"):
                     del speaking[nid]
+        # nodes whose files name their columns: the same names in the same order (a file
+        # with its columns in another order would be summed position by position)
+        named = {nid: g for nid in speaking if (g := wire.column_digest(speaking[nid]))}
+        names = Counter(named.values()).most_common()
+        if len(names) > 1 and names[0][1] == names[1][1]:
+            raise RuntimeError(f"the clients' data files name their columns differently (or "
+                               f"in another order) with no majority ({len(named)} nodes, "
+                               f"{len(names)} different headers): give every node's file the "
+                               f"same columns in the same order")
+        for nid, g in named.items():
+            if reject(ex, nid, None if g == names[0][0] else
+                      "its data file's feature columns differ from the other nodes' (names "
+                      "or order): reorder or rename its columns as the others'", "scaling"):
+                del speaking[nid]
         require_honest(ex, "scaling", len(speaking), len(self.ids), self.cfg)
         got = {nid: wire.read_stats(c) for nid, c in speaking.items()}
         return replies(ex, got, withheld)

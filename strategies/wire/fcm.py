@@ -152,15 +152,20 @@ def stats_request() -> RecordDict:
 
 
 def stats_reply(stats: ColumnStats, standard: bool, rows: int | None,
-                codes: np.ndarray | None = None) -> RecordDict:
+                codes: np.ndarray | None = None, columns: int = 0) -> RecordDict:
     """Node side: its bounds (standard scaling: count, min, max, mean, M2), its row count
-    ``rows`` (None: not sent, SecAgg+) and its label ``codes`` (SecAgg+ evaluation path)."""
+    ``rows`` (None: not sent, SecAgg+), its label ``codes`` (SecAgg+ evaluation path) and the
+    digest of its feature column names (``columns``; 0: its file names none): the server
+    compares the digests, so that a table whose columns are in another order is not summed
+    position by position with the others."""
     arrays: dict[str, dict[str, np.ndarray]] = {
         "stats": {"stats": stats.as_array()} if standard else {"min": stats.min,
                                                                "max": stats.max}}
     if codes is not None:
         arrays["eval"] = {"codes": codes}
-    return content(arrays, {} if rows is None else {"rows": int(rows)})
+    metrics = ({} if rows is None else {"rows": int(rows)}) | (
+        {"columns": int(columns)} if columns else {})
+    return content(arrays, metrics)
 
 
 def check_stats(standard: bool, guard_on: bool, secure: bool) -> Check:
@@ -180,6 +185,8 @@ def check_stats(standard: bool, guard_on: bool, secure: bool) -> Check:
                 return problem
             rows = int(rd.metric_records["metrics"]["rows"])
         problem = (_standard_problem(rd, rows) if standard else _minmax_problem(rd, rows))
+        if not problem and "columns" in rd.metric_records.get("metrics", {}):
+            problem = metric_problem(rd, "columns", int, low=1, high=2**62)
         if problem or "eval" not in rd.array_records:
             return problem
         codes, problem = read_array(rd, "eval", "codes", kind=INTEGER, ndim=1)
@@ -215,6 +222,12 @@ def read_stats(rd: RecordDict) -> NodeStats | None:
     codes = (rd.array_records["eval"]["codes"].numpy() if "eval" in rd.array_records
              else None)
     return NodeStats(stats, declared_rows(rd), codes)
+
+
+def column_digest(rd: RecordDict) -> int:
+    """Server side: the column-name digest of a checked ``query.fcm_stats`` reply (0: none)."""
+    met = rd.metric_records.get("metrics")
+    return int(met["columns"]) if met is not None and "columns" in met else 0
 
 
 def n_features(rd: RecordDict) -> int:
