@@ -238,6 +238,11 @@ def validate(run_config: Mapping[str, Any], keys: Iterable[Key] | None = None) -
     require(cfg.get("partition.kind") != "size" or str(cfg.get("partition.sizes")).strip() != "",
             "partition.sizes", "", "one size per client, comma-separated, with "
             "partition.kind='size'", "pass partition.sizes=\"100,200,…\"")
+    if cfg.get("partition.kind") == "size" and cfg.get("num-clients"):
+        sizes = [v for v in str(cfg["partition.sizes"]).split(",") if v.strip()]
+        require(len(sizes) == cfg["num-clients"], "partition.sizes", cfg["partition.sizes"],
+                f"one size per client: {cfg['num-clients']} sizes (num-clients), "
+                f"{len(sizes)} given", "give one size per client, or change num-clients")
     for check in spec.cross_checks:
         module, _, attr = check.partition(":")
         getattr(importlib.import_module(module), attr)(cfg)

@@ -83,6 +83,7 @@ def test_check_refuses_bad_values_and_missing_data_and_passes_a_good_config(tmp_
     ("fcm.m=1.5 fcm.m=3.0", "'fcm.m' more than once"),
     ('partition.kind="column"', "'partition.column' = '' is invalid"),
     ('partition.kind="size"', "'partition.sizes' = '' is invalid"),
+    ('partition.kind="size" partition.sizes="10" num-clients=3', "3 sizes .num-clients., 1 given"),
 ])
 def test_check_refuses_what_a_run_would_silently_misread(text, message):
     """Probe: a key given twice kept its last value, and a partition kind without the key it

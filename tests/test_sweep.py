@@ -47,18 +47,6 @@ def test_command_line_replaces_the_experiments_sweep_params_in_the_count():
 
 
 @pytest.mark.slow
-def test_single_job_on_the_simulation_engine(tmp_path):
-    """engine=flwr (the default): the job runs through `flwr run` on a private SuperLink."""
-    out = subprocess.run(
-        [sys.executable, "-m", "server_app.sweep", "-m", "engine=flwr", "method=exact-fcm",
-         "app.num-clients=3", "app.fcm.max-rounds=2", "app.plots=false",
-         f"hydra.sweep.dir={tmp_path}"], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "job 1/1" in out.stdout
-    summaries = [json.loads(p.read_text()) for p in tmp_path.rglob("summary.json")]
-    assert len(summaries) == 1 and summaries[0]["num_clients"] == 3
-
-
 def test_jobs_run_in_process_by_default(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "server_app.sweep", "-m", "app.seed=3", "app.num-clients=3",
