@@ -34,7 +34,7 @@ from fedclust.emdcfl.model import (
     weights_from_state_dict,
 )
 from fedclust.outputs import make_dirs, write_atomic, write_json
-from fedclust.prediction import PredictError, Prediction, check_width
+from fedclust.predict.base import PredictError, Prediction, check_width
 
 MODELS_DIR = "models"
 INDEX = "clusters.json"

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from fedclust.prediction import FIX_RUN, PredictError, Prediction, check_width
+from fedclust.predict.base import FIX_RUN, PredictError, Prediction, check_width
 
 
 def predict_fcm(run_dir: Path, summary: dict[str, Any], x: np.ndarray,

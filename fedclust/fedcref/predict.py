@@ -86,11 +86,11 @@ def _checked_models(path: Path) -> tuple[ae.Params, NDArray[np.int64], ae.Params
     """:func:`load_models` for ``fedclust predict``, checked (``W_l`` of shape ``(M, in, out)``
     chained from the row width back to it, ``b_l`` ``(M, 1, out)``, ``labels`` ``(M,)``
     ints, finite weights; a gate, when present, likewise, with ``gate.allow`` of shape
-    ``(own models, M)``): a damaged file is a :class:`~fedclust.prediction.PredictError`
+    ``(own models, M)``): a damaged file is a :class:`~fedclust.predict.base.PredictError`
     naming what is wrong, never a traceback."""
     import zipfile
 
-    from fedclust.prediction import PredictError
+    from fedclust.predict.base import PredictError
 
     fix = ("Fix: point RUN_DIR at the unchanged folder fedclust wrote, or run the federation "
            "again")
@@ -188,7 +188,7 @@ def assign(params: ae.Params, labels: NDArray, x: NDArray, threads: int | None =
 def predict_rows(run_dir: Path, summary: dict[str, Any], x: np.ndarray,
                  options: dict[str, Any]):
     """``fedclust predict`` for FedCRef: ``row,label`` (label space: see the module docstring)."""
-    from fedclust.prediction import PredictError, Prediction, check_width
+    from fedclust.predict.base import PredictError, Prediction, check_width
 
     if options:
         raise PredictError(f"method fedcref takes no options, got {sorted(options)}")

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from fedclust.prediction import FIX_RUN, PredictError, Prediction
+from fedclust.predict.base import FIX_RUN, PredictError, Prediction
 from fedclust.registry import METHODS
 
 # method -> "module:function(run_dir, summary, x, options) -> Prediction"

@@ -1,5 +1,6 @@
 """What every method's predictor returns (:class:`Prediction`), its error, and the shared width
-check; :mod:`fedclust.predict` dispatches to the predictors."""
+check; the package (:mod:`fedclust.predict`) dispatches to the predictors of each method
+(:data:`fedclust.registry.METHODS`)."""
 
 from __future__ import annotations
 
