@@ -34,7 +34,7 @@ the explicit ``association=perfect`` baseline, which refuses to run without ever
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -56,12 +56,9 @@ from strategies.common import (
     result_record,
     send_and_collect,
 )
+from strategies.wire import fedcref as fw
 
 LOG = logging.getLogger("fedclust")
-
-
-def _arrays(named: dict[str, np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in named.items()})
 
 
 class _Traffic:
@@ -91,236 +88,6 @@ class _Traffic:
         cs = sum(float(r.metric_records["metrics"].get("seconds", 0.0))
                  for r in ex.replies.values() if "metrics" in r.metric_records)
         self.client_seconds[phase] = self.client_seconds.get(phase, 0.0) + cs
-
-
-def _metrics(content: RecordDict, *names: str) -> str | None:
-    if "metrics" not in content.metric_records:
-        return "missing metric record 'metrics'"
-    met = content.metric_records["metrics"]
-    for name in names:
-        if name not in met:
-            return f"metrics lack '{name}'"
-        value = met[name]
-        if isinstance(value, list) or isinstance(value, bool):
-            return f"metric '{name}' is not a number"
-        if not np.isfinite(float(value)):
-            return f"metric '{name}' is not finite"
-    return None
-
-
-def _whole(content: RecordDict, name: str, low: int, high: int) -> str | None:
-    """Metric ``name`` is a whole number in ``[low, high]``."""
-    problem = _metrics(content, name)
-    if problem:
-        return problem
-    value = content.metric_records["metrics"][name]
-    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
-    if not whole or not low <= int(value) <= high:
-        return f"metric '{name}' = {value} is not a whole number in [{low}, {high}]"
-    return None
-
-
-def model_shapes(sizes: list[int], rows: int) -> dict[str, tuple[int, ...]]:
-    """Names and shapes of ``rows`` stacked autoencoders with layer sizes ``sizes``."""
-    out: dict[str, tuple[int, ...]] = {}
-    for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=False)):
-        out[f"W{i}"], out[f"b{i}"] = (rows, fan_in, fan_out), (rows, 1, fan_out)
-    return out
-
-
-def decoded(content: RecordDict, name: str) -> dict[str, np.ndarray]:
-    """The float32 model arrays of array record ``name`` (any ``fedcref.wire`` format)."""
-    return wire.decode({k: v.numpy() for k, v in content.array_records[name].items()})
-
-
-def _models(content: RecordDict, name: str, shapes: dict[str, tuple[int, ...]],
-            bound: Callable[[str], float] | None = None,
-            near: dict[str, np.ndarray] | None = None, reach: float = 0.0) -> str | None:
-    """Array record ``name`` holds, once decoded (:mod:`fedclust.fedcref.wire`), exactly the
-    arrays ``shapes`` names, of those shapes, finite; with ``bound``, no weight beyond
-    ``bound(array name)`` in absolute value; with ``near``, no weight further than ``reach``
-    (plus two int8 rounding steps) from the same weight of ``near``."""
-    if name not in content.array_records:
-        return f"missing array record '{name}'"
-    raw = {k: v.numpy() for k, v in content.array_records[name].items()}
-    problem = wire.problem(raw)
-    if problem:
-        return f"'{name}': {problem}"
-    rec = wire.decode(raw)
-    if set(rec) != set(shapes):
-        return f"'{name}' has arrays {sorted(rec)}, expected {sorted(shapes)}"
-    for k, shape in shapes.items():
-        a = rec[k]
-        if a.shape != shape:
-            return f"'{name}.{k}' has shape {a.shape}, expected {shape}"
-        if not np.all(np.isfinite(a)):
-            return f"'{name}.{k}' has non-finite values"
-        if bound is not None and np.any(np.abs(a) > bound(k)):
-            return (f"'{name}.{k}' has weights up to {float(np.abs(a).max()):.3g}, beyond what "
-                    f"its training can reach")
-        if near is not None:
-            moved = np.abs(a - near[k]) - 2.0 * _int8_step(near[k])
-            if np.any(moved > reach + 1e-3):
-                return (f"'{name}.{k}' moved {float(moved.max()):.3g} from the model it was "
-                        f"sent, beyond the {reach:.3g} its local epochs can move it")
-    return None
-
-
-# Adam moves a weight by at most lr · (1 − β1) / √(1 − β2) ≈ 3.2 lr per step (β1 0.9, β2
-# 0.999); the checks allow 4 lr per step, plus two int8 rounding steps.
-ADAM_STEP = 4.0
-
-
-def steps(epochs: int, rows: int, batch: int) -> int:
-    """Optimizer steps of ``epochs`` epochs over ``rows`` samples in batches of ``batch``."""
-    return int(epochs) * max(1, -(-int(rows) // int(batch)))
-
-
-def fresh_bound(s: ClientSettings, sizes: list[int], rows: int) -> Callable[[str], float]:
-    """The largest weight a cluster model freshly trained on at most ``rows`` samples can
-    hold: its initialisation bound (:func:`fedclust.fedcref.autoencoder.init_params`) plus
-    what ``ae-epochs`` epochs of Adam can add."""
-    reach = ADAM_STEP * s.lr * steps(s.ae_epochs, rows, s.batch_size)
-
-    def bound(name: str) -> float:
-        fan_in, fan_out = sizes[int(name[1:])], sizes[int(name[1:]) + 1]
-        if s.ae_init == "torch":
-            init = 1.0 / np.sqrt(fan_in)
-        else:   # keras: glorot-uniform weights, zero biases
-            init = np.sqrt(6.0 / (fan_in + fan_out)) if name[0] == "W" else 0.0
-        return 1.01 * init + reach + 1e-3
-
-    return bound
-
-
-def _check_local(content: RecordDict, sizes: list[int] | None, hidden: list[int],
-                 s: ClientSettings | None = None) -> str | None:
-    """Reply of ``train.fedcref_local``: k, identity key, version, row count, the list of
-    modelled clusters and, after a (re)training, the stacked models (layer sizes ``sizes``
-    once known, else those its own input width implies), of weights its training can reach."""
-    problem = (_whole(content, "n", 1, 2**53) or _whole(content, "key", 0, 2**63 - 1)
-               or _whole(content, "version", 0, 2**53))
-    if problem:
-        return problem
-    n = int(content.metric_records["metrics"]["n"])
-    problem = _whole(content, "k", 1, n)
-    if problem:
-        return problem
-    k = int(content.metric_records["metrics"]["k"])
-    if "models" in content.array_records and "clusters" not in content.array_records:
-        return "models without array record 'clusters'"
-    if "clusters" in content.array_records:
-        clusters = content.array_records["clusters"]["clusters"].numpy()
-        if clusters.ndim != 1 or clusters.dtype.kind not in "iu" or np.any(clusters < 0) \
-                or np.any(clusters >= k) or len(np.unique(clusters)) != len(clusters):
-            return (f"'clusters' must list distinct local clusters in 0..{k - 1}, got "
-                    f"{clusters.dtype} {clusters.shape}")
-    if "models" in content.array_records:
-        rec = content.array_records["models"]
-        w0 = rec.get("W0", rec.get("W0.q"))
-        if w0 is None or w0.numpy().ndim != 3:
-            return "'models' lacks a 3-D 'W0'"
-        dims = sizes or ae.layer_sizes(int(w0.numpy().shape[1]), hidden)
-        bound = fresh_bound(s, dims, n) if s is not None else None
-        problem = _models(content, "models", model_shapes(dims, len(clusters)), bound)
-    return problem or _check_hist(content, k, n)
-
-
-def _check_hist(content: RecordDict, k: int | None, n: int | None = None) -> str | None:
-    """Evaluation statistics: (k, classes) non-negative whole counts, at most ``n`` in all
-    (``k`` None: any number of rows of at least one class)."""
-    if "eval" in content.array_records:
-        h = content.array_records["eval"]["hist"].numpy()
-        if h.ndim != 2 or h.shape[0] != (h.shape[0] if k is None else k) or h.shape[1] < 1:
-            return f"'eval.hist' has shape {h.shape}, expected ({k}, classes)"
-        if h.dtype.kind not in "iu" or np.any(h < 0):
-            return "'eval.hist' must hold non-negative whole counts"
-        if n is not None and int(h.sum()) > n:
-            return f"'eval.hist' counts {int(h.sum())} rows, more than the node's {n}"
-    return None
-
-
-def _check_accept(content: RecordDict, k: int, n_foreign: int) -> str | None:
-    """Reply of ``query.fedcref_assoc``: a (k, n_foreign) matrix of bits or missing keys."""
-    met = content.metric_records.get("metrics")
-    miss = met.get("missing", []) if met is not None else []
-    if not isinstance(miss, list):
-        return "'missing' must be a list of model positions"
-    if miss:
-        if any(float(i) != int(i) or not 0 <= int(i) < n_foreign for i in miss):
-            return f"'missing' indices outside 0..{n_foreign - 1}"
-        return None
-    if "accept" not in content.array_records:
-        return "neither 'accept' nor 'missing' in the reply"
-    bits = content.array_records["accept"]["accept"].numpy()
-    if bits.shape != (k, n_foreign):
-        return f"'accept' has shape {bits.shape}, expected {(k, n_foreign)}"
-    if bits.dtype.kind not in "biu" or not np.isin(bits, (0, 1)).all():
-        return "'accept' must hold bits (0 or 1)"
-    return None
-
-
-def _check_comm(content: RecordDict, shapes: dict[str, tuple[int, ...]],
-                sent: dict[str, np.ndarray] | None = None, rows: int | None = None,
-                s: ClientSettings | None = None) -> str | None:
-    """Reply of ``train.fedcref_comm``: the models it was sent (same names and shapes), trained
-    (no weight further from the one sent than ``fl-local-epochs`` epochs of Adam on the
-    node's ``rows`` can move it), and one whole sample count per community, at most ``rows``."""
-    problem = _models(content, "models", shapes)
-    if problem:
-        return problem
-    n_comm = shapes["W0"][0]
-    if "counts" not in content.array_records:
-        return "missing array record 'counts'"
-    counts = content.array_records["counts"]["counts"].numpy()
-    whole = counts.dtype.kind in "iuf" and np.all(np.isfinite(counts)) \
-        and np.all(counts == np.round(counts))
-    if counts.shape != (n_comm,) or not whole or np.any(counts < 0) \
-            or (rows is not None and np.any(counts > rows)):
-        return (f"'counts' must be {n_comm} whole numbers in [0, {rows}], got "
-                f"{counts.dtype} {counts.shape}")
-    if sent is None or s is None:
-        return None
-    reach = ADAM_STEP * s.lr * steps(s.fl_local_epochs, int(counts.max(initial=0)),
-                                     s.batch_size)
-    return _models(content, "models", shapes, near=sent, reach=reach)
-
-
-def _int8_step(a: np.ndarray) -> np.ndarray:
-    """One int8 rounding step of a stack of weight matrices (0 for biases)."""
-    if a.ndim == 3 and a.shape[1] > 1:
-        return np.abs(a).max(axis=1, keepdims=True) / 127.0
-    return np.zeros_like(a)
-
-
-def _check_refine(content: RecordDict, n_confirmed: int | None = None,
-                  k: int | None = None, rows: int | None = None) -> str | None:
-    """Reply of ``train.fedcref_refine``: the agreement in [0, 1], the community share in
-    [0, 1] when sent, and with ``refine=covered`` one confirmation bit per community sent."""
-    problem = _metrics(content, "agreement")
-    if problem:
-        return problem
-    met = content.metric_records["metrics"]
-    if "community-share" in met:
-        problem = _metrics(content, "community-share")
-        if problem:
-            return problem
-    for name in ("agreement", "community-share"):
-        if name in met and not 0.0 <= float(met[name]) <= 1.0:
-            return f"metric '{name}' = {met[name]} outside [0, 1]"
-    if n_confirmed is not None:
-        if "confirmed" not in content.array_records:
-            return "missing array record 'confirmed'"
-        bits = content.array_records["confirmed"]["confirmed"].numpy()
-        if bits.shape != (n_confirmed,) or not np.isin(bits, (0, 1)).all():
-            return f"'confirmed' must be {n_confirmed} bits, got shape {bits.shape}"
-    return _check_hist(content, k, rows)
-
-
-def _hist(content: RecordDict) -> np.ndarray | None:
-    if "eval" in content.array_records:
-        return content.array_records["eval"]["hist"].numpy()
-    return None
 
 
 def order_by_client_key(nodes: list[int], keys: dict[int, int]) -> list[int]:
@@ -409,7 +176,7 @@ class FlowerClients:
         limits = None if self.s.warm_start else self.s
 
         def check(nid: int, c: RecordDict) -> str | None:
-            problem = _check_local(c, self.layer, self.hidden, limits)
+            problem = fw.check_local(c, self.layer, self.hidden, limits)
             if problem is None and nid in self.declared:
                 met = c.metric_records["metrics"]
                 now = (int(met["key"]), int(met["n"]), int(met["k"]))
@@ -417,7 +184,7 @@ class FlowerClients:
                     problem = (f"identity key, rows or k changed during the run: "
                                f"{self.declared[nid]} -> {now}")
             if problem is None and self.layer is None and "models" in c.array_records:
-                self.layer = ae.layer_sizes(decoded(c, "models")["W0"].shape[1], self.hidden)
+                self.layer = ae.layer_sizes(fw.decoded(c, "models")["W0"].shape[1], self.hidden)
             return problem
 
         ex = send_and_collect(self.grid, self.nodes, content, "train.fedcref_local",
@@ -445,13 +212,13 @@ class FlowerClients:
             met = c.metric_records["metrics"]
             i = self.index[nid]
             self.ks[i] = int(met["k"])
-            reply = LocalReply(k=int(met["k"]), version=int(met["version"]), hist=_hist(c))
+            reply = LocalReply(k=int(met["k"]), version=int(met["version"]), hist=fw.read_hist(c))
             if "clusters" in c.array_records:
                 clusters = [int(q) for q in c.array_records["clusters"]["clusters"].numpy()]
                 reply.modelled = clusters
                 if "models" in c.array_records:
                     rec = c.array_records["models"]
-                    models = decoded(c, "models")
+                    models = fw.decoded(c, "models")
                     reply.models = {}
                     for j, q in enumerate(clusters):
                         reply.models[q] = {name: a[j:j + 1] for name, a in models.items()}
@@ -497,7 +264,7 @@ class FlowerClients:
             return c
 
         def check(nid: int, c: RecordDict) -> str | None:
-            return _check_accept(c, self.ks[self.index[nid]], len(foreign(nid)))
+            return fw.check_accept(c, self.ks[self.index[nid]], len(foreign(nid)))
 
         ex = send_and_collect(self.grid, [self.nodes[i] for i in asked], content,
                               "query.fedcref_assoc", f"assoc-{t}", self.timeout)
@@ -543,7 +310,7 @@ class FlowerClients:
             mine = members[self.index[nid]]
             gs = [g for g, _ in mine]
             return RecordDict({
-                "models": _arrays(wire.encode({k: v[gs] for k, v in np_params.items()},
+                "models": fw.arrays(wire.encode({k: v[gs] for k, v in np_params.items()},
                                               self.s.wire)),
                 "config": ConfigRecord({
                     "communities": gs, "members-len": [len(qs) for _, qs in mine],
@@ -552,14 +319,14 @@ class FlowerClients:
 
         assert self.layer is not None    # communities exist only once models do
         targets = [self.nodes[ci] for ci in sorted(members)]
-        shapes = {nid: model_shapes(self.layer, len(members[self.index[nid]]))
+        shapes = {nid: fw.model_shapes(self.layer, len(members[self.index[nid]]))
                   for nid in targets}
         fmt = self.s.wire
 
         def check(nid: int, c: RecordDict) -> str | None:
             gs = [g for g, _ in members[self.index[nid]]]
             sent = wire.roundtrip({k: v[gs] for k, v in np_params.items()}, fmt)
-            return _check_comm(c, shapes[nid], sent, self.declared.get(nid, (0, None))[1],
+            return fw.check_comm(c, shapes[nid], sent, self.declared.get(nid, (0, None))[1],
                                self.s)
 
         ex = send_and_collect(self.grid, targets, content, "train.fedcref_comm",
@@ -569,7 +336,7 @@ class FlowerClients:
         self._account("community_training", ex, "comm")
         out: dict[int, list[Contribution]] = {}
         for nid, c in ex.replies.items():
-            got = ae.from_numpy(decoded(c, "models"))
+            got = ae.from_numpy(fw.decoded(c, "models"))
             counts = c.array_records["counts"]["counts"].numpy()
             out[self.index[nid]] = [
                 Contribution(g, [p[j:j + 1] for p in got], float(counts[j]))
@@ -594,13 +361,13 @@ class FlowerClients:
                 "members-flat": [q for qs in mine for q in qs]}),
                 "result": result_record(self.result)})
             if len(ids):
-                c["models"] = _arrays(wire.encode({k: v[ids] for k, v in np_params.items()},
+                c["models"] = fw.arrays(wire.encode({k: v[ids] for k, v in np_params.items()},
                                                   self.s.wire))
             return c
 
         def check(nid: int, c: RecordDict) -> str | None:
             _, rows, k = self.declared.get(nid, (None, None, None))
-            return _check_refine(c, sent[nid] if mode == "covered" else None, k, rows)
+            return fw.check_refine(c, sent[nid] if mode == "covered" else None, k, rows)
 
         ex = send_and_collect(self.grid, [self.nodes[i] for i in targets], content,
                               "train.fedcref_refine", f"refine-{t}", self.timeout)
@@ -613,7 +380,7 @@ class FlowerClients:
             met = c.metric_records["metrics"]
             confirmed = ([bool(b) for b in c.array_records["confirmed"]["confirmed"].numpy()]
                          if "confirmed" in c.array_records else None)
-            out[i] = RefineReply(float(met["agreement"]), _hist(c), confirmed,
+            out[i] = RefineReply(float(met["agreement"]), fw.read_hist(c), confirmed,
                                  float(met["community-share"]) if "community-share" in met
                                  else None)
             if out[i].hist is not None:

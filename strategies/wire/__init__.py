@@ -11,5 +11,7 @@ Flower's records and nothing of grids, exchanges or server loops.
 - :mod:`strategies.wire.fcm`: exact federated FCM (plain and SecAgg+), and the scaling and
   final messages FedFCM shares;
 - :mod:`strategies.wire.fedfcm`: FedFCM's local-centers and FedFuzzDB messages;
-- :mod:`strategies.wire.emdcfl`: EMD-CFL's and its baselines' messages.
+- :mod:`strategies.wire.emdcfl`: EMD-CFL's and its baselines' messages;
+- :mod:`strategies.wire.fedcref`: FedCRef's reply checks and array decoders (the nodes build
+  the replies in :mod:`client_apps.fedcref_handlers`).
 """
