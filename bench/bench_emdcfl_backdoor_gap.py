@@ -7,7 +7,7 @@ model for ``--epochs``; then for every ordered pair ``(c, o)`` the excess
 projection and subsample per pair, as in the protocol. Prints, per ordered pair of sets, the
 min / mean / max excess, the same under the AND rule (max of both directions), and the
 clustering (identical neighbourhoods) at several ε. Used to find what separates the two
-uniform colours (docs/emdcfl.md, "Backdoor MNIST")::
+uniform colours::
 
     taskset -c 1 python bench/bench_emdcfl_backdoor_gap.py --data-dir "$FEDCLUST_DATA_DIR" \\
         --per-set 4

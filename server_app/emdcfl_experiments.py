@@ -27,7 +27,7 @@ from fedclust.metrics import format_ci
 
 CPU: dict[str, Any] = {
     # the paper's client size (5 420 images: ~4 878 train + 542 val) and ε; narrow CNN and
-    # 3 rounds x 2 epochs so that 40 clients finish in ~7 min on one core (docs/emdcfl.md)
+    # 3 rounds x 2 epochs so that 40 clients finish in ~7 min on one core
     "num-clients": 40, "emdcfl.samples": 5420, "emdcfl.test-samples": 250,
     "emdcfl.val-fraction": 0.1, "emdcfl.rounds": 3, "emdcfl.local-epochs": 2,
     "emdcfl.lr": 0.05, "emdcfl.batch-size": 32, "emdcfl.conv1": 8, "emdcfl.conv2": 16,
@@ -52,7 +52,7 @@ CPU_BACKDOOR: dict[str, Any] = {
     # Backdoor MNIST (3 sets x 10 clients) on the cpu sizes with the authors' learning rate.
     # RGB inputs are normalised per channel (ImageNet mean/std, the authors' colour-MNIST
     # transform); each channel then spans ~4.4 units against 3.2 for grey MNIST, and at lr 0.05
-    # some label-shaded clients' training diverged (test accuracy ~10 %, docs/emdcfl.md).
+    # some label-shaded clients' training diverged (test accuracy ~10 %).
     # ε 0.06 = the middle of the gap on the held-out seed 100 (largest within-set excess
     # 0.015, smallest between-set 0.111 under the AND rule); the paper's 0.1 sits at the top of
     # that gap and split the targets off the label-shaded set's neighbourhoods on seed 1
