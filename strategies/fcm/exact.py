@@ -17,7 +17,7 @@ from fedclust.fcm import loop
 from fedclust.fcm.keys import FCMSettings
 from fedclust.fcm.phases import Scaling
 from fedclust.results import RunRecorder
-from strategies.common import check_each, connected_clients, require_honest, send_and_collect
+from strategies.common import check_each, connected_clients, require_honest
 from strategies.fcm.family import FamilyClients, replies
 from strategies.wire import fcm as wire
 
@@ -32,9 +32,8 @@ class FlowerClients(FamilyClients):
              ) -> loop.RoundSums:
         c, f = centers.shape
         phase = f"round-{rnd}"
-        ex = send_and_collect(self.grid, sampled, wire.centers_request(centers, sc.shift,
-                                                                       sc.scale),
-                              wire.SUMS, phase, self.timeout)
+        ex = self.send(sampled, wire.centers_request(centers, sc.shift, sc.scale), wire.SUMS,
+                       phase)
         check_each(ex, wire.check_sums(c, f, sc.box, sc.rows, self.s.m,
                                        self.s.guard_bound(f)), phase)
         by_node = {nid: sums for nid, r in ex.replies.items()

@@ -7,6 +7,7 @@ from collections import Counter
 from typing import Any, ClassVar
 
 import numpy as np
+from flwr.app import RecordDict
 from flwr.serverapp import Grid
 
 from fedclust.fcm.keys import FamilySettings
@@ -55,6 +56,7 @@ class FamilyClients:
                  run_dir: str) -> None:
         self.grid, self.ids, self.cfg, self.s = grid, list(nodes), cfg, s
         self.timeout = float(cfg["timeout"])
+        self.excluded: dict[int, str] = {}     # nodes whose scaling reply the server refused
         self.run_dir = run_dir
 
     def name(self, client: Client) -> str:
@@ -96,14 +98,27 @@ class FamilyClients:
                       "or order): reorder or rename its columns as the others'", "scaling"):
                 del speaking[nid]
         require_honest(ex, "scaling", len(speaking), len(self.ids), self.cfg)
+        self.excluded.update(ex.excluded)
         got = {nid: wire.read_stats(c) for nid, c in speaking.items()}
         return replies(ex, got, withheld)
+
+    def send(self, nodes: list[int], content: RecordDict, message_type: str, phase: str
+             ) -> Exchange:
+        """:func:`send_and_collect` to ``nodes`` but those excluded in the scaling phase: they
+        count as failed with that reason, unasked (their later statistics could not be
+        checked against a row count, and a node of another width could not use the centers)."""
+        skip = [n for n in nodes if n in self.excluded]
+        ex = send_and_collect(self.grid, [n for n in nodes if n not in self.excluded], content,
+                              message_type, phase, self.timeout)
+        for n in skip:
+            ex.failed[n] = f"not asked: its scaling reply was excluded ({self.excluded[n]})"
+        return ex
 
     def final(self, centers: np.ndarray, sc: Scaling) -> FinalStats:
         """The final phase: every node's objective share (and, with :attr:`final_tables` on
         the evaluation path, its label × cluster table); each keeps its owner's results."""
         content = wire.centers_request(centers, sc.shift, sc.scale, result_record(self.run_dir))
-        ex = send_and_collect(self.grid, self.ids, content, wire.FINAL, "final", self.timeout)
+        ex = self.send(self.ids, content, wire.FINAL, "final")
         with_eval = self.final_tables and self.s.evaluate
         check_each(ex, wire.check_final(centers.shape[0], sc.box, sc.rows,
                                         self.s.guard_bound(sc.n_features), with_eval), "final")

@@ -13,7 +13,7 @@ from fedclust.fcm.phases import Replies, Scaling
 from fedclust.fedfcm import loop
 from fedclust.fedfcm.keys import FedFCMSettings
 from fedclust.results import RunRecorder
-from strategies.common import check_each, connected_clients, require_honest, send_and_collect
+from strategies.common import check_each, connected_clients, require_honest
 from strategies.fcm.family import FamilyClients, replies
 from strategies.wire import fedfcm as wire
 
@@ -29,9 +29,8 @@ class FlowerClients(FamilyClients):
               ) -> Replies[loop.LocalCenters]:
         phase = f"round-{rnd}"
         ks = sorted(centers)
-        ex = send_and_collect(self.grid, self.ids, wire.centers_request(centers, sc.shift,
-                                                                        sc.scale),
-                              wire.LOCAL, phase, self.timeout)
+        ex = self.send(self.ids, wire.centers_request(centers, sc.shift, sc.scale), wire.LOCAL,
+                       phase)
         fedavg = self.s.averaging == "fedavg"
         check_each(ex, wire.check_local(ks, sc.n_features, sc.box, sc.rows, fedavg,
                                         self.s.guard_bound(sc.n_features)), phase)
@@ -42,9 +41,8 @@ class FlowerClients(FamilyClients):
 
     def index(self, centers: dict[int, np.ndarray], sc: Scaling) -> Replies[loop.IndexStats]:
         ks = sorted(centers)
-        ex = send_and_collect(self.grid, self.ids, wire.centers_request(centers, sc.shift,
-                                                                        sc.scale),
-                              wire.DB, "fedfuzzdb", self.timeout)
+        ex = self.send(self.ids, wire.centers_request(centers, sc.shift, sc.scale), wire.DB,
+                       "fedfuzzdb")
         check_each(ex, wire.check_db(ks, sc.box, sc.rows, self.s.q,
                                      self.s.guard_bound(sc.n_features), self.s.evaluate),
                    "fedfuzzdb")
