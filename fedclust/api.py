@@ -103,7 +103,18 @@ def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any] 
                               f"(...) instead")
         strategy = method_or_strategy
     elif isinstance(method_or_strategy, str) and method_or_strategy in STRATEGIES:
-        strategy = STRATEGIES[method_or_strategy](**params)
+        cls = STRATEGIES[method_or_strategy]
+        unknown = sorted(set(params) - set(cls.param_keys()))
+        if unknown:
+            import difflib
+
+            hints = [f"{u!r}" + (f" (did you mean {close[0]!r}?)" if (close := difflib.
+                     get_close_matches(u, list(cls.param_keys()), n=1)) else "")
+                     for u in unknown]
+            raise ConfigError(f"simulate(): {method_or_strategy} has no parameter "
+                              f"{', '.join(hints)}. Allowed: {', '.join(cls.param_keys())} "
+                              f"(the method's run-config keys without prefix, '_' for '-')")
+        strategy = cls(**params)
     else:
         raise ConfigError(f"simulate(): unknown method {method_or_strategy!r}. Allowed: "
                           f"{', '.join(STRATEGIES)} or a strategy object")
@@ -218,6 +229,10 @@ def _from_frames(clients: list[Any], labels: Sequence[Any] | None, label_column:
                               f"clients are DataFrames. Fix: give every client a DataFrame "
                               f"with the same columns")
         columns = [str(c) for c in frame.columns]
+        twice = sorted({c for c in columns if columns.count(c) > 1})
+        if twice:
+            raise ConfigError(f"simulate(): client {i}'s DataFrame has duplicate column names "
+                              f"{twice}. Allowed: distinct names. Fix: rename them")
         if label_column is not None:
             if label_column not in columns:
                 raise ConfigError(f"simulate(): client {i} has no column {label_column!r} "
@@ -281,6 +296,11 @@ def _write_rows(i: int, data: Any, y: Any, path: Path) -> None:
     if not np.issubdtype(x.dtype, np.number) or np.iscomplexobj(x):
         raise ConfigError(f"simulate(): client {i}'s array has dtype {x.dtype}. Allowed: real "
                           f"numbers")
+    if not np.isfinite(x).all():
+        where = tuple(int(v) for v in np.argwhere(~np.isfinite(x))[0])
+        raise ConfigError(f"simulate(): client {i}'s array holds {int((~np.isfinite(x)).sum())}"
+                          f" NaN or infinite value(s), the first at index {where}. Allowed: "
+                          f"finite numbers. Fix: drop or impute those rows")
     arrays = {"x": x}
     if y is not None:
         y = np.asarray(y).reshape(-1)

@@ -272,3 +272,26 @@ def test_every_launcher_writes_under_one_results_folder(tmp_path):
     assert [r[:2] for r in runs] == [("fedclust-runs", "exact-fcm"), ("fedclust-runs", "sweeps"),
                                      ("fedclust-runs", "sweeps")]
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()
+
+
+def _two_clients() -> list[np.ndarray]:
+    x, _ = make_blobs(60, n_features=3, centers=3, random_state=0)
+    return [x[:30].copy(), x[30:].copy()]
+
+
+def test_simulate_refuses_what_it_would_misread_before_any_work(tmp_path):
+    """Probe: a mistyped parameter raised a bare TypeError; a NaN in a client's array and a
+    DataFrame with two columns of one name were run without a word."""
+    import pandas as pd
+
+    out = tmp_path / "never"
+    with pytest.raises(ConfigError, match="no parameter 'n_cluster' .did you mean 'n_clusters'"):
+        fedclust.simulate("exact-fcm", _two_clients(), n_cluster=3, output_dir=out)
+    bad = _two_clients()
+    bad[1][4, 2] = np.nan
+    with pytest.raises(ConfigError, match=r"client 1's array holds 1 NaN .* index \(4, 2\)"):
+        fedclust.simulate("exact-fcm", bad, n_clusters=3, output_dir=out)
+    frames = [pd.DataFrame(x, columns=["a", "b", "a"]) for x in _two_clients()]
+    with pytest.raises(ConfigError, match=r"duplicate column names \['a'\]"):
+        fedclust.simulate("exact-fcm", frames, n_clusters=3, output_dir=out)
+    assert not out.exists()

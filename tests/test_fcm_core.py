@@ -195,3 +195,15 @@ def test_non_finite_rows_are_rejected_by_every_entry_point(bad, call):
     x[17, 1] = bad
     with pytest.raises(ValueError, match="NaN or infinite"):
         getattr(fcm, call)(x, np.array([[0.0, 0.0], [2.0, 2.0]]))
+
+
+@pytest.mark.parametrize("m", [2.0, 1.5])
+def test_samples_on_a_center_at_the_origin_get_finite_memberships(m):
+    """Probe: identical rows (all scaled to 0) and centers at the origin gave NaN sums: the
+    near-center recomputation was skipped when every squared norm was 0."""
+    from fedclust import fcm
+
+    x = np.zeros((20, 3))
+    u, ws = fcm.local_sums(x, np.zeros((3, 3)), m)
+    assert np.isfinite(u).all() and np.isfinite(ws).all()
+    assert u.sum() == pytest.approx(20 * 3 ** (1 - m))     # each row: 1/3 to each center

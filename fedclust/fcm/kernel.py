@@ -172,7 +172,7 @@ def _blocks(x: Float, augmented: bool, centers: Float, va: Float, m: float, star
         np.dot(xa, va, out=w)                            # w = d² = ‖x‖² − 2x·v + ‖v‖²
         # Near a center the expansion cancels (error ~1e-16 (‖x‖² + ‖v‖²)): recompute those
         # rows as ‖x − v‖², which also makes a sample sitting on a center exactly 0.
-        near = 1e-6 * (float(xa[:, f].max()) + vv_max)
+        near = max(1e-6 * (float(xa[:, f].max()) + vv_max), TINY)   # > 0: rows at the origin
         if w.min() < near:
             rows = np.flatnonzero((w < near).any(axis=1))
             diff = xa[rows, None, :f] - centers[None]
