@@ -301,6 +301,12 @@ def _write_rows(i: int, data: Any, y: Any, path: Path) -> None:
         raise ConfigError(f"simulate(): client {i}'s array holds {int((~np.isfinite(x)).sum())}"
                           f" NaN or infinite value(s), the first at index {where}. Allowed: "
                           f"finite numbers. Fix: drop or impute those rows")
+    from fedclust.data.local import MAX_ABS
+
+    if x.size and float(np.abs(x).max()) > MAX_ABS:
+        raise ConfigError(f"simulate(): client {i}'s array holds values as large as "
+                          f"{float(np.abs(x).max()):.3g}. Allowed: |x| ≤ {MAX_ABS:g} (larger "
+                          f"values overflow the squared distances). Fix: rescale the data")
     arrays = {"x": x}
     if y is not None:
         y = np.asarray(y).reshape(-1)

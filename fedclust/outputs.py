@@ -67,6 +67,9 @@ def write_atomic(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
         ``path``.
     """
     path = Path(path)
+    if path.is_dir():
+        raise OutputDirError(f"{str(path)!r} is a folder, where fedclust writes a file. Fix: "
+                             f"move or rename that folder, or write elsewhere")
     record(path, FILE)
     tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.part"
     try:

@@ -213,6 +213,10 @@ def claim_folder(folder: Path, overwrite: bool = False) -> None:
     is removed. Hidden entries and ``*.log`` files (Hydra's job folder) do not count and are
     left alone. The folder then gets a new manifest.
     """
+    if folder.exists() and not folder.is_dir():
+        raise OutputDirError(f"output-dir {str(folder)!r} is a file, not a folder. Allowed: a "
+                             f"new or empty folder (or an earlier run's, with overwrite=true). "
+                             f"Fix: choose another output-dir")
     outputs.make_dirs(folder)
     try:
         fd = os.open(folder / RUNNING, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
