@@ -135,7 +135,8 @@ def make_dirs(path: str | Path) -> Path:
             os.mkdir(p)
         except FileExistsError:
             if not p.is_dir():
-                raise
+                raise OutputDirError(f"{str(p)!r} is a file, where fedclust needs a folder. "
+                                     f"Fix: choose another folder, or move that file") from None
             continue
         record(p, DIR)
     return path
