@@ -268,3 +268,17 @@ def write_table(path: Path, header: Sequence[str], table: np.ndarray,
     rows = np.asarray(table).reshape(len(table), -1)
     return outputs.write_atomic(path, lambda fh: np.savetxt(
         fh, rows, delimiter=",", header=",".join(header), comments="", fmt=fmt))
+
+
+def eval_coverage(method: str, nodes: int, of_nodes: int, rows: int) -> dict[str, int]:
+    """``{"nodes", "of_nodes", "rows"}``: how many clients (of the run's) and rows the
+    ``eval_*`` figures rest on; logged as a warning when not every client contributed (a
+    deployed node sends evaluation statistics only with node config
+    ``allow-evaluation=true``)."""
+    if nodes < of_nodes:
+        LOG.warning("%s: the eval_* metrics cover %d of %d nodes (%d rows): the other nodes sent "
+                    "no evaluation statistics (a deployed node sends them only with node config "
+                    "allow-evaluation=true and labels in its data; or it dropped out, or its "
+                    "reply was excluded) — summary metrics.eval_coverage", method, nodes,
+                    of_nodes, rows)
+    return {"nodes": int(nodes), "of_nodes": int(of_nodes), "rows": int(rows)}

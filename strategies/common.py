@@ -492,19 +492,6 @@ def require_honest(ex: Exchange, phase: str, contributions: int, asked: int,
         f"then run again.")
 
 
-def eval_coverage(method: str, nodes: int, of_nodes: int, rows: int) -> dict[str, int]:
-    """``{"nodes", "of_nodes", "rows"}``: how many nodes (of the run's) and rows the ``eval_*``
-    figures rest on; logged as a warning when not every node contributed (a deployed node
-    sends evaluation statistics only with node config ``allow-evaluation=true``)."""
-    if nodes < of_nodes:
-        LOG.warning("%s: the eval_* metrics cover %d of %d nodes (%d rows): the other nodes sent "
-                    "no evaluation statistics (a deployed node sends them only with node config "
-                    "allow-evaluation=true and labels in its data; or it dropped out, or its "
-                    "reply was excluded) — summary metrics.eval_coverage", method, nodes,
-                    of_nodes, rows)
-    return {"nodes": int(nodes), "of_nodes": int(of_nodes), "rows": int(rows)}
-
-
 # ----------------------------------------------------------------------------------------------
 # Record builders / readers
 

@@ -392,3 +392,19 @@ def test_oracle_needs_the_nodes_permission_for_their_ground_truth(tmp_path):
                              "emdcfl.local-epochs": 1, "output-dir": str(tmp_path / "out")},
                             node_configs=nodes)
     assert summary["metrics"]["clusters"] == [2, 0, 1, 1]         # node 0: a singleton
+
+
+def test_an_accuracy_from_no_test_rows_is_refused():
+    """Probe: a final reply with num-test = 0 and test-acc = 1.0 was accepted (and averaged)."""
+    from flwr.app import MetricRecord, RecordDict
+
+    from strategies.wire.emdcfl import check_final
+
+    def reply(**metrics):
+        return RecordDict({"metrics": MetricRecord(metrics)})
+
+    check = check_final(evaluate=True)
+    assert check(reply(**{"num-test": 0, "test-acc": 1.0, "cluster": 0})) == (
+        "evaluation metrics ['cluster', 'test-acc'] from no test rows (num-test = 0)")
+    assert check(reply(**{"num-test": 5, "test-acc": 1.0, "cluster": 0})) is None
+    assert check(reply(**{"num-test": 0})) is None       # no evaluation sent: nothing to check

@@ -122,6 +122,9 @@ def test_the_flwr_datasets_kinds_split_by_the_label(saved):
     patho = make_partition("pathological", ds, 4, 0,
                            options={"partition.classes-per-client": 2})
     assert all(np.unique(y[p]).size <= 2 for p in patho)
+    with pytest.raises(PartitionError, match=r"'partition.classes-per-client' = 5 is more than "
+                                             r"the 4 classes"):
+        make_partition("pathological", ds, 4, 0, options={"partition.classes-per-client": 5})
     shard = make_partition("shard", ds, 4, 0, options={"partition.shards-per-client": 2})
     assert sorted(np.concatenate(shard).tolist()) == list(range(200))
     size = make_partition("size", ds, 3, 0, options={"partition.sizes": "10,20,70"})

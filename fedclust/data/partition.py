@@ -132,6 +132,12 @@ def flwr_partition(kind: str, y: NDArray[np.int64], num_clients: int, seed: int,
             part = fp.DirichletPartitioner(num_clients, by, alpha, min_partition_size=2,
                                            seed=seed)
         elif kind == "pathological":
+            per, n_classes = int(opts["partition.classes-per-client"]), int(np.unique(y).size)
+            if per > n_classes:
+                raise PartitionError(f"run config 'partition.classes-per-client' = {per} is more "
+                                     f"than the {n_classes} classes of this dataset. Allowed: "
+                                     f"1..{n_classes}. Fix: partition.classes-per-client="
+                                     f"{min(2, n_classes)}")
             part = fp.PathologicalPartitioner(num_clients, by,
                                               int(opts["partition.classes-per-client"]),
                                               seed=seed)

@@ -154,14 +154,3 @@ def singletons(labels: dict[int, int], clients: Sequence[int]) -> dict[int, int]
     return labels
 
 
-def eval_coverage(nodes: int, of_nodes: int, rows: int) -> dict[str, int]:
-    """``{"nodes", "of_nodes", "rows"}``: how many clients (of the run's) and test rows the
-    ``eval_*`` figures rest on; logged as a warning when not every client contributed (a
-    deployed node sends its evaluation only with node config ``allow-evaluation=true``)."""
-    if nodes < of_nodes:
-        LOG.warning("emdcfl: the eval_* metrics cover %d of %d nodes (%d rows): the other nodes "
-                    "sent no evaluation statistics (a deployed node sends them only with node "
-                    "config allow-evaluation=true and labels in its data; or it dropped out, or "
-                    "its reply was excluded) — summary metrics.eval_coverage", nodes, of_nodes,
-                    rows)
-    return {"nodes": int(nodes), "of_nodes": int(of_nodes), "rows": int(rows)}

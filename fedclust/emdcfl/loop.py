@@ -48,12 +48,12 @@ from typing import Any
 import numpy as np
 
 from fedclust.emdcfl.baselines import run_baseline
-from fedclust.emdcfl.clients import Clients, Traffic, Weights, eval_coverage
+from fedclust.emdcfl.clients import Clients, Traffic, Weights
 from fedclust.emdcfl.cluster import Participation, cluster_fedavg, recluster_models
 from fedclust.emdcfl.excess import Clustering, PairClouds, cluster_clients
 from fedclust.emdcfl.keys import EMDCFLSettings
 from fedclust.metrics import adjusted_rand
-from fedclust.results import Progress, Record
+from fedclust.results import Progress, Record, eval_coverage
 
 
 def pair_inputs(replies: Mapping[int, Mapping[str, Mapping[str, Any]]], order: list[int]
@@ -189,7 +189,7 @@ def finish(clients: Clients, s: EMDCFLSettings, models: Mapping[int, Weights],
         if nodes else float("nan"),
         "eval_truth": [truth.get(n, -1) for n in sorted(found)],
         "eval_acc_per_client": [accs.get(n, float("nan")) for n in sorted(found)],
-        "eval_coverage": eval_coverage(len(accs), len(models),
+        "eval_coverage": eval_coverage("emdcfl", len(accs), len(models),
                                        sum(e.num_test for e in ev.values())),
     })
     targets = [n for n, e in ev.items() if e.backdoor_acc is not None]

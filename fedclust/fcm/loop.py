@@ -56,10 +56,9 @@ from fedclust.fcm.phases import (
     Replies,
     Scaling,
     eval_ari,
-    eval_coverage,
     federate_scaling,
 )
-from fedclust.results import Progress, Record
+from fedclust.results import Progress, Record, eval_coverage
 
 LOG = logging.getLogger("fedclust")
 Float = np.ndarray

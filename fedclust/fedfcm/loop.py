@@ -44,14 +44,13 @@ from fedclust.fcm.phases import (
     Replies,
     Scaling,
     eval_ari,
-    eval_coverage,
     federate_scaling,
     no_statistic_message,
 )
 from fedclust.fedfcm import average, center_shift
 from fedclust.fedfcm.keys import FedFCMSettings
 from fedclust.fedfcm.validity import DBStatistics, choose_k, federated_fuzzy_db
-from fedclust.results import Progress, Record
+from fedclust.results import Progress, Record, eval_coverage
 
 Float = np.ndarray
 #: K -> (local centers (K, F), supports (K,) or None)

@@ -419,9 +419,10 @@ def check_pacfl(rows: int, max_columns: int) -> Check:
 
 def check_final(evaluate: bool) -> Check:
     """``evaluate.emdcfl_eval``: an integer ``num-test`` ≥ 0; with ``evaluate`` (the run asks
-    for evaluation), a reply that carries ``test-acc`` (a node that allows evaluation) also
-    has ``test-acc`` in [0, 1], an integer ``cluster`` ≥ −1 and, when present,
-    ``backdoor-acc`` in [0, 1]. Without ``evaluate`` no evaluation metric is accepted."""
+    for evaluation), a reply that carries ``test-acc`` (a node that allows evaluation) rests
+    on ``num-test`` ≥ 1 rows and has ``test-acc`` in [0, 1], an integer ``cluster`` ≥ −1
+    and, when present, ``backdoor-acc`` in [0, 1]. Without ``evaluate`` no evaluation metric
+    is accepted."""
 
     def check(rd: RecordDict) -> str | None:
         problem = metric_problem(rd, "num-test", int, low=0)
@@ -433,6 +434,8 @@ def check_final(evaluate: bool) -> Check:
             return (f"evaluation metrics {sent} with evaluate=false" if sent else None)
         if not sent:
             return None
+        if met["num-test"] == 0:
+            return f"evaluation metrics {sent} from no test rows (num-test = 0)"
         return first_problem(
             metric_problem(rd, "test-acc", float, 0.0, 1.0),
             lambda: metric_problem(rd, "cluster", int, low=-1),
