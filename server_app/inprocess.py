@@ -108,6 +108,12 @@ def run_server(run_config: Mapping[str, Any], num_nodes: int | None = None, **gr
     from strategies.methods import from_run_config
 
     n = int(num_nodes if num_nodes is not None else simulated_nodes(run_config, 5))
+    if n < 1:
+        from fedclust.config import ConfigError
+
+        raise ConfigError(f"run_server(num_nodes={n}): an in-process run needs at least one "
+                          f"node (no node would ever connect; the run would wait 'timeout' "
+                          f"for one). Fix: num_nodes=1 or more")
     grid = InProcessGrid(client_app, n, run_config, **grid_kwargs)
     strategy, rest = from_run_config(dict(run_config))
     return strategy.start(grid, run_config=rest).summary, grid

@@ -123,3 +123,10 @@ def test_the_suggested_hydra_override_composes(override):
     from omegaconf import OmegaConf
 
     validate(flatten(OmegaConf.to_container(cfg.app, resolve=False)) | {"output-dir": "x"})
+
+
+def test_an_in_process_run_without_nodes_is_refused_at_once(tmp_path):
+    """Probe: run_server(num_nodes=0) waited the whole 'timeout' for a node that never comes."""
+    with pytest.raises(ValueError, match=r"num_nodes=0.*at least one node"):
+        run_server({"output-dir": str(tmp_path / "run")}, num_nodes=0)
+    assert not (tmp_path / "run").exists()
