@@ -68,7 +68,7 @@ the run, naming the round's contributors (which of them sent it, secure aggregat
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,6 +142,21 @@ def declared_n(nid: int, rows: Rows) -> tuple[int | None, str | None]:
         return rows[nid], None
     return None, ("declared no row count in the scaling phase (it missed that phase or "
                   "withheld there), so its statistics cannot be checked")
+
+
+def rows_checked(rows: Rows, bound: float | None,
+                 check: Callable[[int, RecordDict, int], str | None]) -> NodeCheck:
+    """The check of a phase after scaling: the privacy guard's notice is checked against the
+    guard (:func:`notice_problem`), any other reply needs the row count ``n`` its node
+    declared in the scaling phase, and ``check(nid, reply, n)`` judges the rest."""
+
+    def checked(nid: int, rd: RecordDict) -> str | None:
+        if withheld_notice(rd):
+            return notice_problem(nid, rows, bound)
+        n, problem = declared_n(nid, rows)
+        return problem or check(nid, rd, n)  # type: ignore[arg-type]  # n is set when no problem
+
+    return checked
 
 
 # ------------------------------------------------------------------------- query.fcm_stats
@@ -316,12 +331,7 @@ def check_sums(c: int, f: int, box: Box, rows: Rows, m: float, bound: float | No
     """Server side, ``query.fcm_sums``: ``U = Σ u^m`` and ``WS = Σ u^m x`` of the node's ``N``
     rows, or the privacy guard's notice."""
 
-    def check(nid: int, rd: RecordDict) -> str | None:
-        if withheld_notice(rd):
-            return notice_problem(nid, rows, bound)
-        n, problem = declared_n(nid, rows)
-        if problem:
-            return problem
+    def check(nid: int, rd: RecordDict, n: int) -> str | None:
         problem = metric_problem(rd, "withheld", int, low=0, high=0)
         if problem:
             return f"{problem} (a node that sends sums withholds nothing)"
@@ -336,7 +346,7 @@ def check_sums(c: int, f: int, box: Box, rows: Rows, m: float, bound: float | No
                           f"Σ_c u^m of N = {n} rows lies in [N·C^(1−m), N]"),
             lambda: box_problem("sums.WS", ws, u, box.low, box.high))
 
-    return check
+    return rows_checked(rows, bound, check)
 
 
 def read_sums(rd: RecordDict) -> tuple[np.ndarray, np.ndarray] | None:
@@ -362,12 +372,7 @@ def check_final(c: int, box: Box, rows: Rows, bound: float | None, with_eval: bo
     """Server side, ``query.fcm_final``: the objective share ``J`` and, with ``with_eval``
     (exact FCM on the evaluation path), the node's label × cluster table."""
 
-    def check(nid: int, rd: RecordDict) -> str | None:
-        if withheld_notice(rd):
-            return notice_problem(nid, rows, bound)
-        n, problem = declared_n(nid, rows)
-        if problem:
-            return problem
+    def check(nid: int, rd: RecordDict, n: int) -> str | None:
         j, problem = read_array(rd, "objective", "J", kind=FLOAT, shape=(1,), low=0.0)
         if problem:
             return problem
@@ -377,7 +382,7 @@ def check_final(c: int, box: Box, rows: Rows, bound: float | None, with_eval: bo
             return problem
         return eval_problem(rd, {"contingency": c}, n)
 
-    return check
+    return rows_checked(rows, bound, check)
 
 
 def read_objective(rd: RecordDict) -> float | None:

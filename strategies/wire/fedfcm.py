@@ -37,7 +37,7 @@ from flwr.app import RecordDict
 from fedclust.fcm.phases import Box
 from fedclust.fedfcm.loop import IndexStats, LocalCenters
 from fedclust.fedfcm.validity import DBStatistics
-from strategies.wire.fcm import Rows, declared_n, eval_problem, notice_problem, scaling_record
+from strategies.wire.fcm import Rows, eval_problem, rows_checked, scaling_record
 from strategies.wire.records import array_record, content
 from strategies.wire.replies import (
     FLOAT,
@@ -48,7 +48,6 @@ from strategies.wire.replies import (
     read_array,
     total_problem,
     values_problem,
-    withheld_notice,
 )
 
 LOCAL = "train.fedfcm_local"
@@ -92,12 +91,7 @@ def check_local(ks: list[int], f: int, box: Box, rows: Rows, needs_support: bool
     """Server side, ``train.fedfcm_local``: the node's local centers of every active ``K`` (in
     the box) and, for federated averaging, their supports ``Σ_j u_kj`` (total ``N``)."""
 
-    def check(nid: int, rd: RecordDict) -> str | None:
-        if withheld_notice(rd):
-            return notice_problem(nid, rows, bound)
-        n, problem = declared_n(nid, rows)
-        if problem:
-            return problem
+    def check(nid: int, rd: RecordDict, n: int) -> str | None:
         for k in ks:
             centers, problem = read_array(rd, "local", key(k), kind=FLOAT, shape=(k, f))
             if problem:
@@ -116,7 +110,7 @@ def check_local(ks: list[int], f: int, box: Box, rows: Rows, needs_support: bool
                     return problem
         return metric_problem(rd, "local-iters", int, low=0)
 
-    return check
+    return rows_checked(rows, bound, check)
 
 
 def read_local(rd: RecordDict, ks: list[int], with_support: bool) -> LocalCenters | None:
@@ -151,12 +145,7 @@ def check_db(ks: list[int], box: Box, rows: Rows, q: float, bound: float | None,
     ``K``, the local index per ``K`` (optional) and, on the evaluation path, the label ×
     cluster tables."""
 
-    def check(nid: int, rd: RecordDict) -> str | None:
-        if withheld_notice(rd):
-            return notice_problem(nid, rows, bound)
-        n, problem = declared_n(nid, rows)
-        if problem:
-            return problem
+    def check(nid: int, rd: RecordDict, n: int) -> str | None:
         reach = n * box.diameter2 ** (q / 2)
         for k in ks:
             name = f"db.{key(k)}"
@@ -175,7 +164,7 @@ def check_db(ks: list[int], box: Box, rows: Rows, q: float, bound: float | None,
             return eval_problem(rd, {key(k): k for k in ks}, n)
         return None
 
-    return check
+    return rows_checked(rows, bound, check)
 
 
 def _db_problem(name: str, arr: np.ndarray, k: int, n: int, reach: float) -> str | None:
