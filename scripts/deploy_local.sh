@@ -44,7 +44,9 @@ PIDS=()
 SLEEPER=
 cleanup() {
   trap - EXIT INT TERM
+  # a TERM that lands between `sleep &` and `SLEEPER=$!` leaves SLEEPER empty: kill every job
   [[ -n $SLEEPER ]] && kill "$SLEEPER" 2>/dev/null
+  kill $(jobs -p) 2>/dev/null || true
   for pid in "${PIDS[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
   sleep 2
   for pid in "${PIDS[@]}"; do kill -KILL -- "-$pid" 2>/dev/null || true; done
@@ -184,6 +186,6 @@ flwr log "$RUN_ID" local-deploy --show | tail -n 15 || true
 echo "run $RUN_ID: $STATUS in $(( $(date +%s) - T0 )) s; results: $OUT"
 if ((KEEP)); then
   echo "kept running; Ctrl-C or SIGTERM to stop"
-  while true; do sleep 3600 & SLEEPER=$!; wait "$SLEEPER"; done
+  while true; do sleep 3600 >/dev/null 2>&1 </dev/null & SLEEPER=$!; wait "$SLEEPER"; done
 fi
 [[ $STATUS == finished:completed ]]
