@@ -34,12 +34,12 @@ from client_apps.common import LazyModule, reply, run_config, run_settings
 from client_apps.evaluation import ALLOW_KEY, allows_evaluation, is_simulated
 from fedclust.config import ConfigError
 from fedclust.fedcref.keys import ClientSettings
+from strategies.wire import fedcref as fw
 
 # torch and the FedCRef core load on the first FedCRef message, not when the ClientApp starts.
 torch = LazyModule("torch")
 ae = LazyModule("fedclust.fedcref.autoencoder")
 core = LazyModule("fedclust.fedcref.client")
-wire = LazyModule("fedclust.fedcref.wire")
 _initial = LazyModule("fedclust.fedcref.initial")
 
 
@@ -231,26 +231,17 @@ def _client_seed(conf: dict, key: int) -> int:
     return core.derive_seed(int(conf.get("seed", 0)), key)
 
 
-def _eval(st: core.ClientState, y: np.ndarray | None, s: ClientSettings) -> dict:
+def _eval(st: core.ClientState, y: np.ndarray | None, s: ClientSettings) -> np.ndarray | None:
+    """The (K, classes) true-class histograms of the clusters, evaluation only."""
     if y is None or not s.evaluate:
-        return {}
-    return {"eval": {"hist": core.class_histograms(st.labels, y, st.k, int(y.max()) + 1)}}
-
-
-def _models_by_key(rec: ArrayRecord) -> dict[str, ae.Params]:
-    grouped: dict[str, dict[str, np.ndarray]] = {}
-    for name, arr in rec.items():
-        key, _, layer = name.rpartition("/")
-        grouped.setdefault(key, {})[layer] = arr.numpy()
-    return {k: ae.from_numpy(wire.decode(v)) for k, v in grouped.items()}
+        return None
+    return core.class_histograms(st.labels, y, st.k, int(y.max()) + 1)
 
 
 def _received(msg: Message) -> ae.Params:
     """The models of a message's ``models`` record, decoded (none: an empty list)."""
-    if "models" not in msg.content.array_records:
-        return []
-    return ae.from_numpy(wire.decode({k: v.numpy() for k, v
-                                      in msg.content.array_records["models"].items()}))
+    models = fw.read_models(msg.content)
+    return ae.from_numpy(models) if models is not None else []
 
 
 # ---------------------------------------------------------------------------------------------
@@ -331,18 +322,15 @@ def _keep_owner_results(msg: Message, context: Context, s: ClientSettings,
 def fedcref_local(msg: Message, context: Context) -> Message:
     """Algorithm 1 lines 6–8: (re)train one autoencoder per local cluster if active."""
     _, s, x, y, st, conf, key = _setup(msg, context)
-    arrays: dict[str, dict[str, np.ndarray]] = {}
+    models, clusters = None, None
     seconds = 0.0
     if bool(conf.get("active", True)) or not ae.n_models(st.models):
         info = core.train_local(st, x, s, _client_seed(conf, key))
         seconds = info["seconds"]
-        arrays["models"] = (wire.encode(ae.to_numpy(st.models), s.wire)
-                            if ae.n_models(st.models) else {})
-        arrays["clusters"] = {"clusters": st.model_clusters}
+        models = ae.to_numpy(st.models) if ae.n_models(st.models) else None
+        clusters = st.model_clusters
     elif core.drop_emptied(st, s):   # inactive: the clusters left that still have a model
-        arrays["clusters"] = {"clusters": st.model_clusters}
-    arrays.update(_eval(st, y, s))
-    arrays = {k: v for k, v in arrays.items() if v}
+        clusters = st.model_clusters
     _save_state(context, st)
     # a new iteration: every modelled cluster is isolated until a community round names it
     own = _owner_state(context, st.k)
@@ -351,9 +339,9 @@ def fedcref_local(msg: Message, context: Context) -> Message:
     own["meta"][0] = int(conf.get("iteration", 0))
     _save_owner(context, own)
     _keep_owner_results(msg, context, s, st, own, len(x), refined=False)
-    return reply(msg, arrays=arrays, metrics={"seconds": seconds, "k": st.k,
-                                              "version": st.version, "n": len(x),
-                                              "key": key})
+    return Message(fw.local_reply(models, clusters, _eval(st, y, s), s.wire,
+                                  {"seconds": seconds, "k": st.k, "version": st.version,
+                                   "n": len(x), "key": key}), reply_to=msg)
 
 
 @app.query("fedcref_assoc")
@@ -362,15 +350,14 @@ def fedcref_assoc(msg: Message, context: Context) -> Message:
     model version) and report which foreign clusters each local cluster accepts."""
     _, s, x, _, st, conf, _ = _setup(msg, context, with_cache=True)
     keys = [str(k) for k in conf.get("keys", [])]
-    new = _models_by_key(msg.content.array_records["models"]) \
-        if "models" in msg.content.array_records else {}
+    new = ({k: ae.from_numpy(v) for k, v
+            in fw.keyed_models(msg.content.array_records["models"]).items()}
+           if "models" in msg.content.array_records else {})
     acc, missing, seconds = core.associate(st, x, keys, new, s)
     _save_state(context, st, with_cache=True)
     if missing:
-        return reply(msg, metrics={"missing": [keys.index(k) for k in missing],
-                                   "seconds": seconds})
-    return reply(msg, arrays={"accept": {"accept": acc.astype(np.uint8)}},
-                 metrics={"missing": [], "seconds": seconds})
+        return Message(fw.missing_reply([keys.index(k) for k in missing], seconds), reply_to=msg)
+    return Message(fw.accept_reply(acc, seconds), reply_to=msg)
 
 
 @app.train("fedcref_comm")
@@ -379,21 +366,18 @@ def fedcref_comm(msg: Message, context: Context) -> Message:
     _, s, x, _, st, conf, key = _setup(msg, context)
     t0 = time.perf_counter()
     params = _received(msg)
-    lens = [int(v) for v in conf["members-len"]]
-    flat = np.asarray(conf["members-flat"], dtype=np.int64)
-    members = np.split(flat, np.cumsum(lens)[:-1])
+    ids, members = fw.read_members(conf)
     out, counts = core.train_communities(x, st.labels, params, members, s,
                                          _client_seed(conf, key))
     own = _owner_state(context, st.k)
     before = own["community"].copy()
-    for g, qs in zip(conf["communities"], members, strict=True):
-        own["community"][qs] = int(g)
+    for g, qs in zip(ids, members, strict=True):
+        own["community"][qs] = g
     if not np.array_equal(before, own["community"]):   # the first round of an iteration
         _save_owner(context, own)
         _keep_owner_results(msg, context, s, st, own, len(x), refined=False)
-    return reply(msg, arrays={"models": wire.encode(ae.to_numpy(out), s.wire),
-                              "counts": {"counts": counts}},
-                 metrics={"seconds": time.perf_counter() - t0})
+    return Message(fw.comm_reply(ae.to_numpy(out), counts, s.wire, time.perf_counter() - t0),
+                   reply_to=msg)
 
 
 @app.query("fedcref_member")
@@ -401,11 +385,10 @@ def fedcref_member(msg: Message, context: Context) -> Message:
     """The communities of this client's clusters whose model was kept, not trained, this
     iteration (``fedcref.reuse-communities``): for the data owner's ``result.json`` only."""
     _, s, x, _, st, conf, _ = _setup(msg, context)
-    lens = [int(v) for v in conf["members-len"]]
-    members = np.split(np.asarray(conf["members-flat"], dtype=np.int64), np.cumsum(lens)[:-1])
+    ids, members = fw.read_members(conf)
     own = _owner_state(context, st.k)
-    for g, qs in zip(conf["communities"], members, strict=True):
-        own["community"][qs] = int(g)
+    for g, qs in zip(ids, members, strict=True):
+        own["community"][qs] = g
     _save_owner(context, own)
     _keep_owner_results(msg, context, s, st, own, len(x), refined=False)
     return reply(msg, metrics={"seconds": 0.0})
@@ -418,11 +401,10 @@ def fedcref_refine(msg: Message, context: Context) -> Message:
     _, s, x, y, st, conf, _ = _setup(msg, context)
     t0 = time.perf_counter()
     comm = _received(msg)
-    ids = np.asarray(conf.get("communities", list(range(ae.n_models(comm)))), dtype=np.int64)
-    lens = [int(v) for v in conf.get("members-len", [0] * len(ids))]
-    flat = np.asarray(conf.get("members-flat", []), dtype=np.int64)
-    members = [[int(q) for q in qs] for qs in np.split(flat, np.cumsum(lens)[:-1])] \
-        if lens else []
+    ids_given, parts = fw.read_members(conf)
+    ids = np.asarray(ids_given if "communities" in conf else range(ae.n_models(comm)),
+                     dtype=np.int64)
+    members = [[int(q) for q in qs] for qs in parts] or [[] for _ in ids]
     mode = s.refine
     outcome = core.refine(st, x, comm, mode, members, s.margin, s.beta, ids)
     _save_state(context, st)
@@ -437,10 +419,6 @@ def fedcref_refine(msg: Message, context: Context) -> Message:
         LOG.warning("fedcref: %d rows' labels differ from the argmin of the models that "
                     "define them (ties)", st.used_mismatch)
     _keep_owner_results(msg, context, s, st, own, len(x), refined=refined)
-    arrays = _eval(st, y, s)
-    if mode == "covered":
-        arrays["confirmed"] = {"confirmed": outcome.confirmed.astype(np.uint8)}
-    return reply(msg, arrays=arrays,
-                 metrics={"agreement": outcome.agreement,
-                          "community-share": outcome.community_share,
-                          "seconds": time.perf_counter() - t0})
+    return Message(fw.refine_reply(outcome.agreement, outcome.community_share,
+                                   outcome.confirmed if mode == "covered" else None,
+                                   _eval(st, y, s), time.perf_counter() - t0), reply_to=msg)

@@ -297,7 +297,7 @@ class FlowerClients:
         for nid, c in replies.items():
             if "accept" in c.array_records:
                 self.evaluated[nid] = {keys_all[k] for k in foreign(nid)}
-                out[self.index[nid]] = c.array_records["accept"]["accept"].numpy().astype(bool)
+                out[self.index[nid]] = fw.read_accept(c)
         return out
 
     # -- line 22 ------------------------------------------------------------------------------
@@ -310,11 +310,10 @@ class FlowerClients:
             mine = members[self.index[nid]]
             gs = [g for g, _ in mine]
             return RecordDict({
-                "models": fw.arrays(wire.encode({k: v[gs] for k, v in np_params.items()},
-                                              self.s.wire)),
-                "config": ConfigRecord({
-                    "communities": gs, "members-len": [len(qs) for _, qs in mine],
-                    "members-flat": [q for _, qs in mine for q in qs], "seed": seed}),
+                "models": fw.models_record({k: v[gs] for k, v in np_params.items()},
+                                           self.s.wire),
+                "config": ConfigRecord({**fw.members_config(gs, [qs for _, qs in mine]),
+                                        "seed": seed}),
                 "result": result_record(self.result)})
 
         assert self.layer is not None    # communities exist only once models do
@@ -336,8 +335,8 @@ class FlowerClients:
         self._account("community_training", ex, "comm")
         out: dict[int, list[Contribution]] = {}
         for nid, c in ex.replies.items():
-            got = ae.from_numpy(fw.decoded(c, "models"))
-            counts = c.array_records["counts"]["counts"].numpy()
+            models, counts = fw.read_comm(c)
+            got = ae.from_numpy(models)
             out[self.index[nid]] = [
                 Contribution(g, [p[j:j + 1] for p in got], float(counts[j]))
                 for j, (g, _) in enumerate(members[self.index[nid]])]
@@ -355,14 +354,12 @@ class FlowerClients:
             i = self.index[nid]
             _, mine, ids = core_refine_inputs(params, members.get(i, []), mode)
             sent[nid] = len(ids)
-            c = RecordDict({"config": ConfigRecord({
-                "iteration": t, "communities": [int(g) for g in ids],
-                "members-len": [len(qs) for qs in mine],
-                "members-flat": [q for qs in mine for q in qs]}),
-                "result": result_record(self.result)})
+            c = RecordDict({"config": ConfigRecord({"iteration": t,
+                                                    **fw.members_config(ids, mine)}),
+                            "result": result_record(self.result)})
             if len(ids):
-                c["models"] = fw.arrays(wire.encode({k: v[ids] for k, v in np_params.items()},
-                                                  self.s.wire))
+                c["models"] = fw.models_record({k: v[ids] for k, v in np_params.items()},
+                                               self.s.wire)
             return c
 
         def check(nid: int, c: RecordDict) -> str | None:
@@ -377,12 +374,8 @@ class FlowerClients:
         out = {}
         for nid, c in ex.replies.items():
             i = self.index[nid]
-            met = c.metric_records["metrics"]
-            confirmed = ([bool(b) for b in c.array_records["confirmed"]["confirmed"].numpy()]
-                         if "confirmed" in c.array_records else None)
-            out[i] = RefineReply(float(met["agreement"]), fw.read_hist(c), confirmed,
-                                 float(met["community-share"]) if "community-share" in met
-                                 else None)
+            agreement, confirmed, share = fw.read_refine(c)
+            out[i] = RefineReply(agreement, fw.read_hist(c), confirmed, share)
             if out[i].hist is not None:
                 self.hists[i] = out[i].hist
         return out
@@ -391,9 +384,8 @@ class FlowerClients:
                          ) -> None:
         def content(nid: int) -> RecordDict:
             mine = members[self.index[nid]]
-            return RecordDict({"config": ConfigRecord({
-                "communities": [g for g, _ in mine], "members-len": [len(qs) for _, qs in mine],
-                "members-flat": [q for _, qs in mine for q in qs]}),
+            return RecordDict({"config": ConfigRecord(
+                fw.members_config([g for g, _ in mine], [qs for _, qs in mine])),
                 "result": result_record(self.result)})
 
         ex = send_and_collect(self.grid, [self.nodes[i] for i in sorted(members)], content,

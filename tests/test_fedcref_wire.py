@@ -45,3 +45,30 @@ def test_a_damaged_record_is_named() -> None:
     assert "expected int8" in wire.problem(bad)
     bad = dict(enc, **{"b0": enc["b0"].astype(np.int32)})
     assert "floating-point" in wire.problem(bad)
+
+
+def test_each_message_reads_back_what_its_builder_wrote() -> None:
+    """strategies.wire.fedcref holds both ends of every FedCRef message."""
+    from strategies.wire import fedcref as fw
+    from strategies.wire.records import array_record
+
+    ids, members = fw.read_members(fw.members_config([4, 1], [[0, 2], [1]]))
+    assert ids == [4, 1] and [m.tolist() for m in members] == [[0, 2], [1]]
+    assert fw.read_members({}) == ([], [])
+    m = _models()
+    back = fw.read_models(fw.local_reply(m, np.array([0, 1, 2]), None, "int8", {"k": 3}))
+    for k, v in wire.roundtrip(m, "int8").items():
+        np.testing.assert_array_equal(back[k], v)
+    rd = fw.local_reply(None, None, np.ones((3, 2), np.int64), "int8", {"k": 3})
+    assert fw.read_models(rd) is None and fw.read_hist(rd).shape == (3, 2)
+    acc = np.array([[True, False], [False, True]])
+    np.testing.assert_array_equal(fw.read_accept(fw.accept_reply(acc, 0.1)), acc)
+    assert fw.missing_reply([3], 0.0).metric_records["metrics"]["missing"] == [3]
+    models, counts = fw.read_comm(fw.comm_reply(m, np.array([5.0, 6.0, 7.0]), "float32", 0.0))
+    np.testing.assert_array_equal(models["W0"], m["W0"])
+    assert counts.tolist() == [5.0, 6.0, 7.0]
+    assert fw.read_refine(fw.refine_reply(0.5, 0.25, np.array([True, False]), None, 0.0)) \
+        == (0.5, [True, False], 0.25)
+    assert fw.read_refine(fw.refine_reply(1.0, 0.0, None, None, 0.0))[1] is None
+    named = {f"1:0:2/{k}": v for k, v in wire.encode(m, "float16").items()}
+    assert set(fw.keyed_models(array_record(**named))) == {"1:0:2"}

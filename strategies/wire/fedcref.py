@@ -1,26 +1,132 @@
-"""FedCRef's messages as the server reads them: the checks of every reply (what a node
-declared, what its training can reach) and the decoders of its arrays.
+"""FedCRef's messages, both ends: the builders and readers of every request and reply, and
+the server's checks of every reply (what a node declared, what its training can reach).
 
-The nodes build these replies in :mod:`client_apps.fedcref_handlers` (with the number formats
-of :mod:`fedclust.fedcref.wire`); the server loop is :mod:`strategies.fedcref`.
+The server loop (:mod:`strategies.fedcref`) and the ClientApp handlers
+(:mod:`client_apps.fedcref_handlers`) only call these; model weights travel in the number
+format of :mod:`fedclust.fedcref.wire`. Importing this module does not import torch (the
+ClientApp imports it at start).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, RecordDict
 
-from fedclust.fedcref import autoencoder as ae
 from fedclust.fedcref import wire
 from fedclust.fedcref.keys import ClientSettings
 from strategies.wire.records import array_record
+from strategies.wire.records import content as _content
 
 
 def arrays(named: dict[str, np.ndarray]) -> ArrayRecord:
     """The ArrayRecord of named model arrays (:func:`strategies.wire.records.array_record`)."""
     return array_record(**named)
+
+
+# -- requests: server -> node ------------------------------------------------------------------
+
+def models_record(models: Mapping[str, np.ndarray], fmt: str) -> ArrayRecord:
+    """Stacked autoencoders (``W0`` (m, in, out) …) encoded in the wire format ``fmt``."""
+    return arrays(wire.encode(dict(models), fmt))
+
+
+def members_config(communities: Sequence[int], members: Sequence[Sequence[int]]
+                   ) -> dict[str, list[int]]:
+    """The config entries naming community ``communities[j]`` and the node's clusters in it,
+    ``members[j]`` (flattened, as a ConfigRecord holds flat lists only)."""
+    return {"communities": [int(g) for g in communities],
+            "members-len": [len(qs) for qs in members],
+            "members-flat": [int(q) for qs in members for q in qs]}
+
+
+def read_members(conf: Mapping[str, Any]) -> tuple[list[int], list[np.ndarray]]:
+    """The inverse of :func:`members_config`: community ids and the clusters in each."""
+    ids = [int(g) for g in conf.get("communities", [])]
+    lens = [int(v) for v in conf.get("members-len", [])]
+    flat = np.asarray(conf.get("members-flat", []), dtype=np.int64)
+    members = np.split(flat, np.cumsum(lens)[:-1]) if lens else []
+    return ids, [np.asarray(qs, dtype=np.int64) for qs in members]
+
+
+def read_models(rd: RecordDict, name: str = "models") -> dict[str, np.ndarray] | None:
+    """The decoded stacked models of record ``name`` (None: the message has none)."""
+    return decoded(rd, name) if name in rd.array_records else None
+
+
+def keyed_models(rec: ArrayRecord) -> dict[str, dict[str, np.ndarray]]:
+    """Cross-evaluation models, sent as ``"<model key>/<array name>"``: decoded per key."""
+    grouped: dict[str, dict[str, np.ndarray]] = {}
+    for name, arr in rec.items():
+        key, _, layer = name.rpartition("/")
+        grouped.setdefault(key, {})[layer] = arr.numpy()
+    return {k: wire.decode(v) for k, v in grouped.items()}
+
+
+# -- replies: node -> server -------------------------------------------------------------------
+
+def _hist(hist: np.ndarray | None) -> dict[str, dict[str, np.ndarray]]:
+    return {"eval": {"hist": hist}} if hist is not None else {}
+
+
+def local_reply(models: Mapping[str, np.ndarray] | None, clusters: np.ndarray | None,
+                hist: np.ndarray | None, fmt: str, metrics: Mapping[str, Any]) -> RecordDict:
+    """Lines 6–8: the retrained cluster models (None: unchanged) and the clusters that have a
+    model (None: unchanged), with the evaluation histograms when asked."""
+    out: dict[str, dict[str, np.ndarray]] = {}
+    if models:
+        out["models"] = wire.encode(dict(models), fmt)
+    if clusters is not None:
+        out["clusters"] = {"clusters": np.asarray(clusters, dtype=np.int64)}
+    return _content({**out, **_hist(hist)}, metrics)
+
+
+def accept_reply(accept: np.ndarray, seconds: float) -> RecordDict:
+    """Lines 10–15: one accept bit per (local cluster, foreign model)."""
+    return _content({"accept": {"accept": np.asarray(accept).astype(np.uint8)}},
+                   {"missing": [], "seconds": seconds})
+
+
+def missing_reply(missing: Sequence[int], seconds: float) -> RecordDict:
+    """The positions of the foreign models the node no longer holds: send them again."""
+    return _content(None, {"missing": [int(i) for i in missing], "seconds": seconds})
+
+
+def read_accept(rd: RecordDict) -> np.ndarray:
+    return rd.array_records["accept"]["accept"].numpy().astype(bool)
+
+
+def comm_reply(models: Mapping[str, np.ndarray], counts: np.ndarray, fmt: str,
+               seconds: float) -> RecordDict:
+    """Line 22: the node's trained copy of each of its communities and its sample counts."""
+    return _content({"models": wire.encode(dict(models), fmt), "counts": {"counts": counts}},
+                   {"seconds": seconds})
+
+
+def read_comm(rd: RecordDict) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    return decoded(rd, "models"), rd.array_records["counts"]["counts"].numpy()
+
+
+def refine_reply(agreement: float, community_share: float, confirmed: np.ndarray | None,
+                 hist: np.ndarray | None, seconds: float) -> RecordDict:
+    """Lines 26–30: the agreement with the previous labels, the share of the samples that
+    community models label, and with ``refine=covered`` one bit per community."""
+    out = _hist(hist)
+    if confirmed is not None:
+        out["confirmed"] = {"confirmed": np.asarray(confirmed).astype(np.uint8)}
+    return _content(out, {"agreement": agreement, "community-share": community_share,
+                         "seconds": seconds})
+
+
+def read_refine(rd: RecordDict) -> tuple[float, list[bool] | None, float | None]:
+    """Agreement, confirmation bits (None: not asked) and community share of a checked reply."""
+    met = rd.metric_records["metrics"]
+    confirmed = ([bool(b) for b in rd.array_records["confirmed"]["confirmed"].numpy()]
+                 if "confirmed" in rd.array_records else None)
+    share = float(met["community-share"]) if "community-share" in met else None
+    return float(met["agreement"]), confirmed, share
 
 
 def metrics_problem(content: RecordDict, *names: str) -> str | None:
@@ -150,7 +256,10 @@ def check_local(content: RecordDict, sizes: list[int] | None, hidden: list[int],
         w0 = rec.get("W0", rec.get("W0.q"))
         if w0 is None or w0.numpy().ndim != 3:
             return "'models' lacks a 3-D 'W0'"
-        dims = sizes or ae.layer_sizes(int(w0.numpy().shape[1]), hidden)
+        if sizes is None:
+            from fedclust.fedcref.autoencoder import layer_sizes  # torch: server side only
+            sizes = layer_sizes(int(w0.numpy().shape[1]), hidden)
+        dims = sizes
         bound = fresh_bound(s, dims, n) if s is not None else None
         problem = models_problem(content, "models", model_shapes(dims, len(clusters)), bound)
     return problem or check_hist(content, k, n)
