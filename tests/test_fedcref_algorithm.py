@@ -232,6 +232,42 @@ def test_a_cluster_emptied_by_refinement_leaves_the_graph() -> None:
     assert out.history[1]["unmodelled_clusters"] == 1
 
 
+@pytest.mark.parametrize("new_links", ["every", "first", "once"])
+def test_later_iterations_add_no_link_unless_new_links_is_every(new_links: str) -> None:
+    # three clients, one cluster each: 0-1 accept each other in iterations 1 and 2, then not;
+    # 1-2 first accept each other in iteration 2
+    pairs = {1: {(0, 1)}, 2: {(0, 1), (1, 2)}, 3: set()}
+
+    class Changing(Scripted):
+        n = 3
+
+        asked_at: list[int] = []
+
+        def associate(self, t, models, asked):
+            self.asked_at.append(t)
+            out = {}
+            for i in asked:
+                foreign = [node[0] for node in models if node[0] != i]
+                out[i] = np.array([[tuple(sorted((i, j))) in pairs[t] for j in foreign]])
+            return out
+
+        def refine(self, t, targets, params, members):
+            return {i: algorithm.RefineReply(0.0) for i in targets}
+
+    fed = Changing({}, {i: 1.0 for i in range(3)}, {i: 1 for i in range(3)})
+    out = algorithm.run(fed, algorithm.Settings(max_iterations=3, fl_rounds=1,
+                                                new_links=new_links, stop_window=9))
+    edges = [h["edges"] for h in out.history]
+    if new_links == "every":
+        assert edges == [1, 2, 0] and out.history[1]["sizes"] == [3]
+    elif new_links == "once":       # the first links, kept without asking again
+        assert edges == [1, 1, 1] and fed.asked_at == [1]
+    else:
+        assert edges == [1, 1, 0] and out.history[1]["sizes"] == [2]
+        assert fed.asked_at == [1, 2, 3]
+        assert [h.get("blocked_links", 0) for h in out.history] == [0, 1, 0]
+
+
 @pytest.mark.parametrize("agreement", [1.0, 0.9])
 def test_an_unchanged_community_keeps_its_model_with_reuse(agreement: float) -> None:
     class Noting(Scripted):

@@ -291,12 +291,16 @@ class _Evaluation:
         return {(i, q): h[q] for i, h in self.hists.items() for q in range(len(h))}
 
     def groups(self, groups: list[list[Node]]) -> dict[str, Any]:
-        w, tot, pct = wrong_associations(groups, self.node_hist())
+        nh = self.node_hist()
+        w, tot, pct = wrong_associations(groups, nh)
+        major = majority_classes(nh)
         present = self.tables()
         holders = np.stack([(h.sum(0) > 0) for h in present]).sum(0) if present else np.zeros(0)
         return {"eval_wrong_associations": w, "eval_associated_clusters": tot,
                 "eval_wrong_associations_pct": pct, "eval_global_k": int((holders > 0).sum()),
-                "eval_ideal_communities": int((holders >= 2).sum())}
+                "eval_ideal_communities": int((holders >= 2).sum()),
+                # each community's members' true majority classes, to see what was merged
+                "eval_community_classes": [[major.get(n, -1) for n in g] for g in groups]}
 
 
 def run(clients: Clients, s: Settings,
@@ -317,6 +321,7 @@ def run(clients: Clients, s: Settings,
     history: list[dict[str, Any]] = []
     responding: list[int] = []
     stop_reason = "max-iterations"
+    first_links: set[tuple[Node, Node]] | None = None    # the links of the first association
     t = 0
     for t in range(1, s.max_iterations + 1):
         rec: dict[str, Any] = {"iteration": t, "active_clients": len(active)}
@@ -352,7 +357,12 @@ def run(clients: Clients, s: Settings,
 
         # 2. association on the clients (lines 9-16) --------------------------------------
         edges: list[tuple[Node, Node]] = []
-        if s.association == "mutual":
+        if s.association == "mutual" and s.new_links == "once" and first_links is not None:
+            # the first association's links between clusters that still have a model; no
+            # cross-evaluation
+            present = set(graph_nodes)
+            edges = [e for e in sorted(first_links) if e[0] in present and e[1] in present]
+        elif s.association == "mutual":
             models = {key: store[key] for key in graph_nodes}
             answers = clients.associate(t, models, responding)
             accept: dict[Node, set[Node]] = {}
@@ -363,10 +373,16 @@ def run(clients: Clients, s: Settings,
                         accept[(ci, q)] = {foreign[j] for j in np.flatnonzero(mat[q])}
             graph_nodes = [key for key in graph_nodes if key[0] in answers]
             edges = mutual_edges(accept)                               # line 13: both ways
+            if s.new_links == "first" and first_links is not None:
+                kept = [e for e in edges if e in first_links]
+                rec["blocked_links"] = len(edges) - len(kept)
+                edges = kept
             if s.cannot_link:
                 kept = split_conflicts(graph_nodes, edges)
                 rec["cut_edges"] = len(edges) - len(kept)
                 edges = kept
+            if first_links is None:
+                first_links = set(edges)
         elif s.association == "perfect":
             nh = ev.node_hist()
             edges = perfect_edges(majority_classes({k: nh[k] for k in graph_nodes if k in nh}))

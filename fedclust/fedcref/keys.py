@@ -77,6 +77,12 @@ KEYS: list[Key] = [
         "a quarter of the bytes)", choices=("float32", "float16", "int8")),
     Key("fedcref.cannot-link", bool, True, "cut the cluster graph so that no community holds "
         "two clusters of one client (a minimum edge cut between them; not in the paper)"),
+    Key("fedcref.new-links", str, "every", "which iterations may link clusters: 'every' (the "
+        "paper), 'first' (later iterations test the first iteration's links again and keep "
+        "or drop them, never add one: refined clusters can drift into mixtures of groups) or "
+        "'once' (later iterations keep the first iteration's links without a new "
+        "cross-evaluation); 'first' and 'once' are not in the paper",
+        choices=("every", "first", "once")),
     Key("fedcref.refine", str, "covered", "refinement (Algorithm 2): 'paper' (every sample may "
         "go to any community model), 'gated' (a sample is offered only the communities of "
         "the cluster whose own model reconstructs it best) or 'covered' (a sample whose best "
@@ -197,6 +203,10 @@ class Settings:
         Compute the ``eval_*`` metrics from the clients' histograms (``evaluate``).
     cannot_link : bool
         No community holds two clusters of one client (``fedcref.cannot-link``).
+    new_links : str
+        ``"every"`` iteration may link clusters; ``"first"``: later iterations re-test the
+        first iteration's links and never add one; ``"once"``: later iterations keep them
+        without cross-evaluation (``fedcref.new-links``).
     reuse_communities : bool
         Keep a community's model while nothing it depends on changed
         (``fedcref.reuse-communities``).
@@ -216,6 +226,7 @@ class Settings:
     ae_init: str = "keras"
     evaluate: bool = False
     cannot_link: bool = True
+    new_links: str = "every"
     reuse_communities: bool = False
     warm_start: bool = False
     warm_rounds: int = 5
@@ -230,6 +241,7 @@ class Settings:
                    association=str(cfg["fedcref.association"]),
                    ae_init=str(cfg["fedcref.ae-init"]), evaluate=bool(cfg["evaluate"]),
                    cannot_link=bool(cfg["fedcref.cannot-link"]),
+                   new_links=str(cfg["fedcref.new-links"]),
                    reuse_communities=bool(cfg["fedcref.reuse-communities"]),
                    warm_start=bool(cfg["fedcref.warm-start"]),
                    warm_rounds=int(cfg["fedcref.warm-rounds"]))
