@@ -340,3 +340,16 @@ def test_a_client_that_left_does_not_keep_the_run_going(data_root: Path, tmp_pat
     m = summary["metrics"]
     assert m["stop_reason"] == "no active clients", m
     assert 1004 in m["dropped_nodes"]
+
+
+def test_with_new_links_once_only_the_first_iteration_cross_evaluates(data_root: Path,
+                                                                      tmp_path: Path) -> None:
+    cfg = _cfg(data_root, tmp_path, **{"fedcref.new-links": "once", "fedcref.tau": 1.0,
+                                       "fedcref.max-iterations": 3})
+    _, grid = run_server(cfg, keep_sent=True)
+    hist = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
+    assert len(hist) == 3 and hist[0]["communities"] >= 1
+    assert len({h["edges"] for h in hist}) == 1          # the first links, kept
+    # one cross-evaluation message per client, in the first iteration only
+    assert len([m for m in grid.sent if m.metadata.message_type == "query.fedcref_assoc"]) \
+        == cfg["num-clients"]
