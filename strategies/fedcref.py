@@ -38,7 +38,7 @@ from collections.abc import Collection, Mapping
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import Array, ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
 from fedclust.fedcref import algorithm, wire
@@ -243,9 +243,7 @@ class FlowerClients:
             del self.arrays[key]
         for node, (_, model) in models.items():
             if keys_all[node] not in self.arrays:
-                self.arrays[keys_all[node]] = {
-                    k: Array(np.ascontiguousarray(v))
-                    for k, v in wire.encode(model, self.s.wire).items()}
+                self.arrays[keys_all[node]] = fw.encoded_arrays(model, self.s.wire)
 
         def foreign(nid: int) -> list[Node]:
             return [node for node in models if node[0] != self.index[nid]]
@@ -255,12 +253,11 @@ class FlowerClients:
             names = [keys_all[k] for k in fk]
             send = [keys_all[k] for k in fk if keys_all[k] not in self.evaluated[nid]
                     and (only is None or keys_all[k] in only)]
-            arrs = {f"{key}/{name}": arr for key in send
-                    for name, arr in self.arrays[key].items()}
             c = RecordDict({"config": ConfigRecord(
                 {"keys": names} if names else {"no-keys": True})})
-            if arrs:
-                c["models"] = ArrayRecord(arrs)
+            rec = fw.keyed_record({key: self.arrays[key] for key in send})
+            if rec is not None:
+                c["models"] = rec
             return c
 
         def check(nid: int, c: RecordDict) -> str | None:

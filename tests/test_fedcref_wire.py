@@ -72,3 +72,8 @@ def test_each_message_reads_back_what_its_builder_wrote() -> None:
     assert fw.read_refine(fw.refine_reply(1.0, 0.0, None, None, 0.0))[1] is None
     named = {f"1:0:2/{k}": v for k, v in wire.encode(m, "float16").items()}
     assert set(fw.keyed_models(array_record(**named))) == {"1:0:2"}
+    keyed = fw.keyed_models(fw.keyed_record({"1:0:2": fw.encoded_arrays(m, "int8"),
+                                             "3:1:1": fw.encoded_arrays(m, "int8")}))
+    assert set(keyed) == {"1:0:2", "3:1:1"}
+    np.testing.assert_array_equal(keyed["3:1:1"]["W0"], wire.roundtrip(m, "int8")["W0"])
+    assert fw.keyed_record({}) is None

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import Array, ArrayRecord, RecordDict
 
 from fedclust.fedcref import wire
 from fedclust.fedcref.keys import ClientSettings
@@ -54,6 +54,20 @@ def read_members(conf: Mapping[str, Any]) -> tuple[list[int], list[np.ndarray]]:
 def read_models(rd: RecordDict, name: str = "models") -> dict[str, np.ndarray] | None:
     """The decoded stacked models of record ``name`` (None: the message has none)."""
     return decoded(rd, name) if name in rd.array_records else None
+
+
+def encoded_arrays(model: Mapping[str, np.ndarray], fmt: str) -> dict[str, Array]:
+    """One model encoded in the wire format ``fmt``, as Flower arrays (kept by the server
+    between iterations, so that an unchanged model is encoded once)."""
+    return {k: Array(np.ascontiguousarray(v)) for k, v in wire.encode(dict(model), fmt).items()}
+
+
+def keyed_record(arrays_by_key: Mapping[str, Mapping[str, Array]]) -> ArrayRecord | None:
+    """Cross-evaluation models in one record, named ``"<model key>/<array name>"`` (None:
+    no model to send); :func:`keyed_models` reads it."""
+    arrs = {f"{key}/{name}": arr for key, named in arrays_by_key.items()
+            for name, arr in named.items()}
+    return ArrayRecord(arrs) if arrs else None
 
 
 def keyed_models(rec: ArrayRecord) -> dict[str, dict[str, np.ndarray]]:
