@@ -268,6 +268,31 @@ def test_later_iterations_add_no_link_unless_new_links_is_every(new_links: str) 
         assert [h.get("blocked_links", 0) for h in out.history] == [0, 1, 0]
 
 
+@pytest.mark.parametrize("bridge_cut", [0, 3])
+def test_bridge_cut_separates_two_triangles_that_one_link_joins(bridge_cut: int) -> None:
+    # six clients, one cluster each: triangles 0-1-2 and 3-4-5, and the link 2-3
+    pairs = {(0, 1), (0, 2), (1, 2), (3, 4), (3, 5), (4, 5), (2, 3)}
+
+    class Triangles(Scripted):
+        n = 6
+
+        def associate(self, t, models, asked):
+            return {i: np.array([[tuple(sorted((i, node[0]))) in pairs
+                                  for node in models if node[0] != i]]) for i in asked}
+
+        def refine(self, t, targets, params, members):
+            return {i: algorithm.RefineReply(0.0) for i in targets}
+
+    fed = Triangles({}, {i: 1.0 for i in range(6)}, {i: 1 for i in range(6)})
+    out = algorithm.run(fed, algorithm.Settings(max_iterations=1, fl_rounds=1,
+                                                bridge_cut=bridge_cut))
+    first = out.history[0]
+    if bridge_cut:
+        assert first["sizes"] == [3, 3] and first["edges"] == 6 and first["bridge_cuts"] == 1
+    else:
+        assert first["sizes"] == [6] and first["edges"] == 7 and "bridge_cuts" not in first
+
+
 @pytest.mark.parametrize("agreement", [1.0, 0.9])
 def test_an_unchanged_community_keeps_its_model_with_reuse(agreement: float) -> None:
     class Noting(Scripted):

@@ -12,7 +12,12 @@ from fedclust.config import validate
 from fedclust.fedcref import algorithm
 from fedclust.fedcref import autoencoder as ae
 from fedclust.fedcref import client as core
-from fedclust.fedcref.association import confident_accepts, sign_test_p, split_conflicts
+from fedclust.fedcref.association import (
+    confident_accepts,
+    cut_bridges,
+    sign_test_p,
+    split_conflicts,
+)
 from fedclust.fedcref.inmemory import InMemoryClients
 from fedclust.fedcref.system import dirty_clustering
 
@@ -125,6 +130,31 @@ def test_split_conflicts_cuts_the_bridge_between_two_clients_clusters() -> None:
     # without a conflict nothing is cut
     assert split_conflicts(a + [(3, 0)], edges[:3] + [(a[2], (3, 0))]) == \
         edges[:3] + [(a[2], (3, 0))]
+
+
+def test_cut_bridges_separates_two_groups_that_one_link_joins() -> None:
+    # MNIST seed-2 shape: a group of five 4s and a triangle of 9s, one 4-9 link between them
+    fours = [(3, 2), (4, 0), (5, 1), (7, 0), (8, 0)]
+    nines = [(2, 2), (6, 2), (9, 2)]
+    inside = [((4, 0), (3, 2)), ((4, 0), (5, 1)), ((4, 0), (7, 0)), ((5, 1), (3, 2)),
+              ((5, 1), (8, 0)), ((7, 0), (3, 2)), ((7, 0), (5, 1)), ((7, 0), (8, 0)),
+              ((6, 2), (2, 2)), ((6, 2), (9, 2)), ((9, 2), (2, 2))]
+    edges = inside + [((9, 2), (5, 1))]
+    assert cut_bridges(fours + nines, edges, 2) == inside
+    assert cut_bridges(fours + nines, edges, 3) == inside
+    assert cut_bridges(fours + nines, edges, 4) == edges      # the 9 side has 3
+    assert cut_bridges(fours + nines, edges, 0) == edges
+    # a cluster hanging on one link keeps it
+    leaf = inside[:8] + [((8, 0), (1, 0))]
+    assert cut_bridges(fours + [(1, 0)], leaf, 2) == leaf
+
+
+def test_cut_bridges_cuts_a_chain_in_its_middle_only() -> None:
+    chain = [(i, 0) for i in range(6)]
+    edges = list(zip(chain, chain[1:]))
+    kept = cut_bridges(chain, edges, 2)
+    assert kept == edges[:2] + edges[3:]                       # 3 + 3, no isolated cluster
+    assert cut_bridges(chain, edges, 4) == edges
 
 
 def _const_models(outputs: list[float]) -> ae.Params:

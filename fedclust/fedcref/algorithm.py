@@ -45,6 +45,7 @@ from numpy.typing import NDArray
 from fedclust.fedcref import autoencoder as ae
 from fedclust.fedcref.association import (
     communities,
+    cut_bridges,
     mutual_edges,
     perfect_edges,
     split_conflicts,
@@ -380,6 +381,10 @@ def run(clients: Clients, s: Settings,
             if s.cannot_link:
                 kept = split_conflicts(graph_nodes, edges)
                 rec["cut_edges"] = len(edges) - len(kept)
+                edges = kept
+            if s.bridge_cut:
+                kept = cut_bridges(graph_nodes, edges, s.bridge_cut)
+                rec["bridge_cuts"] = len(edges) - len(kept)
                 edges = kept
             if first_links is None:
                 first_links = set(edges)

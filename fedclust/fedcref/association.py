@@ -320,6 +320,46 @@ def split_conflicts(nodes: Iterable[Node], edges: Iterable[tuple[Node, Node]]
     return [e for e in edges if g.has_edge(*e)]
 
 
+def cut_bridges(nodes: Iterable[Node], edges: Iterable[tuple[Node, Node]], min_side: int
+                ) -> list[tuple[Node, Node]]:
+    """Cut every link that alone joins two groups of at least ``min_side`` clusters each.
+
+    Inside one kind of data the mutual tests confirm a cluster with several others, so a
+    group of clusters of one kind is held together by many links. Two groups of different
+    kinds that one mutual acceptance joins (MNIST 4s and 9s: a 9 model explains a client's
+    4s nearly as well as a 4 model when that client has no 9s to compare with) hang on that
+    one link: a bridge of the graph. A bridge whose removal leaves ``min_side`` or more
+    clusters on each side is cut; a cluster hanging on one link (a side of 1) keeps it.
+
+    Bridges are cut one at a time, the most balanced first (the one whose smaller side is
+    largest; ties in sorted order), and recomputed after each cut, so a chain of links is
+    cut in its middle rather than into pieces. ``min_side=0`` cuts nothing. Nodes are
+    ``(client, cluster)``; returns the edges kept, in the input order.
+    """
+    edges = list(edges)
+    if min_side < 1:
+        return edges
+    g = nx.Graph()
+    g.add_nodes_from(nodes)
+    g.add_edges_from(edges)
+    while True:
+        best: tuple[int, Node, Node] | None = None
+        for comp in sorted((sorted(c) for c in nx.connected_components(g)), key=lambda c: c[0]):
+            if len(comp) < 2 * min_side:
+                continue
+            sub = g.subgraph(comp).copy()
+            for a, b in sorted(tuple(sorted(e)) for e in nx.bridges(sub)):
+                sub.remove_edge(a, b)
+                side = len(nx.node_connected_component(sub, a))
+                sub.add_edge(a, b)
+                smaller = min(side, len(comp) - side)
+                if smaller >= min_side and (best is None or smaller > best[0]):
+                    best = (smaller, a, b)
+        if best is None:
+            return [e for e in edges if g.has_edge(*e)]
+        g.remove_edge(best[1], best[2])
+
+
 def perfect_edges(majority: dict[Hashable, int]) -> list[tuple[Hashable, Hashable]]:
     """Baseline "perfect associations": link clusters of different clients whose true majority
     class is the same (evaluation path only; nodes are ``(client, cluster)``)."""

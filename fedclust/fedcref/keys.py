@@ -77,6 +77,9 @@ KEYS: list[Key] = [
         "a quarter of the bytes)", choices=("float32", "float16", "int8")),
     Key("fedcref.cannot-link", bool, True, "cut the cluster graph so that no community holds "
         "two clusters of one client (a minimum edge cut between them; not in the paper)"),
+    Key("fedcref.bridge-cut", int, 0, "cut a link that alone joins two groups of at least "
+        "this many clusters each (a bridge of the cluster graph: one mutual acceptance between "
+        "two groups of one kind each; 0 = off; not in the paper)", low=0),
     Key("fedcref.new-links", str, "every", "which iterations may link clusters: 'every' (the "
         "paper), 'first' (later iterations test the first iteration's links again and keep "
         "or drop them, never add one: refined clusters can drift into mixtures of groups) or "
@@ -203,6 +206,9 @@ class Settings:
         Compute the ``eval_*`` metrics from the clients' histograms (``evaluate``).
     cannot_link : bool
         No community holds two clusters of one client (``fedcref.cannot-link``).
+    bridge_cut : int
+        Cut a link that alone joins two groups of at least this many clusters each
+        (``fedcref.bridge-cut``; 0 = off).
     new_links : str
         ``"every"`` iteration may link clusters; ``"first"``: later iterations re-test the
         first iteration's links and never add one; ``"once"``: later iterations keep them
@@ -226,6 +232,7 @@ class Settings:
     ae_init: str = "keras"
     evaluate: bool = False
     cannot_link: bool = True
+    bridge_cut: int = 0
     new_links: str = "every"
     reuse_communities: bool = False
     warm_start: bool = False
@@ -241,6 +248,7 @@ class Settings:
                    association=str(cfg["fedcref.association"]),
                    ae_init=str(cfg["fedcref.ae-init"]), evaluate=bool(cfg["evaluate"]),
                    cannot_link=bool(cfg["fedcref.cannot-link"]),
+                   bridge_cut=int(cfg["fedcref.bridge-cut"]),
                    new_links=str(cfg["fedcref.new-links"]),
                    reuse_communities=bool(cfg["fedcref.reuse-communities"]),
                    warm_start=bool(cfg["fedcref.warm-start"]),
