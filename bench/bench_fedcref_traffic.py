@@ -8,8 +8,8 @@ clients and the iterations), the final ACC, and the ratio of the two traffic fig
     python bench/bench_fedcref_traffic.py --data-dir $FEDCLUST_DATA_DIR --seed 100
 
 The reference is the previous default (the ratio test, the paper's refinement, float32
-weights); the candidate is the current default (the run-config defaults). ``--set`` adds
-run-config overrides to both; ``--reference`` / ``--candidate`` to one.
+weights, no graph cuts); the candidate is the current default (the run-config defaults).
+``--set`` adds run-config overrides to both; ``--reference`` / ``--candidate`` to one.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 PREVIOUS = ["fedcref.assoc-rule=ratio", "fedcref.refine=paper", "fedcref.wire=float32",
-            "fedcref.cannot-link=false"]
+            "fedcref.cannot-link=false", "fedcref.bridge-cut=0"]
 
 
 def _parse(pairs: list[str]) -> dict[str, str]:

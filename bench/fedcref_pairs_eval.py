@@ -3,9 +3,10 @@
 For every cached system and every test setting: the share of same-class and different-class
 cluster pairs linked both ways, the iteration-1 graph (edges, wrong edges, communities,
 isolated clusters, wrong associations %) with and without the split of communities that hold
-two clusters of one client. Labels are used only to score::
+two clusters of one client, and with the bridge cut after that split (``--bridge-cut``: one
+line per value). Labels are used only to score::
 
-    python bench/fedcref_pairs_eval.py runs/pairs/mnist-n10-s60-*.npz
+    python bench/fedcref_pairs_eval.py runs/pairs/mnist-n10-s60-*.npz --bridge-cut 0 3
 """
 
 from __future__ import annotations
@@ -53,8 +54,13 @@ def accept_bits(sys_: dict, rule: str, **kw) -> dict:
     return out
 
 
-def score(sys_: dict, accept: dict, split: bool) -> dict:
-    from fedclust.fedcref.association import communities, mutual_edges, split_conflicts
+def score(sys_: dict, accept: dict, split: bool, bridge_cut: int = 0) -> dict:
+    from fedclust.fedcref.association import (
+        communities,
+        cut_bridges,
+        mutual_edges,
+        split_conflicts,
+    )
     from fedclust.fedcref.evaluation import wrong_associations
 
     owner = sys_["owner"]
@@ -69,6 +75,8 @@ def score(sys_: dict, accept: dict, split: bool) -> dict:
         kept = split_conflicts(owner, edges)
         cut = len(edges) - len(kept)
         edges = kept
+    kept = cut_bridges(owner, edges, bridge_cut)
+    bridges, edges = len(edges) - len(kept), kept
     comms, iso = communities(owner, edges)
     same = [(a, b) for a, b in itertools.combinations(owner, 2)
             if a[0] != b[0] and major[a] == major[b]]
@@ -78,6 +86,7 @@ def score(sys_: dict, accept: dict, split: bool) -> dict:
     holders = {c: len({o[0] for o in owner if major[o] == c}) for c in classes}
     return {"edges": len(edges), "wrong_edges": sum(major[a] != major[b] for a, b in edges),
             "same_linked": round(linked_same / max(len(same), 1), 3), "cut": cut,
+            "bridges_cut": bridges,
             "communities": len(comms), "ideal": sum(h >= 2 for h in holders.values()),
             "isolated": len(iso), "wrong_pct": round(wrong_associations(comms, hist)[2], 1),
             "merged": sum(len({major[o] for o in g}) > 1 for g in comms)}
@@ -101,14 +110,18 @@ def main() -> None:
     ap.add_argument("--tests", nargs="+", default=["ratio:epsilon=0.15"],
                     help="rule:key=value,... e.g. ratio:epsilon=0.15 "
                     "confident:epsilon=0.15,beta=0.05")
+    ap.add_argument("--bridge-cut", type=int, nargs="+", default=[0],
+                    help="fedcref.bridge-cut values scored after the split (0 = no cut)")
     args = ap.parse_args()
     for path in args.caches:
         s = load(Path(path))
         for rule, kw in settings(args.tests):
             acc = accept_bits(s, rule, **kw)
-            for split in (False, True):
-                print(json.dumps({"system": Path(path).stem, "rule": rule, **kw,
-                                  "split": split, **score(s, acc, split)}), flush=True)
+            print(json.dumps({"system": Path(path).stem, "rule": rule, **kw, "split": False,
+                              **score(s, acc, False)}), flush=True)
+            for m in args.bridge_cut:
+                print(json.dumps({"system": Path(path).stem, "rule": rule, **kw, "split": True,
+                                  "bridge_cut": m, **score(s, acc, True, m)}), flush=True)
 
 
 if __name__ == "__main__":

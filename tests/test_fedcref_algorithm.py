@@ -289,6 +289,7 @@ def test_bridge_cut_separates_two_triangles_that_one_link_joins(bridge_cut: int)
     first = out.history[0]
     if bridge_cut:
         assert first["sizes"] == [3, 3] and first["edges"] == 6 and first["bridge_cuts"] == 1
+        assert out.summary["health"]["bridge_cuts"] == 1
     else:
         assert first["sizes"] == [6] and first["edges"] == 7 and "bridge_cuts" not in first
 

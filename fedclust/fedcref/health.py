@@ -7,6 +7,8 @@ evidence leave:
   (the cannot-link cut, :func:`fedclust.fedcref.association.split_conflicts`, removes them).
   A client's clusters are different groups by its own clustering, so every cut edge is an
   association that contradicts a client: a sign of similar groups the tests cannot separate.
+- ``bridge_cuts``: links that alone joined two groups of clusters (``fedcref.bridge-cut``,
+  :func:`fedclust.fedcref.association.cut_bridges`): two kinds of data one acceptance joined.
 - ``unconfirmed_pct``: with ``fedcref.refine=covered``, the share of community memberships
   whose member does not confirm the community model on its own held-out samples (the model
   is not as good as the member's own, or no better than its other clusters' models).
@@ -39,6 +41,7 @@ def assess(history: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "isolated": last.get("isolated"),
         "cut_edges": sum(cuts),
         "cut_edges_last": cuts[-1],
+        "bridge_cuts": sum(int(h.get("bridge_cuts", 0)) for h in history),
         "unconfirmed_pct_max": max(unconfirmed) if unconfirmed else None,
         "community_share": last.get("community_share"),
         "fallback": not last.get("communities"),

@@ -77,7 +77,7 @@ KEYS: list[Key] = [
         "a quarter of the bytes)", choices=("float32", "float16", "int8")),
     Key("fedcref.cannot-link", bool, True, "cut the cluster graph so that no community holds "
         "two clusters of one client (a minimum edge cut between them; not in the paper)"),
-    Key("fedcref.bridge-cut", int, 0, "cut a link that alone joins two groups of at least "
+    Key("fedcref.bridge-cut", int, 3, "cut a link that alone joins two groups of at least "
         "this many clusters each (a bridge of the cluster graph: one mutual acceptance between "
         "two groups of one kind each; 0 = off; not in the paper)", low=0),
     Key("fedcref.new-links", str, "every", "which iterations may link clusters: 'every' (the "
@@ -232,7 +232,7 @@ class Settings:
     ae_init: str = "keras"
     evaluate: bool = False
     cannot_link: bool = True
-    bridge_cut: int = 0
+    bridge_cut: int = 3
     new_links: str = "every"
     reuse_communities: bool = False
     warm_start: bool = False
