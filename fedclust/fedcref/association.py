@@ -344,17 +344,13 @@ def cut_bridges(nodes: Iterable[Node], edges: Iterable[tuple[Node, Node]], min_s
     g.add_edges_from(edges)
     while True:
         best: tuple[int, Node, Node] | None = None
-        for comp in sorted((sorted(c) for c in nx.connected_components(g)), key=lambda c: c[0]):
-            if len(comp) < 2 * min_side:
-                continue
-            sub = g.subgraph(comp).copy()
-            for a, b in sorted(tuple(sorted(e)) for e in nx.bridges(sub)):
-                sub.remove_edge(a, b)
-                side = len(nx.node_connected_component(sub, a))
-                sub.add_edge(a, b)
-                smaller = min(side, len(comp) - side)
-                if smaller >= min_side and (best is None or smaller > best[0]):
-                    best = (smaller, a, b)
+        for a, b in sorted(tuple(sorted(e)) for e in nx.bridges(g)):
+            g.remove_edge(a, b)
+            smaller = min(len(nx.node_connected_component(g, a)),
+                          len(nx.node_connected_component(g, b)))
+            g.add_edge(a, b)
+            if smaller >= min_side and (best is None or smaller > best[0]):
+                best = (smaller, a, b)
         if best is None:
             return [e for e in edges if g.has_edge(*e)]
         g.remove_edge(best[1], best[2])
