@@ -3,7 +3,8 @@
 Runs FedCRef twice through the in-process grid (the real ServerApp and ClientApp) on one
 simulated system and prints, for each, the bytes a client sends and receives per iteration
 (``bytes_per_client_iter`` of summary.json: every message payload of the run, divided by the
-clients and the iterations), the final ACC, and the ratio of the two traffic figures::
+clients and the iterations), the final ACC, the ratio of the two traffic figures, and the
+same figure per phase (``bytes_per_client_iter_by_phase``)::
 
     python bench/bench_fedcref_traffic.py --data-dir $FEDCLUST_DATA_DIR --seed 100
 
@@ -41,6 +42,8 @@ def run(cfg: dict[str, str]) -> dict:
         summary, _ = run_server({**cfg, "output-dir": str(Path(tmp) / "run")})
         m = summary["metrics"]
         return {"bytes_per_client_iter": m["bytes_per_client_iter"],
+                "by_phase": {k: round(v) for k, v in
+                             m["bytes_per_client_iter_by_phase"].items()},
                 "iterations": m["iterations"], "acc_end": m.get("eval_acc_end"),
                 "communities": m["communities"], "wall_s": round(time.perf_counter() - t0, 1)}
 
@@ -68,6 +71,10 @@ def main() -> None:
           f"MB, candidate {new['bytes_per_client_iter'] / 1e6:.1f} MB, "
           f"{ref['bytes_per_client_iter'] / new['bytes_per_client_iter']:.2f}x less; ACC "
           f"{ref['acc_end']:.3f} -> {new['acc_end']:.3f}")
+    for phase in sorted(set(ref["by_phase"]) | set(new["by_phase"])):
+        r, c = ref["by_phase"].get(phase, 0) / 1e6, new["by_phase"].get(phase, 0) / 1e6
+        print(f"  {phase}: reference {r:.1f} MB, candidate {c:.1f} MB"
+              + (f", {r / c:.2f}x less" if c > 0 else ""))
 
 
 if __name__ == "__main__":

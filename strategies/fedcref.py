@@ -66,24 +66,31 @@ class _Traffic:
 
     def __init__(self) -> None:
         self.sent = self.received = 0
+        self.by_phase: dict[str, int] = {}      # bytes both ways
         self.seconds: dict[str, float] = {}
         self.client_seconds: dict[str, float] = {}
-        self._mark: tuple[int, int, dict[str, float], dict[str, float]] = (0, 0, {}, {})
+        self._mark: tuple[int, int, dict[str, int], dict[str, float], dict[str, float]] = (
+            0, 0, {}, {}, {})
 
     def since_mark(self) -> dict[str, Any]:
         """What was added since the previous call (one iteration), then move the mark."""
-        sent, received, secs, csecs = self._mark
+        sent, received, phases, secs, csecs = self._mark
         out = {"bytes_sent_iter": self.sent - sent,
                "bytes_received_iter": self.received - received,
+               "bytes_by_phase_iter": {k: v - phases.get(k, 0)
+                                       for k, v in self.by_phase.items()},
                "seconds_iter": {k: v - secs.get(k, 0.0) for k, v in self.seconds.items()},
                "client_seconds_iter": {k: v - csecs.get(k, 0.0)
                                        for k, v in self.client_seconds.items()}}
-        self._mark = (self.sent, self.received, dict(self.seconds), dict(self.client_seconds))
+        self._mark = (self.sent, self.received, dict(self.by_phase), dict(self.seconds),
+                      dict(self.client_seconds))
         return out
 
     def add(self, phase: str, ex: Exchange) -> None:
         self.sent += ex.bytes_sent
         self.received += ex.bytes_received
+        self.by_phase[phase] = (self.by_phase.get(phase, 0) + ex.bytes_sent
+                                + ex.bytes_received)
         self.seconds[phase] = self.seconds.get(phase, 0.0) + ex.seconds
         cs = sum(float(r.metric_records["metrics"].get("seconds", 0.0))
                  for r in ex.replies.values() if "metrics" in r.metric_records)
@@ -397,6 +404,7 @@ class FlowerClients:
         # bytes_* and *seconds are running totals since the start of the run; *_iter are this
         # iteration's share
         rec["bytes_sent"], rec["bytes_received"] = self.traffic.sent, self.traffic.received
+        rec["bytes_by_phase"] = dict(self.traffic.by_phase)
         rec["seconds"] = dict(self.traffic.seconds)
         rec["client_seconds"] = dict(self.traffic.client_seconds)
         rec.update(self.traffic.since_mark())
@@ -449,7 +457,11 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
             LOG.warning("plot failed: %s", exc)
     traffic = clients.traffic
     per_iter = [h["bytes_per_client_iter"] for h in outcome.history]
+    # the mean over iterations of each iteration's bytes per client, and its share per phase
+    scale = 1.0 / (max(clients.n, 1) * len(per_iter)) if per_iter else 0.0
     return {**outcome.summary, "bytes_sent": traffic.sent, "bytes_received": traffic.received,
             "bytes_per_client_iter": sum(per_iter) / len(per_iter) if per_iter else 0.0,
+            "bytes_per_client_iter_by_phase": {k: v * scale
+                                               for k, v in traffic.by_phase.items()},
             "seconds": traffic.seconds, "client_seconds": traffic.client_seconds,
             "dropped_nodes": sorted(clients.dropped)}

@@ -79,6 +79,15 @@ def test_recovers_planted_clusters(main_run) -> None:
     assert all(h["bytes_sent_iter"] > 0 for h in hist)
     for phase, total in hist[-1]["seconds"].items():
         assert sum(h["seconds_iter"].get(phase, 0.0) for h in hist) == pytest.approx(total)
+    # bytes per phase add up to all bytes, per iteration and over the run
+    for h in hist:
+        assert (sum(h["bytes_by_phase_iter"].values())
+                == h["bytes_sent_iter"] + h["bytes_received_iter"])
+    assert set(hist[0]["bytes_by_phase_iter"]) >= {"local_training", "cross_evaluation",
+                                                   "community_training", "refinement"}
+    by_phase = m["bytes_per_client_iter_by_phase"]
+    assert all(v > 0 for v in by_phase.values())
+    assert sum(by_phase.values()) == pytest.approx(m["bytes_per_client_iter"])
     assert first["unmodelled_clusters"] == 0
 
 
