@@ -119,6 +119,24 @@ def test_confident_accepts_needs_every_part() -> None:
         True, False]
 
 
+def test_the_margin_to_the_best_widens_with_the_cluster_size() -> None:
+    """δ_n = δ · max(1, n/60)^γ: a model 0.15 in log behind the best fails δ = 0.1 at every
+    size without growth; with γ = 0.3 it passes on 500 samples (δ_n = 0.19) and still fails
+    on 60 (δ_n = δ) and on 150 (δ_n = 0.13)."""
+    rng = np.random.default_rng(1)
+    for n, passes in ((60, False), (150, False), (500, True)):
+        own = np.exp(rng.normal(0, 0.3, n))
+        held = np.zeros(n, dtype=bool)
+        held[: n // 5] = True
+        best = own * np.exp(rng.normal(0.0, 0.02, n))
+        behind = best * np.exp(0.15 + rng.normal(0.0, 0.01, n))
+        foreign, other = np.stack([best, behind]), (own * 1.5)[None]
+        assert confident_accepts(own, foreign, other, held, 0.3, 0.05, 0.1).tolist() == [
+            True, False]
+        assert confident_accepts(own, foreign, other, held, 0.3, 0.05, 0.1, 0.3).tolist() == [
+            True, passes], n
+
+
 def test_split_conflicts_cuts_the_bridge_between_two_clients_clusters() -> None:
     # two triangles of one class each, joined by one edge; client 0 holds a cluster in each
     a = [(0, 0), (1, 0), (2, 0)]

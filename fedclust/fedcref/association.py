@@ -106,8 +106,8 @@ def sign_test_p(successes: NDArray, trials: int | NDArray) -> NDArray[np.float64
 
 
 def confident_accepts(own: NDArray, foreign: NDArray, others: NDArray, held: NDArray[np.bool_],
-                      epsilon: float, beta: float, delta: float | None = None
-                      ) -> NDArray[np.bool_]:
+                      epsilon: float, beta: float, delta: float | None = None,
+                      delta_growth: float = 0.0) -> NDArray[np.bool_]:
     """The confident test for one cluster q: which foreign models are interchangeable with the
     own model, shown by one-sided sign tests, each at level β.
 
@@ -119,6 +119,8 @@ def confident_accepts(own: NDArray, foreign: NDArray, others: NDArray, held: NDA
         (R ≥ 1; with none the client cannot tell "same" from "different" and accepts nothing)
     held : (n,) samples held out from ``AE_q``'s training
     epsilon, beta, delta : ε, β and δ below (``delta=None``: no comparison with the best)
+    delta_growth : γ: the cluster's margin to the best is ``δ_n = δ · max(1, n / 60)^γ``
+        (``0``: δ at every size)
 
     A foreign model f is accepted when all hold at level β:
 
@@ -127,10 +129,13 @@ def confident_accepts(own: NDArray, foreign: NDArray, others: NDArray, held: NDA
       ``#{x ∈ H_q : log E_f(x) − log E_q(x) ≤ ε}`` rejects "median > ε":
       ``P(Bin(h, ½) ≥ count) ≤ β``;
     - **as good as the best foreign model** (all n samples of q, which no foreign model has
-      seen; with ``delta``): ``#{x : log E_f(x) − log E_b(x) ≤ δ} `` passes the same sign
+      seen; with ``delta``): ``#{x : log E_f(x) − log E_b(x) ≤ δ_n} `` passes the same sign
       test, where b is the foreign model of lowest mean log error on q. Among several
       clients' models the right class is the best one, and a model of a similar class (a
-      "9" on "4"s) trails it on most samples even where it stays within ε of a weak own model;
+      "9" on "4"s) trails it on most samples even where it stays within ε of a weak own model.
+      The margin ``δ_n = δ · max(1, n / 60)^γ`` widens with the cluster's size: models
+      trained on many samples specialise, so the best of many same-class models leads the
+      others by more than δ on most samples, while a different class trails by more still;
     - **better than every other cluster's own model**: for each own other cluster q', on the
       ``m`` samples of q that the own model of q reconstructs better than the one of q',
       ``#{x : E_f(x) < E_q'(x)}`` rejects "f wins at most half of them":
@@ -155,12 +160,15 @@ def confident_accepts(own: NDArray, foreign: NDArray, others: NDArray, held: NDA
     ok &= (sign_test_p(wins, mine.sum(axis=1)[None, :]) <= beta).all(axis=1)
     if delta is not None:
         best = int(np.argmin(f.mean(axis=1)))
-        near = (f - f[best] <= delta).sum(axis=1)
+        delta_n = delta * max(1.0, f.shape[1] / BEST_MARGIN_SIZE) ** delta_growth
+        near = (f - f[best] <= delta_n).sum(axis=1)
         ok &= sign_test_p(near, f.shape[1]) <= beta
     return ok
 
 
 _TINY = float(np.finfo(np.float32).tiny)
+# cluster size (samples) at which the confident test's margin to the best is fedcref.best-margin
+BEST_MARGIN_SIZE = 60
 
 
 def accept_matrix(labels: NDArray[np.int64], own_errors: NDArray, foreign_errors: NDArray,
@@ -168,7 +176,8 @@ def accept_matrix(labels: NDArray[np.int64], own_errors: NDArray, foreign_errors
                   groups: NDArray[np.int64] | None = None, rule: str = "eq2",
                   epsilon: float = 0.15, quantile: float = 0.5,
                   held_out: NDArray[np.bool_] | None = None, lam: float = 0.5,
-                  beta: float = 0.05, delta: float | None = None) -> NDArray[np.bool_]:
+                  beta: float = 0.05, delta: float | None = None, delta_growth: float = 0.0
+                  ) -> NDArray[np.bool_]:
     """Client-side association: which foreign models each local cluster accepts.
 
     Parameters
@@ -193,7 +202,8 @@ def accept_matrix(labels: NDArray[np.int64], own_errors: NDArray, foreign_errors
     held_out : (n,) samples held out from the own models' training (``"ratio"`` and
         ``"calibrated"`` only: the statistic runs over the held-out samples of each cluster)
     lam : ``λ`` of the calibrated test
-    beta : ``β`` of the confident test (:func:`confident_accepts`)
+    beta, delta, delta_growth : ``β``, ``δ`` and ``γ`` of the confident test
+        (:func:`confident_accepts`)
 
     Returns
     -------
@@ -220,7 +230,7 @@ def accept_matrix(labels: NDArray[np.int64], own_errors: NDArray, foreign_errors
             others = [r for r in range(k) if r != q and np.all(np.isfinite(own_errors[r, whole]))]
             ok = confident_accepts(own_errors[q, whole], foreign_errors[:, whole],
                                    own_errors[others][:, whole], held_out[whole], epsilon, beta,
-                                   delta)
+                                   delta, delta_growth)
             ratio = log_ratio_quantile(own_errors[q, mask], foreign_errors[:, mask], 0.5)
             score = -ratio
             if groups is not None:

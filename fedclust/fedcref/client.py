@@ -239,7 +239,8 @@ def associate(state: ClientState, x: NDArray, keys: list[str], new_models: dict[
     acc = accept_matrix(state.labels, state.own_errors, foreign, s.theta, s.alpha,
                         s.min_cluster_size, groups, rule,
                         s.margin if confident else s.epsilon, s.ratio_quantile, held_out,
-                        s.lam, s.beta, s.best_margin if confident else None)
+                        s.lam, s.beta, s.best_margin if confident else None,
+                        s.best_margin_growth)
     return acc, [], time.perf_counter() - t0
 
 

@@ -72,6 +72,9 @@ KEYS: list[Key] = [
     Key("fedcref.best-margin", float, 0.1, "assoc-rule=confident: a foreign model must be "
         "within a factor e^best-margin of the best foreign model's error on most of the "
         "cluster's samples", low=0.0),
+    Key("fedcref.best-margin-growth", float, 0.0, "assoc-rule=confident: a cluster of n "
+        "samples uses best-margin * max(1, n/60)^best-margin-growth (0 = best-margin at every "
+        "size)", low=0.0),
     Key("fedcref.wire", str, "int8", "number format of model weights in messages: "
         "'float32', 'float16' or 'int8' (8-bit weights with one scale per output unit: about "
         "a quarter of the bytes)", choices=("float32", "float16", "int8")),
@@ -362,6 +365,9 @@ class ClientSettings:
     margin, best_margin, beta : float
         The confident test's margins and level (``fedcref.margin``, ``fedcref.best-margin``,
         ``fedcref.beta``); ``margin`` and ``beta`` also confirm communities in refinement.
+    best_margin_growth : float
+        How the margin to the best widens with the cluster's size
+        (``fedcref.best-margin-growth``).
     epsilon, ratio_quantile, lam : float
         The ratio and calibrated tests (``fedcref.epsilon``, ``fedcref.ratio-quantile``,
         ``fedcref.lambda``).
@@ -403,6 +409,7 @@ class ClientSettings:
     alpha: float
     margin: float
     best_margin: float
+    best_margin_growth: float
     beta: float
     epsilon: float
     ratio_quantile: float
@@ -440,6 +447,7 @@ class ClientSettings:
                    holdout=float(cfg["fedcref.holdout"]), theta=float(cfg["fedcref.theta"]),
                    alpha=float(cfg["fedcref.alpha"]), margin=float(cfg["fedcref.margin"]),
                    best_margin=float(cfg["fedcref.best-margin"]),
+                   best_margin_growth=float(cfg["fedcref.best-margin-growth"]),
                    beta=float(cfg["fedcref.beta"]), epsilon=float(cfg["fedcref.epsilon"]),
                    ratio_quantile=float(cfg["fedcref.ratio-quantile"]),
                    lam=float(cfg["fedcref.lambda"]),
