@@ -13,10 +13,8 @@ from fedclust.fedcref import algorithm
 from fedclust.fedcref import autoencoder as ae
 from fedclust.fedcref import client as core
 from fedclust.fedcref.association import (
-    communities,
     confident_accepts,
     cut_bridges,
-    drop_small_components,
     sign_test_p,
     split_conflicts,
 )
@@ -175,19 +173,6 @@ def test_cut_bridges_cuts_a_chain_in_its_middle_only() -> None:
     kept = cut_bridges(chain, edges, 2)
     assert kept == edges[:2] + edges[3:]                       # 3 + 3, no isolated cluster
     assert cut_bridges(chain, edges, 4) == edges
-
-
-def test_drop_small_components_keeps_communities_of_three_or_more() -> None:
-    pair = [((0, 1), (1, 2))]                                  # one mutual acceptance
-    triangle = [((2, 0), (3, 0)), ((3, 0), (4, 0)), ((4, 0), (2, 0))]
-    chain = [((5, 0), (6, 0)), ((6, 0), (7, 0))]                # three clusters, two links
-    nodes = [(0, 1), (1, 2), (2, 0), (3, 0), (4, 0), (5, 0), (6, 0), (7, 0), (8, 0)]
-    edges = pair + triangle + chain
-    assert drop_small_components(nodes, edges, 3) == triangle + chain
-    assert drop_small_components(nodes, edges, 4) == []
-    assert drop_small_components(nodes, edges, 2) == edges
-    groups, isolated = communities(nodes, drop_small_components(nodes, edges, 3))
-    assert len(groups) == 2 and {(0, 1), (1, 2), (8, 0)} <= set(isolated)
 
 
 def _const_models(outputs: list[float]) -> ae.Params:

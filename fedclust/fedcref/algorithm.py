@@ -46,7 +46,6 @@ from fedclust.fedcref import autoencoder as ae
 from fedclust.fedcref.association import (
     communities,
     cut_bridges,
-    drop_small_components,
     mutual_edges,
     perfect_edges,
     split_conflicts,
@@ -386,10 +385,6 @@ def run(clients: Clients, s: Settings,
             if s.bridge_cut:
                 kept = cut_bridges(graph_nodes, edges, s.bridge_cut)
                 rec["bridge_cuts"] = len(edges) - len(kept)
-                edges = kept
-            if s.min_community > 2:
-                kept = drop_small_components(graph_nodes, edges, s.min_community)
-                rec["small_dropped"] = len(edges) - len(kept)
                 edges = kept
             if first_links is None:
                 first_links = set(edges)

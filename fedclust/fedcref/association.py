@@ -366,22 +366,6 @@ def cut_bridges(nodes: Iterable[Node], edges: Iterable[tuple[Node, Node]], min_s
         g.remove_edge(best[1], best[2])
 
 
-def drop_small_components(nodes: Iterable[Node], edges: Iterable[tuple[Node, Node]],
-                          min_size: int) -> list[tuple[Node, Node]]:
-    """Drop the links of every component of fewer than ``min_size`` clusters, so that its
-    clusters stay isolated. A community of two clusters rests on one mutual acceptance, no
-    more evidence than a bridge; from three clusters on, a community can confirm itself with
-    more than one link. ``min_size ≤ 2`` drops nothing. Returns the edges kept, in order."""
-    edges = list(edges)
-    if min_size <= 2:
-        return edges
-    g = nx.Graph()
-    g.add_nodes_from(nodes)
-    g.add_edges_from(edges)
-    small = {n for c in nx.connected_components(g) if len(c) < min_size for n in c}
-    return [e for e in edges if e[0] not in small]
-
-
 def perfect_edges(majority: dict[Hashable, int]) -> list[tuple[Hashable, Hashable]]:
     """Baseline "perfect associations": link clusters of different clients whose true majority
     class is the same (evaluation path only; nodes are ``(client, cluster)``)."""

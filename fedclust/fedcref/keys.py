@@ -83,9 +83,6 @@ KEYS: list[Key] = [
     Key("fedcref.bridge-cut", int, 3, "cut a link that alone joins two groups of at least "
         "this many clusters each (a bridge of the cluster graph: one mutual acceptance between "
         "two groups of one kind each; 0 = off; not in the paper)", low=0),
-    Key("fedcref.min-community", int, 2, "a tested community needs at least this many "
-        "clusters; the clusters of a smaller component stay isolated (2 = every component of "
-        "two or more, the paper; 3 drops communities that rest on a single link)", low=2),
     Key("fedcref.new-links", str, "every", "which iterations may link clusters: 'every' (the "
         "paper), 'first' (later iterations test the first iteration's links again and keep "
         "or drop them, never add one: refined clusters can drift into mixtures of groups) or "
@@ -215,8 +212,6 @@ class Settings:
     bridge_cut : int
         Cut a link that alone joins two groups of at least this many clusters each
         (``fedcref.bridge-cut``; 0 = off).
-    min_community : int
-        Fewest clusters of a tested community (``fedcref.min-community``).
     new_links : str
         ``"every"`` iteration may link clusters; ``"first"``: later iterations re-test the
         first iteration's links and never add one; ``"once"``: later iterations keep them
@@ -241,7 +236,6 @@ class Settings:
     evaluate: bool = False
     cannot_link: bool = True
     bridge_cut: int = 3
-    min_community: int = 2
     new_links: str = "every"
     reuse_communities: bool = False
     warm_start: bool = False
@@ -258,7 +252,6 @@ class Settings:
                    ae_init=str(cfg["fedcref.ae-init"]), evaluate=bool(cfg["evaluate"]),
                    cannot_link=bool(cfg["fedcref.cannot-link"]),
                    bridge_cut=int(cfg["fedcref.bridge-cut"]),
-                   min_community=int(cfg["fedcref.min-community"]),
                    new_links=str(cfg["fedcref.new-links"]),
                    reuse_communities=bool(cfg["fedcref.reuse-communities"]),
                    warm_start=bool(cfg["fedcref.warm-start"]),
