@@ -54,6 +54,36 @@ def accept_bits(sys_: dict, rule: str, **kw) -> dict:
     return out
 
 
+def part_rates(sys_: dict, epsilon: float, beta: float, delta: float | None = None,
+               delta_growth: float = 0.0) -> dict:
+    """Share of same- and different-class directed pairs passing each confident part."""
+    from fedclust.fedcref.association import confident_parts
+
+    owner = sys_["owner"]
+    row = {o: r for r, o in enumerate(owner)}
+    major = {}
+    for i, q in owner:
+        m = sys_["labels"][i] == q
+        major[(i, q)] = int(np.argmax(np.bincount(sys_["y"][i][m], minlength=10)))
+    tally = {"same": np.zeros(5), "different": np.zeros(5)}
+    for i, q in owner:
+        err, labels, held = sys_["err"][i], sys_["labels"][i], sys_["held"][i]
+        whole = labels == q
+        if whole.sum() < 5 or not (whole & held).any():
+            continue
+        others = [row[o] for o in owner if o[0] == i and o != (i, q)]
+        fk = [row[o] for o in owner if o[0] != i]
+        parts = confident_parts(err[row[(i, q)]][whole], err[fk][:, whole],
+                                err[others][:, whole], held[whole], epsilon, beta, delta,
+                                delta_growth)
+        for c, r in enumerate(fk):
+            kind = "same" if major[owner[r]] == major[(i, q)] else "different"
+            tally[kind] += [1, *parts[:, c], parts[:, c].all()]
+    return {k: {"pairs": int(v[0]), **{name: round(float(v[j + 1] / max(v[0], 1)), 4)
+                for j, name in enumerate(("own", "best", "others", "all"))}}
+            for k, v in tally.items()}
+
+
 def score(sys_: dict, accept: dict, split: bool, bridge_cut: int = 0) -> dict:
     from fedclust.fedcref.association import (
         communities,
@@ -112,10 +142,18 @@ def main() -> None:
                     "confident:epsilon=0.15,beta=0.05")
     ap.add_argument("--bridge-cut", type=int, nargs="+", default=[0],
                     help="fedcref.bridge-cut values scored after the split (0 = no cut)")
+    ap.add_argument("--parts", action="store_true",
+                    help="print the pass rate of each part of the confident test instead")
     args = ap.parse_args()
     for path in args.caches:
         s = load(Path(path))
         for rule, kw in settings(args.tests):
+            if args.parts:
+                if rule != "confident":
+                    ap.error("--parts needs confident tests")
+                print(json.dumps({"system": Path(path).stem, **kw, **part_rates(s, **kw)}),
+                      flush=True)
+                continue
             acc = accept_bits(s, rule, **kw)
             print(json.dumps({"system": Path(path).stem, "rule": rule, **kw, "split": False,
                               **score(s, acc, False)}), flush=True)

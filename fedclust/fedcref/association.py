@@ -147,23 +147,36 @@ def confident_accepts(own: NDArray, foreign: NDArray, others: NDArray, held: NDA
     "different" in the client's own clusters: a model that cannot beat them on most samples
     is no evidence of the same distribution, however close its errors are to the own ones.
     """
+    return confident_parts(own, foreign, others, held, epsilon, beta, delta,
+                           delta_growth).all(axis=0)
+
+
+def confident_parts(own: NDArray, foreign: NDArray, others: NDArray, held: NDArray[np.bool_],
+                    epsilon: float, beta: float, delta: float | None = None,
+                    delta_growth: float = 0.0) -> NDArray[np.bool_]:
+    """The three parts of :func:`confident_accepts`, each a (F,) bool row of the returned
+    ``(3, F)`` array: as good as the own model, as good as the best foreign model (all true
+    with ``delta=None``), better than each other own cluster's model. With no foreign model
+    or no other own cluster every part is false."""
     held = np.asarray(held, dtype=bool)
     f = np.log(np.maximum(np.asarray(foreign, np.float64), _TINY))
     o = np.log(np.maximum(np.asarray(own, np.float64), _TINY))
+    parts = np.zeros((3, f.shape[0]), dtype=bool)
     if f.shape[0] == 0 or len(others) == 0:
-        return np.zeros(f.shape[0], dtype=bool)
+        return parts
     close = (f[:, held] - o[held] <= epsilon).sum(axis=1)
-    ok = sign_test_p(close, int(held.sum())) <= beta
-    r = np.log(np.maximum(np.asarray(others, np.float64), _TINY))
-    mine = o[None, :] < r                                  # (R, n): samples q explains better
-    wins = ((f[:, None, :] < r[None, :, :]) & mine[None]).sum(axis=2)          # (F, R)
-    ok &= (sign_test_p(wins, mine.sum(axis=1)[None, :]) <= beta).all(axis=1)
+    parts[0] = sign_test_p(close, int(held.sum())) <= beta
+    parts[1] = True
     if delta is not None:
         best = int(np.argmin(f.mean(axis=1)))
         delta_n = delta * max(1.0, f.shape[1] / BEST_MARGIN_SIZE) ** delta_growth
         near = (f - f[best] <= delta_n).sum(axis=1)
-        ok &= sign_test_p(near, f.shape[1]) <= beta
-    return ok
+        parts[1] = sign_test_p(near, f.shape[1]) <= beta
+    r = np.log(np.maximum(np.asarray(others, np.float64), _TINY))
+    mine = o[None, :] < r                                  # (R, n): samples q explains better
+    wins = ((f[:, None, :] < r[None, :, :]) & mine[None]).sum(axis=2)          # (F, R)
+    parts[2] = (sign_test_p(wins, mine.sum(axis=1)[None, :]) <= beta).all(axis=1)
+    return parts
 
 
 _TINY = float(np.finfo(np.float32).tiny)
