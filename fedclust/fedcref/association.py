@@ -134,8 +134,8 @@ def confident_accepts(own: NDArray, foreign: NDArray, others: NDArray, held: NDA
       clients' models the right class is the best one, and a model of a similar class (a
       "9" on "4"s) trails it on most samples even where it stays within ε of a weak own model.
       The margin ``δ_n = δ · max(1, n / 60)^γ`` widens with the cluster's size
-      (``fedcref.best-margin-growth``, off by default): among many same-class models the best
-      one can lead the others by more than δ on most samples;
+      (``fedcref.best-margin-growth``; the run config uses γ = 0.3): among many same-class
+      models the best one can lead the others by more than δ on most samples;
     - **better than every other cluster's own model**: for each own other cluster q', on the
       ``m`` samples of q that the own model of q reconstructs better than the one of q',
       ``#{x : E_f(x) < E_q'(x)}`` rejects "f wins at most half of them":

@@ -72,7 +72,7 @@ KEYS: list[Key] = [
     Key("fedcref.best-margin", float, 0.1, "assoc-rule=confident: a foreign model must be "
         "within a factor e^best-margin of the best foreign model's error on most of the "
         "cluster's samples", low=0.0),
-    Key("fedcref.best-margin-growth", float, 0.0, "assoc-rule=confident: a cluster of n "
+    Key("fedcref.best-margin-growth", float, 0.3, "assoc-rule=confident: a cluster of n "
         "samples uses best-margin * max(1, n/60)^best-margin-growth (0 = best-margin at every "
         "size)", low=0.0),
     Key("fedcref.wire", str, "int8", "number format of model weights in messages: "
@@ -83,7 +83,7 @@ KEYS: list[Key] = [
     Key("fedcref.bridge-cut", int, 3, "cut a link that alone joins two groups of at least "
         "this many clusters each (a bridge of the cluster graph: one mutual acceptance between "
         "two groups of one kind each; 0 = off; not in the paper)", low=0),
-    Key("fedcref.new-links", str, "every", "which iterations may link clusters: 'every' (the "
+    Key("fedcref.new-links", str, "first", "which iterations may link clusters: 'every' (the "
         "paper), 'first' (later iterations test the first iteration's links again and keep "
         "or drop them, never add one: refined clusters can drift into mixtures of groups) or "
         "'once' (later iterations keep the first iteration's links without a new "
@@ -213,9 +213,9 @@ class Settings:
         Cut a link that alone joins two groups of at least this many clusters each
         (``fedcref.bridge-cut``; 0 = off).
     new_links : str
-        ``"every"`` iteration may link clusters; ``"first"``: later iterations re-test the
-        first iteration's links and never add one; ``"once"``: later iterations keep them
-        without cross-evaluation (``fedcref.new-links``).
+        ``"every"`` iteration may link clusters (the paper); ``"first"`` (default): later
+        iterations re-test the first iteration's links and never add one; ``"once"``: later
+        iterations keep them without cross-evaluation (``fedcref.new-links``).
     reuse_communities : bool
         Keep a community's model while nothing it depends on changed
         (``fedcref.reuse-communities``).
@@ -236,7 +236,7 @@ class Settings:
     evaluate: bool = False
     cannot_link: bool = True
     bridge_cut: int = 3
-    new_links: str = "every"
+    new_links: str = "first"
     reuse_communities: bool = False
     warm_start: bool = False
     warm_rounds: int = 5
