@@ -22,6 +22,16 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+MIN_SIZE = 5      # fedcref.min-cluster-size: smaller clusters accept nothing
+
+
+def majority(sys_: dict) -> tuple[dict, dict]:
+    """Per cluster node: its true-class histogram and majority class (scoring only)."""
+    hist = {(i, q): np.bincount(sys_["y"][i][sys_["labels"][i] == q], minlength=10)
+            for i, q in sys_["owner"]}
+    return hist, {o: int(np.argmax(h)) for o, h in hist.items()}
+
+
 def load(path: Path) -> dict:
     z = np.load(path)
     owner = [tuple(int(v) for v in o) for o in z["owner"]]
@@ -48,7 +58,7 @@ def accept_bits(sys_: dict, rule: str, **kw) -> dict:
         fk = [r for r, o in enumerate(owner) if o[0] != i]
         groups = np.array([owner[r][0] for r in fk])
         acc = accept_matrix(labels, own, err[fk], rule=rule, groups=groups, held_out=held,
-                            theta=0.2, alpha=0.75, min_size=5, **kw)
+                            theta=0.2, alpha=0.75, min_size=MIN_SIZE, **kw)
         for q in range(k):
             out[(i, q)] = {owner[fk[c]] for c in np.flatnonzero(acc[q])}
     return out
@@ -61,15 +71,12 @@ def part_rates(sys_: dict, epsilon: float, beta: float, delta: float | None = No
 
     owner = sys_["owner"]
     row = {o: r for r, o in enumerate(owner)}
-    major = {}
-    for i, q in owner:
-        m = sys_["labels"][i] == q
-        major[(i, q)] = int(np.argmax(np.bincount(sys_["y"][i][m], minlength=10)))
+    _, major = majority(sys_)
     tally = {"same": np.zeros(5), "different": np.zeros(5)}
     for i, q in owner:
         err, labels, held = sys_["err"][i], sys_["labels"][i], sys_["held"][i]
         whole = labels == q
-        if whole.sum() < 5 or not (whole & held).any():
+        if whole.sum() < MIN_SIZE or not (whole & held).any():
             continue
         others = [row[o] for o in owner if o[0] == i and o != (i, q)]
         fk = [row[o] for o in owner if o[0] != i]
@@ -94,11 +101,7 @@ def score(sys_: dict, accept: dict, split: bool, bridge_cut: int = 0) -> dict:
     from fedclust.fedcref.evaluation import wrong_associations
 
     owner = sys_["owner"]
-    hist = {}
-    for i, q in owner:
-        m = sys_["labels"][i] == q
-        hist[(i, q)] = np.bincount(sys_["y"][i][m], minlength=10)
-    major = {o: int(np.argmax(h)) for o, h in hist.items()}
+    hist, major = majority(sys_)
     edges = mutual_edges(accept)
     cut = 0
     if split:
