@@ -43,7 +43,14 @@ from flwr.serverapp import Grid
 
 from fedclust.fedcref import algorithm, wire
 from fedclust.fedcref import autoencoder as ae
-from fedclust.fedcref.algorithm import Contribution, LocalReply, Model, Node, RefineReply
+from fedclust.fedcref.algorithm import (
+    Contribution,
+    LocalReply,
+    Model,
+    Node,
+    RefineReply,
+    foreign_nodes,
+)
 from fedclust.fedcref.client import refine_inputs as core_refine_inputs
 from fedclust.fedcref.keys import ClientSettings, Settings
 from fedclust.results import Progress, RunRecorder
@@ -242,8 +249,8 @@ class FlowerClients:
         return out
 
     # -- lines 9-16 ---------------------------------------------------------------------------
-    def associate(self, t: int, models: Mapping[Node, tuple[int, Model]], asked: list[int]
-                  ) -> dict[int, np.ndarray]:
+    def associate(self, t: int, models: Mapping[Node, tuple[int, Model]], asked: list[int],
+                  only: Mapping[int, list[Node]] | None = None) -> dict[int, np.ndarray]:
         keys_all = {node: _key(node, version) for node, (version, _) in models.items()}
         current = set(keys_all.values())
         for key in [k for k in self.arrays if k not in current]:
@@ -253,7 +260,7 @@ class FlowerClients:
                 self.arrays[keys_all[node]] = fw.encoded_arrays(model, self.s.wire)
 
         def foreign(nid: int) -> list[Node]:
-            return [node for node in models if node[0] != self.index[nid]]
+            return foreign_nodes(models, self.index[nid], only)
 
         def content(nid: int, only: set[str] | None = None) -> RecordDict:
             fk = foreign(nid)

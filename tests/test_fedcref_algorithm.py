@@ -144,7 +144,7 @@ class Scripted:
         return {i: algorithm.LocalReply(k=1, version=1, models={0: ae.to_numpy(
             _const_models([0.5]))}, modelled=[0]) for i in range(self.n)}
 
-    def associate(self, t, models, asked):
+    def associate(self, t, models, asked, only=None):
         return {i: np.array([[self.accepts[i]]]) for i in asked}
 
     def community_round(self, t, rnd, params, members, seed):
@@ -220,7 +220,7 @@ def test_a_cluster_emptied_by_refinement_leaves_the_graph() -> None:
             return {0: algorithm.LocalReply(k=2, version=1, modelled=[0]),
                     1: algorithm.LocalReply(k=2, version=1)}
 
-        def associate(self, t, models, asked):
+        def associate(self, t, models, asked, only=None):
             return {i: np.zeros((2, sum(n[0] != i for n in models)), bool) for i in asked}
 
         def refine(self, t, targets, params, members):
@@ -232,7 +232,7 @@ def test_a_cluster_emptied_by_refinement_leaves_the_graph() -> None:
     assert out.history[1]["unmodelled_clusters"] == 1
 
 
-@pytest.mark.parametrize("new_links", ["every", "first", "once"])
+@pytest.mark.parametrize("new_links", ["every", "first", "once", "partners"])
 def test_later_iterations_add_no_link_unless_new_links_is_every(new_links: str) -> None:
     # three clients, one cluster each: 0-1 accept each other in iterations 1 and 2, then not;
     # 1-2 first accept each other in iteration 2
@@ -242,13 +242,17 @@ def test_later_iterations_add_no_link_unless_new_links_is_every(new_links: str) 
         n = 3
 
         asked_at: list[int] = []
+        tested: list[dict[int, list[int]]] = []
 
-        def associate(self, t, models, asked):
+        def associate(self, t, models, asked, only=None):
             self.asked_at.append(t)
             out = {}
+            tested = {}
             for i in asked:
-                foreign = [node[0] for node in models if node[0] != i]
+                foreign = [node[0] for node in algorithm.foreign_nodes(models, i, only)]
+                tested[i] = foreign
                 out[i] = np.array([[tuple(sorted((i, j))) in pairs[t] for j in foreign]])
+            self.tested.append(tested)
             return out
 
         def refine(self, t, targets, params, members):
@@ -265,7 +269,15 @@ def test_later_iterations_add_no_link_unless_new_links_is_every(new_links: str) 
     else:
         assert edges == [1, 1, 0] and out.history[1]["sizes"] == [2]
         assert fed.asked_at == [1, 2, 3]
-        assert [h.get("blocked_links", 0) for h in out.history] == [0, 1, 0]
+        # with partners the new 1-2 acceptance is never tested, so nothing is blocked
+        blocked = [0, 0, 0] if new_links == "partners" else [0, 1, 0]
+        assert [h.get("blocked_links", 0) for h in out.history] == blocked
+        assert fed.tested[0] == {0: [1, 2], 1: [0, 2], 2: [0, 1]}
+        if new_links == "partners":    # only the first link's two ends, each other's model
+            assert fed.tested[1] == fed.tested[2] == {0: [1], 1: [0]}
+            assert out.history[1]["clusters"] == 3 and out.history[1]["isolated"] == 1
+        else:
+            assert fed.tested[1] == fed.tested[0]
 
 
 @pytest.mark.parametrize("bridge_cut", [0, 3])
@@ -276,7 +288,7 @@ def test_bridge_cut_separates_two_triangles_that_one_link_joins(bridge_cut: int)
     class Triangles(Scripted):
         n = 6
 
-        def associate(self, t, models, asked):
+        def associate(self, t, models, asked, only=None):
             return {i: np.array([[tuple(sorted((i, node[0]))) in pairs
                                   for node in models if node[0] != i]]) for i in asked}
 

@@ -362,3 +362,24 @@ def test_with_new_links_once_only_the_first_iteration_cross_evaluates(data_root:
     # one cross-evaluation message per client, in the first iteration only
     assert len([m for m in grid.sent if m.metadata.message_type == "query.fedcref_assoc"]) \
         == cfg["num-clients"]
+
+
+def test_with_new_links_partners_later_iterations_send_only_the_partners(data_root: Path,
+                                                                         tmp_path: Path) -> None:
+    cfg = _cfg(data_root, tmp_path, **{"fedcref.new-links": "partners", "fedcref.tau": 1.0,
+                                       "fedcref.max-iterations": 2, "fedcref.stop-window": 9})
+    _, grid = run_server(cfg, keep_sent=True)
+    hist = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
+    assert len(hist) == 2 and hist[0]["communities"] >= 1
+    assert hist[1]["edges"] <= hist[0]["edges"]
+    keys = {t: {m.metadata.dst_node_id: list(m.content["config"].get("keys", []))
+                for m in grid.sent if m.metadata.group_id == f"assoc-{t}"} for t in (1, 2)}
+    assert len(keys[1]) == cfg["num-clients"]
+    assert keys[2] and set(keys[2]) <= set(keys[1])
+    # a client's partners are the clusters linked to its own in the first iteration: fewer
+    # than every foreign cluster, and every one of them is linked to one of its clusters
+    clients = {int(k.split(":")[0]) for ks in keys[1].values() for k in ks}
+    assert all(len(keys[2][nid]) < len(keys[1][nid]) for nid in keys[2])
+    assert all({int(k.split(":")[0]) for k in ks} < clients for ks in keys[2].values())
+    by_phase = [h["bytes_by_phase_iter"]["cross_evaluation"] for h in hist]
+    assert by_phase[1] < by_phase[0]

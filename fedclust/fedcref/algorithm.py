@@ -14,7 +14,9 @@ One iteration ``t`` (line numbers are Algorithm 1's):
 2. **Association** (lines 9–16): each client receives the foreign models, computes their
    per-sample errors on each local cluster ``q`` and tests eq. (2),
    ``Pr{Normalize_[0,1]|E_iq→iq − E_jp→iq| ≤ θ} ≥ α``, or the ratio test
-   (:mod:`fedclust.fedcref.association`). Only the accept bits come back.
+   (:mod:`fedclust.fedcref.association`). Only the accept bits come back. With
+   ``new-links=partners``, later iterations send a client only the models of its clusters'
+   first-iteration partners (the only links a re-test can keep).
 3. **Communities** (lines 17–20, eq. 3): Γ has an edge where *both* directions accept
    (line 13); communities are its connected components with ≥ 2 clusters, the rest is the
    isolated set ``I``.
@@ -113,11 +115,13 @@ class Clients(Protocol):
         """Lines 6–8: clients in ``active`` retrain their cluster models (seed: the phase's)."""
 
     def associate(self, t: int, models: Mapping[Node, tuple[int, Model]],
-                  asked: list[int]) -> dict[int, NDArray[np.bool_]]:
+                  asked: list[int], only: Mapping[int, list[Node]] | None = None
+                  ) -> dict[int, NDArray[np.bool_]]:
         """Lines 9–16: each client of ``asked`` tests its clusters against every model of
-        ``models`` (``node -> (version, model)``, sorted by node) that is not its own.
+        ``models`` (``node -> (version, model)``, sorted by node) that is not its own, or,
+        with ``only``, against the models of ``only[i]`` (foreign nodes of ``models``, sorted).
         Returns per client a (K_i, F_i) accept matrix, columns in the order of the foreign
-        nodes of ``models``."""
+        nodes (:func:`foreign_nodes`)."""
 
     def community_round(self, t: int, rnd: int, params: ae.Params,
                         members: dict[int, list[tuple[int, list[int]]]], seed: int
@@ -152,6 +156,28 @@ def layer_sizes_of(model: Model) -> list[int]:
     """Layer sizes ``[d, h1, …, d]`` of one autoencoder from its weight shapes."""
     n_layers = sum(1 for name in model if name.startswith("W"))
     return [int(model["W0"].shape[1])] + [int(model[f"W{i}"].shape[2]) for i in range(n_layers)]
+
+
+def foreign_nodes(nodes: Collection[Node], client: int,
+                  only: Mapping[int, list[Node]] | None = None) -> list[Node]:
+    """The nodes ``client`` tests in the association: ``only[client]`` when given, else every
+    node of ``nodes`` (sorted) that is not its own."""
+    if only is not None:
+        return list(only.get(client, []))
+    return [node for node in nodes if node[0] != client]
+
+
+def partners(links: Collection[tuple[Node, Node]], nodes: Collection[Node]
+             ) -> dict[int, list[Node]]:
+    """Per client, the nodes linked by ``links`` to one of its clusters, among ``nodes``
+    (sorted; clients without such a node are left out)."""
+    present = set(nodes)
+    out: dict[int, set[Node]] = {}
+    for a, b in links:
+        if a in present and b in present:
+            out.setdefault(a[0], set()).add(b)
+            out.setdefault(b[0], set()).add(a)
+    return {ci: sorted(ns) for ci, ns in sorted(out.items())}
 
 
 def _pad(tables: list[NDArray]) -> list[NDArray]:
@@ -365,16 +391,24 @@ def run(clients: Clients, s: Settings,
             edges = [e for e in sorted(first_links) if e[0] in present and e[1] in present]
         elif s.association == "mutual":
             models = {key: store[key] for key in graph_nodes}
-            answers = clients.associate(t, models, responding)
+            only = asked = None
+            if s.new_links == "partners" and first_links is not None:
+                # a re-test can keep only a first-iteration link: each client needs only its
+                # clusters' partners, and a client without any has nothing to test
+                only = partners(first_links, graph_nodes)
+                asked = [ci for ci in responding if ci in only]
+            answers = clients.associate(t, models, responding if asked is None else asked,
+                                        only)
             accept: dict[Node, set[Node]] = {}
             for ci, mat in answers.items():
-                foreign = [key for key in graph_nodes if key[0] != ci]
+                foreign = foreign_nodes(graph_nodes, ci, only)
                 for q in range(mat.shape[0]):
                     if (ci, q) in models:
                         accept[(ci, q)] = {foreign[j] for j in np.flatnonzero(mat[q])}
-            graph_nodes = [key for key in graph_nodes if key[0] in answers]
+            graph_nodes = [key for key in graph_nodes
+                           if key[0] in answers or (asked is not None and key[0] not in asked)]
             edges = mutual_edges(accept)                               # line 13: both ways
-            if s.new_links == "first" and first_links is not None:
+            if s.new_links in ("first", "partners") and first_links is not None:
                 kept = [e for e in edges if e in first_links]
                 rec["blocked_links"] = len(edges) - len(kept)
                 edges = kept

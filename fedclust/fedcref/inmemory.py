@@ -17,7 +17,14 @@ from numpy.typing import NDArray
 from fedclust.fedcref import autoencoder as ae
 from fedclust.fedcref import client as core
 from fedclust.fedcref import wire
-from fedclust.fedcref.algorithm import Contribution, LocalReply, Model, Node, RefineReply
+from fedclust.fedcref.algorithm import (
+    Contribution,
+    LocalReply,
+    Model,
+    Node,
+    RefineReply,
+    foreign_nodes,
+)
 from fedclust.fedcref.keys import ClientSettings
 
 
@@ -80,11 +87,11 @@ class InMemoryClients:
             out[i] = reply
         return out
 
-    def associate(self, t: int, models: Mapping[Node, tuple[int, Model]], asked: list[int]
-                  ) -> dict[int, NDArray[np.bool_]]:
+    def associate(self, t: int, models: Mapping[Node, tuple[int, Model]], asked: list[int],
+                  only: Mapping[int, list[Node]] | None = None) -> dict[int, NDArray[np.bool_]]:
         out = {}
         for i in asked:
-            foreign = [node for node in models if node[0] != i]
+            foreign = foreign_nodes(models, i, only)
             keys = [f"{c}:{q}:{models[(c, q)][0]}" for c, q in foreign]
             new = {key: ae.from_numpy(models[node][1]) for key, node in zip(keys, foreign,
                                                                             strict=True)

@@ -87,8 +87,10 @@ KEYS: list[Key] = [
         "paper), 'first' (later iterations test the first iteration's links again and keep "
         "or drop them, never add one: refined clusters can drift into mixtures of groups) or "
         "'once' (later iterations keep the first iteration's links without a new "
-        "cross-evaluation); 'first' and 'once' are not in the paper",
-        choices=("every", "first", "once")),
+        "cross-evaluation) or 'partners' (as 'first', but a client receives only the models "
+        "of its clusters' first-iteration partners, and the best foreign model is the best "
+        "of those); 'first', 'once' and 'partners' are not in the paper",
+        choices=("every", "first", "once", "partners")),
     Key("fedcref.refine", str, "covered", "refinement (Algorithm 2): 'paper' (every sample may "
         "go to any community model), 'gated' (a sample is offered only the communities of "
         "the cluster whose own model reconstructs it best) or 'covered' (a sample whose best "
@@ -215,7 +217,9 @@ class Settings:
     new_links : str
         ``"every"`` iteration may link clusters (the paper); ``"first"`` (default): later
         iterations re-test the first iteration's links and never add one; ``"once"``: later
-        iterations keep them without cross-evaluation (``fedcref.new-links``).
+        iterations keep them without cross-evaluation; ``"partners"``: as ``"first"``, with
+        each client re-testing against its clusters' first-iteration partners only
+        (``fedcref.new-links``).
     reuse_communities : bool
         Keep a community's model while nothing it depends on changed
         (``fedcref.reuse-communities``).
