@@ -9,8 +9,8 @@ same figure per phase (``bytes_per_client_iter_by_phase``)::
     python bench/bench_fedcref_traffic.py --data-dir $FEDCLUST_DATA_DIR --seed 100
 
 The reference is the earlier default (the ratio test, the paper's refinement, float32
-weights, no graph cuts, links in every iteration); the candidate is the current default (the
-run-config defaults).
+weights, no graph cuts, links in every iteration, 15 FedAvg rounds of 3 local epochs per
+community); the candidate is the current default (the run-config defaults).
 ``--set`` adds run-config overrides to both; ``--reference`` / ``--candidate`` to one.
 """
 
@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 
 PREVIOUS = ["fedcref.assoc-rule=ratio", "fedcref.refine=paper", "fedcref.wire=float32",
-            "fedcref.cannot-link=false", "fedcref.bridge-cut=0", "fedcref.new-links=every"]
+            "fedcref.cannot-link=false", "fedcref.bridge-cut=0", "fedcref.new-links=every",
+            "fedcref.fl-rounds=15", "fedcref.fl-local-epochs=3"]
 
 
 def _parse(pairs: list[str]) -> dict[str, str]:
