@@ -421,8 +421,8 @@ class FedCRef(FedclustStrategy):
         inactive.
     max_iterations : int, default 10
         Maximum iterations of Algorithm 1.
-    fl_rounds : int, default 4
-        FedAvg rounds per community per iteration (the paper: 15).
+    fl_rounds : int, default 15
+        FedAvg rounds per community per iteration.
     init : str, default "auto"
         Initial local clustering (``"auto"``: the paper's dirty start on simulated nodes,
         label-free k-means on deployed nodes).
@@ -442,7 +442,7 @@ class FedCRef(FedclustStrategy):
                  best_margin: float = 0.1, beta: float = 0.02, refine: str = "covered",
                  wire: str = "int8", epsilon: float = 0.15, theta: float = 0.2,
                  alpha: float = 0.75, tau: float = 0.8, max_iterations: int = 10,
-                 fl_rounds: int = 4, init: str = "auto", **options: Any) -> None:
+                 fl_rounds: int = 15, init: str = "auto", **options: Any) -> None:
         super().__init__(assoc_rule=assoc_rule, margin=margin, best_margin=best_margin,
                          beta=beta, refine=refine, wire=wire, epsilon=epsilon, theta=theta,
                          alpha=alpha, tau=tau, max_iterations=max_iterations,

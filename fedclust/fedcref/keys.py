@@ -83,7 +83,7 @@ KEYS: list[Key] = [
     Key("fedcref.bridge-cut", int, 3, "cut a link that alone joins two groups of at least "
         "this many clusters each (a bridge of the cluster graph: one mutual acceptance between "
         "two groups of one kind each; 0 = off; not in the paper)", low=0),
-    Key("fedcref.new-links", str, "partners", "which iterations may link clusters: 'every' (the "
+    Key("fedcref.new-links", str, "first", "which iterations may link clusters: 'every' (the "
         "paper), 'first' (later iterations test the first iteration's links again and keep "
         "or drop them, never add one: refined clusters can drift into mixtures of groups) or "
         "'once' (later iterations keep the first iteration's links without a new "
@@ -122,8 +122,7 @@ KEYS: list[Key] = [
     Key("fedcref.stop-window", int, 3, "stop when communities and isolated counts change by at "
         "most stop-change for this many consecutive iterations", low=1),
     Key("fedcref.stop-change", float, 0.1, "relative change regarded as 'unchanged'", low=0.0),
-    Key("fedcref.fl-rounds", int, 4, "FedAvg rounds per community per iteration (the paper: "
-        "15)", low=1),
+    Key("fedcref.fl-rounds", int, 15, "FedAvg rounds per community per iteration", low=1),
     Key("fedcref.reuse-communities", bool, False, "keep a community's model, untrained, "
         "while its member clusters and their clients' labels are unchanged since it was "
         "trained (not in the paper: it retrains every community every iteration)"),
@@ -138,9 +137,8 @@ KEYS: list[Key] = [
         "starts from the cluster's previous model (a fresh one gets ae-epochs; not with "
         "assoc-rule=ratio or calibrated, whose held-out samples the previous model has seen)",
         low=1),
-    Key("fedcref.fl-local-epochs", int, 11, "local epochs per FedAvg round (not in the paper; "
-        "the reference code used 2 then 7; 4 rounds of 11 epochs train a community about as "
-        "long as 15 rounds of 3, with 4/15 of the messages, docs/fedcref.md)", low=1),
+    Key("fedcref.fl-local-epochs", int, 3, "local epochs per FedAvg round (not in the paper; "
+        "the reference code used 2 then 7; 3 measured better than 1, docs/fedcref.md)", low=1),
     Key("fedcref.ae-hidden", str, "100,64,32", "autoencoder encoder sizes (decoder mirrored)",
         check=_hidden),
     Key("fedcref.ae-epochs", int, 20, "epochs of local cluster autoencoder training", low=1),
@@ -217,9 +215,9 @@ class Settings:
         Cut a link that alone joins two groups of at least this many clusters each
         (``fedcref.bridge-cut``; 0 = off).
     new_links : str
-        ``"every"`` iteration may link clusters (the paper); ``"first"``: later iterations
-        re-test the first iteration's links and never add one; ``"once"``: later iterations
-        keep them without cross-evaluation; ``"partners"`` (default): as ``"first"``, with
+        ``"every"`` iteration may link clusters (the paper); ``"first"`` (default): later
+        iterations re-test the first iteration's links and never add one; ``"once"``: later
+        iterations keep them without cross-evaluation; ``"partners"``: as ``"first"``, with
         each client re-testing against its clusters' first-iteration partners only
         (``fedcref.new-links``).
     reuse_communities : bool
@@ -234,7 +232,7 @@ class Settings:
     seed: int = 0
     max_iterations: int = 10
     tau: float = 0.8
-    fl_rounds: int = 4
+    fl_rounds: int = 15
     stop_window: int = 3
     stop_change: float = 0.1
     association: str = "mutual"
@@ -242,7 +240,7 @@ class Settings:
     evaluate: bool = False
     cannot_link: bool = True
     bridge_cut: int = 3
-    new_links: str = "partners"
+    new_links: str = "first"
     reuse_communities: bool = False
     warm_start: bool = False
     warm_rounds: int = 5
