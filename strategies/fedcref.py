@@ -262,11 +262,11 @@ class FlowerClients:
         def foreign(nid: int) -> list[Node]:
             return foreign_nodes(models, self.index[nid], only)
 
-        def content(nid: int, only: set[str] | None = None) -> RecordDict:
+        def content(nid: int, resend: set[str] | None = None) -> RecordDict:
             fk = foreign(nid)
             names = [keys_all[k] for k in fk]
             send = [keys_all[k] for k in fk if keys_all[k] not in self.evaluated[nid]
-                    and (only is None or keys_all[k] in only)]
+                    and (resend is None or keys_all[k] in resend)]
             c = RecordDict({"config": ConfigRecord(
                 {"keys": names} if names else {"no-keys": True})})
             rec = fw.keyed_record({key: self.arrays[key] for key in send})

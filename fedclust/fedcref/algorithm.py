@@ -391,22 +391,22 @@ def run(clients: Clients, s: Settings,
             edges = [e for e in sorted(first_links) if e[0] in present and e[1] in present]
         elif s.association == "mutual":
             models = {key: store[key] for key in graph_nodes}
-            only = asked = None
+            only, asked = None, responding
             if s.new_links == "partners" and first_links is not None:
                 # a re-test can keep only a first-iteration link: each client needs only its
                 # clusters' partners, and a client without any has nothing to test
                 only = partners(first_links, graph_nodes)
                 asked = [ci for ci in responding if ci in only]
-            answers = clients.associate(t, models, responding if asked is None else asked,
-                                        only)
+            answers = clients.associate(t, models, asked, only)
             accept: dict[Node, set[Node]] = {}
             for ci, mat in answers.items():
                 foreign = foreign_nodes(graph_nodes, ci, only)
                 for q in range(mat.shape[0]):
                     if (ci, q) in models:
                         accept[(ci, q)] = {foreign[j] for j in np.flatnonzero(mat[q])}
+            not_asked = set(responding) - set(asked)      # kept: they had nothing to test
             graph_nodes = [key for key in graph_nodes
-                           if key[0] in answers or (asked is not None and key[0] not in asked)]
+                           if key[0] in answers or key[0] in not_asked]
             edges = mutual_edges(accept)                               # line 13: both ways
             if s.new_links in ("first", "partners") and first_links is not None:
                 kept = [e for e in edges if e in first_links]
