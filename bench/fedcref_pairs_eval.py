@@ -7,6 +7,9 @@ two clusters of one client, and with the bridge cut after that split (``--bridge
 line per value). Labels are used only to score::
 
     python bench/fedcref_pairs_eval.py runs/pairs/mnist-n10-s60-*.npz --bridge-cut 0 3
+
+With ``--parts`` it prints instead the pass rate of each part of the confident test (with
+``--by-class``, also per true class), per system and, for several caches, over all of them.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from numpy.typing import NDArray
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -64,15 +68,17 @@ def accept_bits(sys_: dict, rule: str, **kw) -> dict:
     return out
 
 
-def part_rates(sys_: dict, epsilon: float, beta: float, delta: float | None = None,
-               delta_growth: float = 0.0) -> dict:
-    """Share of same- and different-class directed pairs passing each confident part."""
+def part_tally(sys_: dict, epsilon: float, beta: float, delta: float | None = None,
+               delta_growth: float = 0.0, by_class: bool = False) -> dict[str, NDArray]:
+    """Directed pairs (same and different class) and how many pass each confident part, as
+    ``[pairs, own, best, others, all]``; with ``by_class``, the same-class pairs also per true
+    class of the tested cluster (``"same:<class>"``)."""
     from fedclust.fedcref.association import confident_parts
 
     owner = sys_["owner"]
     row = {o: r for r, o in enumerate(owner)}
     _, major = majority(sys_)
-    tally = {"same": np.zeros(5), "different": np.zeros(5)}
+    tally: dict[str, NDArray] = {"same": np.zeros(5), "different": np.zeros(5)}
     for i, q in owner:
         err, labels, held = sys_["err"][i], sys_["labels"][i], sys_["held"][i]
         whole = labels == q
@@ -85,10 +91,18 @@ def part_rates(sys_: dict, epsilon: float, beta: float, delta: float | None = No
                                 delta_growth)
         for c, r in enumerate(fk):
             kind = "same" if major[owner[r]] == major[(i, q)] else "different"
-            tally[kind] += [1, *parts[:, c], parts[:, c].all()]
+            counts = [1, *parts[:, c], parts[:, c].all()]
+            tally[kind] += counts
+            if by_class and kind == "same":
+                tally.setdefault(f"same:{major[(i, q)]}", np.zeros(5))[:] += counts
+    return tally
+
+
+def part_rates(tally: dict[str, NDArray]) -> dict:
+    """Share of the directed pairs of each kind passing each confident part."""
     return {k: {"pairs": int(v[0]), **{name: round(float(v[j + 1] / max(v[0], 1)), 4)
                 for j, name in enumerate(("own", "best", "others", "all"))}}
-            for k, v in tally.items()}
+            for k, v in sorted(tally.items(), key=lambda kv: (":" in kv[0], kv[0]))}
 
 
 def score(sys_: dict, accept: dict, split: bool, bridge_cut: int = 0) -> dict:
@@ -147,14 +161,21 @@ def main() -> None:
                     help="fedcref.bridge-cut values scored after the split (0 = no cut)")
     ap.add_argument("--parts", action="store_true",
                     help="print the pass rate of each part of the confident test instead")
+    ap.add_argument("--by-class", action="store_true",
+                    help="with --parts: also the same-class rates per true class")
     args = ap.parse_args()
+    totals: dict[int, dict[str, NDArray]] = {}
     for path in args.caches:
         s = load(Path(path))
-        for rule, kw in settings(args.tests):
+        for t, (rule, kw) in enumerate(settings(args.tests)):
             if args.parts:
                 if rule != "confident":
                     ap.error("--parts needs confident tests")
-                print(json.dumps({"system": Path(path).stem, **kw, **part_rates(s, **kw)}),
+                tally = part_tally(s, **kw, by_class=args.by_class)
+                total = totals.setdefault(t, {})
+                for kind, counts in tally.items():
+                    total[kind] = total.get(kind, 0) + counts
+                print(json.dumps({"system": Path(path).stem, **kw, **part_rates(tally)}),
                       flush=True)
                 continue
             acc = accept_bits(s, rule, **kw)
@@ -163,6 +184,10 @@ def main() -> None:
             for m in args.bridge_cut:
                 print(json.dumps({"system": Path(path).stem, "rule": rule, **kw, "split": True,
                                   "bridge_cut": m, **score(s, acc, True, m)}), flush=True)
+    if len(args.caches) > 1:
+        for t, (_, kw) in enumerate(settings(args.tests)):
+            if t in totals:
+                print(json.dumps({"system": "all", **kw, **part_rates(totals[t])}), flush=True)
 
 
 if __name__ == "__main__":

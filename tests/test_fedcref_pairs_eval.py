@@ -55,3 +55,23 @@ def test_parts_show_the_best_margin_rejecting_a_lagging_same_class_model(tmp_pat
     # at γ = 0.5 it is 0.18 and the lagging model passes
     assert _parts(cache, 0.3)["same"]["best"] == round(10 / 12, 4)
     assert _parts(cache, 0.5)["same"]["all"] == 1.0
+
+
+def test_parts_by_class_split_the_same_class_pairs_and_sum_over_caches(tmp_path) -> None:
+    a, b = tmp_path / "a.npz", tmp_path / "b.npz"
+    _planted_cache(a, lag=0.15)
+    _planted_cache(b, lag=0.0)
+    cmd = [sys.executable, str(ROOT / "bench" / "fedcref_pairs_eval.py"), str(a), str(b),
+           "--parts", "--by-class", "--tests", "confident:epsilon=0.3,beta=0.02,delta=0.1"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=300).stdout
+    first, second, total = (json.loads(line) for line in out.splitlines())
+    # only class 0 holds the lagging model: its 6 same-class pairs lose 2 on the best margin
+    assert first["same:0"] == {"pairs": 6, "own": 1.0, "best": round(4 / 6, 4),
+                               "others": 1.0, "all": round(4 / 6, 4)}
+    assert first["same:1"]["all"] == 1.0 and second["same:0"]["all"] == 1.0
+    assert "different:0" not in first
+    # the last line sums the pairs of both caches
+    assert total["system"] == "all"
+    assert total["same"] == {"pairs": 24, "own": 1.0, "best": round(22 / 24, 4),
+                             "others": 1.0, "all": round(22 / 24, 4)}
+    assert total["same:0"]["pairs"] == 12 and total["same:0"]["all"] == round(10 / 12, 4)
