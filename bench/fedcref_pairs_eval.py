@@ -164,6 +164,8 @@ def main() -> None:
     ap.add_argument("--by-class", action="store_true",
                     help="with --parts: also the same-class rates per true class")
     args = ap.parse_args()
+    if args.by_class and not args.parts:
+        ap.error("--by-class splits the --parts rates: add --parts")
     totals: dict[int, dict[str, NDArray]] = {}
     for path in args.caches:
         s = load(Path(path))
