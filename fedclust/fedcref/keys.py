@@ -85,7 +85,7 @@ KEYS: list[Key] = [
         "two groups of one kind each; 0 = off; not in the paper)", low=0),
     Key("fedcref.new-links", str, "first", "which iterations may link clusters: 'every' (the "
         "paper), 'first' (later iterations test the first iteration's links again and keep "
-        "or drop them, never add one: refined clusters can drift into mixtures of groups) or "
+        "or drop them, never add one: refined clusters can drift into mixtures of groups), "
         "'once' (later iterations keep the first iteration's links without a new "
         "cross-evaluation) or 'partners' (as 'first', but a client receives only the models "
         "of its clusters' first-iteration partners, and the best foreign model is the best "
