@@ -281,7 +281,7 @@ def owner_result(st: core.ClientState, own: dict[str, np.ndarray], n_rows: int,
                             strict=True):
         src = ({"source": "community", "community": int(ref), "iteration": int(own["meta"][1])}
                if kind == core.USED_COMMUNITY else {"source": "own", "own_cluster": int(ref)})
-        models.append({"label": int(q), **src})
+        models.append({"cluster": int(q), **src})
     files = ["assignments.csv", "predict.json"] + (["models.npz"] if models else [])
     return {"method": "fedcref", "run_id": run_id, "rows": int(n_rows), "k": int(st.k),
             "iteration": int(own["meta"][0]), "labels_iteration": int(own["meta"][1]),

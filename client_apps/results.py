@@ -88,10 +88,11 @@ def node_key(context: Context) -> str:
 
 def write_assignments(folder: Path, labels: np.ndarray,
                       memberships: np.ndarray | None = None) -> Path:
-    """``assignments.csv``: ``row,label[,u0,…,u<C−1>]``, one line per input row in input order."""
+    """``assignments.csv``: ``row,cluster[,u0,…,u<C−1>]``, one line per input row in input
+    order (``cluster``: the row's cluster, never a ground-truth label)."""
     labels = np.asarray(labels).astype(np.int64).ravel()
     cols = [np.arange(labels.size), labels]
-    header = ["row", "label"]
+    header = ["row", "cluster"]
     fmt = ["%d", "%d"]
     if memberships is not None:
         u = np.asarray(memberships, dtype=np.float64).reshape(labels.size, -1)

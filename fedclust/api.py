@@ -32,7 +32,8 @@ def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any] 
              labels: Sequence[Any] | None = None, *, seed: int = 0,
              output_dir: str | Path | None = None, dataset: Any = "local",
              run_config: Mapping[str, Any] | None = None, label_column: str | None = None,
-             partitioner: Any = None, feature_columns: Sequence[str] | None = None,
+             partitioner: Any = None, split: str | None = None,
+             feature_columns: Sequence[str] | None = None,
              image_column: str | None = None, **params: Any) -> RunResult:
     """Run a method on one array (or pandas DataFrame) per client and return its result.
 
@@ -43,35 +44,46 @@ def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any] 
         (:mod:`strategies.methods`, e.g. ``ExactFCM(n_clusters=3)``).
     clients : sequence
         One entry per client: a 2-D array ``(rows, features)`` (images may be ``(rows, …)``),
-        or a pandas DataFrame of numeric columns (every client the same columns; the names are
+        a pandas DataFrame of numeric columns (every client the same columns; the names are
         kept: ``RunResult.feature_names``, and ``labels``/``memberships`` come back indexed
-        like the rows). EMD-CFL trains a classifier: an entry is a mapping with ``x_train``,
-        ``y_train``, ``x_val``, ``y_val``, ``x_test``, ``y_test`` (optional ``cluster``: the
-        true group, for the evaluation path), or an array whose training labels come in
-        ``labels``.
+        like the rows), or a Hugging Face ``datasets.Dataset`` (its numeric columns, or
+        ``feature_columns``/``image_column``). EMD-CFL trains a classifier: an entry is a
+        mapping with ``x_train``, ``y_train``, ``x_val``, ``y_val``, ``x_test``, ``y_test``
+        (optional ``cluster``: the true group, for the evaluation path), or an array whose
+        training labels come in ``labels``.
     labels : sequence, optional
         One label array per client, for the evaluation path only (``eval_*`` metrics): they
-        never drive the clustering. For EMD-CFL they are the training targets.
+        never drive the clustering. For EMD-CFL they are the training targets. Any type:
+        integers, text, booleans, a pandas ``category`` — every client's labels are coded
+        the way a deployed node codes its own (:func:`fedclust.data.local.label_codes`), so
+        a label means the same on every client whatever the others hold.
     label_column : str, optional
-        With DataFrames: the column holding the ground-truth labels, taken out of the features
-        and used as ``labels`` (instead of passing ``labels``).
+        With DataFrames or Hugging Face data: the column holding the ground-truth labels,
+        taken out of the features and used as ``labels`` (instead of passing ``labels``).
     seed : int, default 0
         Run config ``seed``.
     output_dir : str or Path, optional
         Where the results go (default: a new folder under ``~/fedclust-runs``); every client's
         own results are in ``<output_dir>/clients/<i>/``.
-    dataset : str or datasets.Dataset, default "local"
+    dataset : str, or Hugging Face / Flower Datasets data, default "local"
         ``"local"``: the clients' arrays. EMD-CFL's model takes 28×28 grey images with
-        ``"local"``; pass ``"rotdigits"`` for 8×8 ones. A Hugging Face ``datasets.Dataset``
-        (with ``partitioner``, instead of ``clients``): each partition is one client.
+        ``"local"``; pass ``"rotdigits"`` for 8×8 ones. Instead of ``clients``:
+
+        - a ``flwr_datasets.FederatedDataset``: client ``i`` is ``load_partition(i, split)``
+          (``split``: default its only partitioned split);
+        - a ``datasets.Dataset``, or a ``datasets.DatasetDict`` with ``split``, split by
+          ``partitioner``;
+        - a list of ``datasets.Dataset``: one per client.
     partitioner : flwr_datasets.partitioner.Partitioner, optional
         Splits ``dataset`` (or the dataset already assigned to it) into the clients:
         ``partitioner.num_partitions`` clients, client ``i`` = ``load_partition(i)``.
+    split : str, optional
+        The split of a ``DatasetDict`` or of a ``FederatedDataset`` (e.g. ``"train"``).
     feature_columns : sequence of str, optional
-        With ``partitioner``: the feature columns (default: every numeric column but
+        With Hugging Face data: the feature columns (default: every numeric column but
         ``label_column``).
     image_column : str, optional
-        With ``partitioner``: an image column instead of feature columns (FCM methods and
+        With Hugging Face data: an image column instead of feature columns (FCM methods and
         FedCRef: each image's pixels as one row; EMD-CFL: the images, with ``label_column``
         as the training targets).
     run_config : mapping, optional
@@ -83,73 +95,80 @@ def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any] 
     Returns
     -------
     RunResult
-        ``.summary`` (what ``summary.json`` holds), ``.history``, ``.arrays``, ``.run_dir``;
-        for the FCM methods ``.centers`` (in the data's units); every client's own results in
-        memory, by client number: ``.labels`` (FCM methods, FedCRef) and ``.memberships``
-        (FCM methods). With ``plots`` on (the default), ``clusters.png`` in ``run_dir`` shows
-        the clusters of every client's rows (FCM methods, FedCRef on tables).
+        ``.summary`` (what ``summary.json`` holds; its ``data`` says what was clustered: the
+        kind of input, the Hugging Face dataset's name, split and fingerprint, the
+        partitioner's class and parameters), ``.history``, ``.arrays``, ``.run_dir``; for the
+        FCM methods ``.centers`` (in the data's units); every client's own results in memory,
+        by client number: ``.labels`` (each row's cluster: FCM methods, FedCRef) and
+        ``.memberships`` (FCM methods). With ``plots`` on (the default), ``clusters.png`` in
+        ``run_dir`` shows the clusters of every client's rows (FCM methods, FedCRef on tables).
 
     Raises
     ------
     ConfigError
         Bad method name, parameters, or client arrays — before any work.
     """
-    from strategies.methods import STRATEGIES, FedclustStrategy
-
-    if isinstance(method_or_strategy, FedclustStrategy):
-        if params:
-            raise ConfigError(f"simulate() got both a strategy object and parameters "
-                              f"{sorted(params)}: give them to {type(method_or_strategy).__name__}"
-                              f"(...) instead")
-        strategy = method_or_strategy
-    elif isinstance(method_or_strategy, str) and method_or_strategy in STRATEGIES:
-        cls = STRATEGIES[method_or_strategy]
-        unknown = sorted(set(params) - set(cls.param_keys()))
-        if unknown:
-            import difflib
-
-            hints = [f"{u!r}" + (f" (did you mean {close[0]!r}?)" if (close := difflib.
-                     get_close_matches(u, list(cls.param_keys()), n=1)) else "")
-                     for u in unknown]
-            raise ConfigError(f"simulate(): {method_or_strategy} has no parameter "
-                              f"{', '.join(hints)}. Allowed: {', '.join(cls.param_keys())} "
-                              f"(the method's run-config keys without prefix, '_' for '-')")
-        strategy = cls(**params)
-    else:
-        raise ConfigError(f"simulate(): unknown method {method_or_strategy!r}. Allowed: "
-                          f"{', '.join(STRATEGIES)} or a strategy object")
+    strategy = _strategy(method_or_strategy, params)
+    emdcfl = strategy.method == "emdcfl"
+    record: dict[str, Any] = {}
     hf_names = None
-    if partitioner is not None or not isinstance(dataset, str):
+    if isinstance(dataset, (list, tuple)):
         if clients is not None:
-            raise ConfigError("simulate(): give either clients or dataset= with partitioner=, "
-                              "not both")
-        clients, labels, hf_names = _from_partitioner(dataset, partitioner, label_column,
-                                                      feature_columns, image_column,
-                                                      images=strategy.method == "emdcfl")
+            raise ConfigError("simulate(): give the clients once: clients=[...] or "
+                              "dataset=[<datasets.Dataset>, ...], not both")
+        clients, dataset = dataset, "local"
+    if clients is not None and not isinstance(clients, (str, bytes)):
+        clients = list(clients)
+    if clients and any(_is_hf(c) for c in clients):
+        if partitioner is not None:
+            raise ConfigError("simulate(): clients are already one Hugging Face Dataset each: "
+                              "partitioner= does not apply. Fix: leave it out, or pass one "
+                              "Dataset as dataset= with the partitioner")
+        clients, labels, hf_names, record = _from_hf_clients(
+            clients, labels, label_column, feature_columns, image_column, images=emdcfl)
+        label_column = None
+    elif partitioner is not None or not isinstance(dataset, str):
+        if clients is not None:
+            raise ConfigError("simulate(): give either clients or dataset= (a Hugging Face or "
+                              "Flower Datasets object), not both")
+        clients, labels, hf_names, record = _from_hf_source(
+            dataset, partitioner, split, label_column, feature_columns, image_column,
+            images=emdcfl)
         dataset, label_column = "local", None
-        if strategy.method == "emdcfl" and clients and clients[0].shape[1:] == (8, 8):
+        if emdcfl and clients and clients[0].shape[1:] == (8, 8):
             dataset = "rotdigits"      # the model of 8×8 images (28×28: "local")
     elif clients is None:
-        raise ConfigError("simulate() needs clients (one array or DataFrame per client), or "
-                          "dataset=<datasets.Dataset> with partitioner=<flwr_datasets "
-                          "Partitioner>")
-    clients = list(clients)
+        raise ConfigError("simulate() needs clients (one array, DataFrame or datasets.Dataset "
+                          "per client), or dataset= a flwr_datasets.FederatedDataset, or a "
+                          "datasets.Dataset with partitioner=<flwr_datasets Partitioner>")
     if len(clients) < 1:
         raise ConfigError("simulate() needs at least one client array in 'clients'")
     frames = [_is_frame(c) for c in clients]
     if label_column is not None and not any(frames):
-        raise ConfigError("simulate(): label_column names a column of pandas DataFrames, and "
-                          "no client is one. Fix: pass labels=[...] with arrays")
+        raise ConfigError("simulate(): label_column names a column of pandas DataFrames (or "
+                          "Hugging Face datasets), and no client is one. Fix: pass "
+                          "labels=[...] with arrays")
     index, feature_names = None, None
     if any(frames):
-        if strategy.method == "emdcfl":
+        if emdcfl:
             raise ConfigError("simulate(): EMD-CFL trains on images: DataFrames are not "
                               "accepted. Allowed: arrays or mappings of x_train, y_train, …")
         clients, labels, index, feature_names = _from_frames(clients, labels, label_column)
+        record = {"dataset": "dataframes", "source": "one pandas DataFrame per client",
+                  "feature_columns": feature_names,
+                  **({"label_column": label_column} if label_column else {})}
     if labels is not None and len(labels) != len(clients):
         raise ConfigError(f"simulate(): {len(labels)} label arrays for {len(clients)} clients. "
                           f"Fix: one label array per client, or labels=None")
-    emdcfl = strategy.method == "emdcfl"
+    classes = None
+    if labels is not None:
+        labels = [_label_values(i, y) for i, y in enumerate(labels)]
+        if strategy.method in CLASS_NUMBERS:
+            labels, classes = _class_numbers(labels, CLASS_NUMBERS[strategy.method])
+    if not record:
+        record = {"dataset": "arrays", "source": "one array per client"}
+    record.setdefault("rows", [int(len(c)) if not isinstance(c, Mapping) else
+                               int(len(c.get("x_train", ()))) for c in clients])
     with tempfile.TemporaryDirectory(prefix="fedclust-simulate-") as tmp:
         nodes = []
         for i, data in enumerate(clients):
@@ -164,8 +183,9 @@ def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any] 
                 allow = y is not None
             nodes.append({"data-path": str(path), "allow-evaluation": allow})
         result = _run(strategy, nodes, seed, output_dir, dataset, dict(run_config or {}),
-                      evaluate=any(n["allow-evaluation"] for n in nodes))
+                      evaluate=any(n["allow-evaluation"] for n in nodes), data=record)
     result.feature_names = feature_names or hf_names
+    result.classes = classes
     if not emdcfl and result.labels is not None and result.summary["config"].get("plots"):
         _plot_clusters(result, clients)
     if index is not None:
@@ -173,42 +193,214 @@ def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any] 
     return result
 
 
-def _from_partitioner(dataset: Any, partitioner: Any, label_column: str | None,
-                      feature_columns: Sequence[str] | None, image_column: str | None,
-                      images: bool) -> tuple[list[np.ndarray], list[Any] | None, list[str]]:
-    """The clients of a flwr-datasets partitioner over a Hugging Face dataset: features (or
-    images), labels, feature names."""
-    from fedclust.data.hf import arrays_from_hf, is_hf_dataset
+#: methods whose labels index per-class tables (FedCRef's class histograms and dirty start,
+#: EMD-CFL's classifier): the largest class number their nodes take
+CLASS_NUMBERS = {"fedcref": 65_535, "emdcfl": 9}
+
+
+def _strategy(method_or_strategy: Any, params: dict[str, Any]) -> FedclustStrategy:
+    from strategies.methods import STRATEGIES, FedclustStrategy
+
+    if isinstance(method_or_strategy, FedclustStrategy):
+        if params:
+            raise ConfigError(f"simulate() got both a strategy object and parameters "
+                              f"{sorted(params)}: give them to {type(method_or_strategy).__name__}"
+                              f"(...) instead")
+        return method_or_strategy
+    if isinstance(method_or_strategy, str) and method_or_strategy in STRATEGIES:
+        cls = STRATEGIES[method_or_strategy]
+        from fedclust.schema import refuse_unknown
+
+        names = list(cls.param_keys())
+        refuse_unknown(f"simulate({method_or_strategy!r})", sorted(set(params) - set(names)),
+                       names + [a for a in SIMULATE_ARGS if a not in names])
+        return cls(**params)
+    raise ConfigError(f"simulate(): unknown method {method_or_strategy!r}. Allowed: "
+                      f"{', '.join(STRATEGIES)} or a strategy object")
+
+
+#: :func:`simulate`'s own keyword arguments (close matches of a mistyped parameter)
+SIMULATE_ARGS = ("clients", "labels", "seed", "output_dir", "dataset", "run_config",
+                 "label_column", "partitioner", "split", "feature_columns", "image_column")
+
+
+def _label_values(i: int, y: Any) -> np.ndarray:
+    """Client ``i``'s labels as the node will read them (numbers, booleans or text), checked
+    by the node's own coding first so that a bad label stops here, naming the client."""
+    from fedclust.data.local import LocalDataError, label_codes, label_values
+
+    try:
+        values = label_values(y, f"simulate(): client {i}'s labels")
+        label_codes(values, f"simulate(): client {i}'s labels")
+    except LocalDataError as exc:
+        raise ConfigError(str(exc)) from None
+    return values
+
+
+def _class_numbers(labels: list[np.ndarray], largest: int
+                   ) -> tuple[list[np.ndarray], list[Any] | None]:
+    """Labels as the class numbers FedCRef and EMD-CFL index their tables by. Labels that are
+    class numbers already (integers ``0..largest``) are kept; any others (text, say) are
+    numbered by one vocabulary of every client's node codes (:func:`label_codes`, then
+    :func:`compact_codes` over their union, as the FCM evaluation does): returns the numbers
+    and the label of each number."""
+    from fedclust.data.local import compact_codes, label_codes
+
+    codes = [label_codes(y) for y in labels]
+    if all(c.size == 0 or (c.min() >= 0 and c.max() <= largest) for c in codes):
+        return codes, None
+    vocab = np.unique(np.concatenate(codes))
+    if len(vocab) > largest + 1:
+        raise ConfigError(f"simulate(): the labels hold {len(vocab)} distinct classes; this "
+                          f"method takes at most {largest + 1}. Fix: merge classes, or pass "
+                          f"labels=None")
+    classes: list[Any] = [None] * len(vocab)
+    for y, c in zip(labels, codes):
+        for value, k in zip(y.tolist(), compact_codes(c, vocab).tolist()):
+            if classes[k] is None:
+                classes[k] = value
+    return [compact_codes(c, vocab) for c in codes], classes
+
+
+def _is_hf(obj: Any) -> bool:
+    from fedclust.data.hf import is_hf_dataset
+
+    return is_hf_dataset(obj)
+
+
+def _hf_arrays(part: Any, label_column: str | None, feature_columns: Sequence[str] | None,
+               image_column: str | None, images: bool, where: str
+               ) -> tuple[np.ndarray, np.ndarray | None, list[str]]:
+    from fedclust.data.hf import arrays_from_hf
+
+    x, y, names = arrays_from_hf(part, label_column or "", list(feature_columns or []),
+                                 image_column or "", where=where)
+    if images and image_column:
+        x = np.stack([np.asarray(im, dtype=np.float64) for im in part[image_column]])
+    return x, y, names
+
+
+def _from_hf_clients(clients: list[Any], labels: Sequence[Any] | None,
+                     label_column: str | None, feature_columns: Sequence[str] | None,
+                     image_column: str | None, images: bool
+                     ) -> tuple[list[np.ndarray], list[Any] | None, list[str], dict[str, Any]]:
+    """One ``datasets.Dataset`` per client: features (or images), labels, names, record."""
+    from fedclust.data.hf import dataset_record
     from fedclust.data.tabular import DatasetError
 
-    if partitioner is None or not hasattr(partitioner, "load_partition"):
-        raise ConfigError("simulate(dataset=<datasets.Dataset>) needs partitioner=<a "
-                          "flwr_datasets.partitioner.Partitioner>, e.g. "
-                          "DirichletPartitioner(num_partitions=5, partition_by='label', "
-                          "alpha=0.5)")
-    if not isinstance(dataset, str):
-        if not is_hf_dataset(dataset):
-            raise ConfigError(f"simulate(): dataset is a {type(dataset).__name__}. Allowed: a "
-                              f"run-config dataset name (str) or a Hugging Face "
-                              f"datasets.Dataset (with partitioner=)")
-        partitioner.dataset = dataset
-    elif not partitioner.is_dataset_assigned():
-        raise ConfigError("simulate(partitioner=...) needs the data: pass dataset=<datasets."
-                          "Dataset>, or assign partitioner.dataset first")
-    xs, ys, names = [], [], []
+    odd = [i for i, c in enumerate(clients) if not _is_hf(c)]
+    if odd:
+        raise ConfigError(f"simulate(): client {odd[0]} is a {type(clients[odd[0]]).__name__} "
+                          f"while other clients are Hugging Face Datasets. Fix: give every "
+                          f"client a datasets.Dataset with the same columns")
+    if labels is not None and label_column:
+        raise ConfigError("simulate(): both labels and label_column were given. Fix: pass one")
+    xs, ys, names = [], [], None
     try:
-        for i in range(partitioner.num_partitions):
-            part = partitioner.load_partition(i)
-            x, y, names = arrays_from_hf(part, label_column or "", list(feature_columns or []),
-                                         image_column or "", where=f"simulate(): partition {i}")
-            if images and image_column:
-                x = np.stack([np.asarray(im, dtype=np.float64) for im in part[image_column]])
+        for i, part in enumerate(clients):
+            x, y, cols = _hf_arrays(part, label_column, feature_columns, image_column, images,
+                                    f"simulate(): client {i}")
+            if names is not None and cols != names:
+                raise ConfigError(f"simulate(): client {i}'s feature columns {cols} differ "
+                                  f"from client 0's {names}. Fix: give every client the same "
+                                  f"columns (feature_columns=[...])")
+            names = cols
             xs.append(x)
             ys.append(y)
     except DatasetError as exc:
         raise ConfigError(str(exc)) from None
-    labels = ys if label_column else None
-    return xs, labels, names
+    record = {"dataset": _hf_name([dataset_record(c) for c in clients]),
+              "source": "one Hugging Face datasets.Dataset per client",
+              "datasets": [dataset_record(c) for c in clients],
+              **({"label_column": label_column} if label_column else {})}
+    return xs, (ys if label_column else labels), names or [], record
+
+
+def _hf_name(records: list[dict[str, Any]]) -> str:
+    names = {r.get("name") for r in records} - {None}
+    return f"hf:{names.pop()}" if len(names) == 1 else "hf"
+
+
+def _from_hf_source(dataset: Any, partitioner: Any, split: str | None, label_column: str | None,
+                    feature_columns: Sequence[str] | None, image_column: str | None,
+                    images: bool
+                    ) -> tuple[list[np.ndarray], list[Any] | None, list[str], dict[str, Any]]:
+    """The clients of a flwr-datasets ``FederatedDataset``, or of a partitioner over a Hugging
+    Face ``Dataset``/``DatasetDict``: features (or images), labels, feature names, and the
+    record of the data (name, split, fingerprint, the partitioner's class and parameters)."""
+    from fedclust.data.hf import (
+        dataset_record,
+        is_dataset_dict,
+        is_federated_dataset,
+        partitioner_record,
+        pick_split,
+    )
+    from fedclust.data.tabular import DatasetError
+
+    source = "Hugging Face datasets.Dataset split by a flwr-datasets partitioner"
+    try:
+        if is_federated_dataset(dataset):
+            if partitioner is not None:
+                raise ConfigError("simulate(dataset=<FederatedDataset>) partitions with its own "
+                                  "partitioners: partitioner= does not apply. Fix: leave it out "
+                                  "(set FederatedDataset(partitioners={split: ...}))")
+            splits = sorted(dataset.partitioners)
+            if split is None:
+                if len(splits) != 1:
+                    raise ConfigError(f"simulate(dataset=<FederatedDataset>): it partitions "
+                                      f"the splits {splits}: say which. Fix: split={splits[0]!r}")
+                split = splits[0]
+            if split not in dataset.partitioners:
+                raise ConfigError(f"simulate(dataset=<FederatedDataset>): split={split!r} has "
+                                  f"no partitioner. Allowed: {', '.join(map(repr, splits))}")
+            partitioner = dataset.partitioners[split]
+            n = int(partitioner.num_partitions)
+            parts = [dataset.load_partition(i, split) for i in range(n)]
+            whole = partitioner.dataset
+            source = "flwr_datasets.FederatedDataset"
+            name = getattr(dataset, "_dataset_name", None)
+        else:
+            if partitioner is None or not hasattr(partitioner, "load_partition"):
+                kind = ("a DatasetDict" if is_dataset_dict(dataset) else
+                        "a datasets.Dataset" if _is_hf(dataset) else type(dataset).__name__)
+                raise ConfigError(f"simulate(dataset=...) got {kind} without partitioner=: "
+                                  f"say how to split it into clients, e.g. partitioner="
+                                  f"DirichletPartitioner(num_partitions=5, partition_by='label',"
+                                  f" alpha=0.5). Or pass a flwr_datasets.FederatedDataset, or "
+                                  f"clients=[one datasets.Dataset per client]")
+            if isinstance(dataset, str):
+                if not partitioner.is_dataset_assigned():
+                    raise ConfigError("simulate(partitioner=...) needs the data: pass dataset="
+                                      "<datasets.Dataset>, or assign partitioner.dataset first")
+            else:
+                if is_dataset_dict(dataset):
+                    dataset = pick_split(dataset, split, "simulate(dataset=<DatasetDict>)")
+                elif not _is_hf(dataset):
+                    raise ConfigError(
+                        f"simulate(): dataset is a {type(dataset).__name__}. Allowed: a "
+                        f"run-config dataset name (str), a flwr_datasets.FederatedDataset, a "
+                        f"datasets.Dataset or DatasetDict (with partitioner=), or a list of "
+                        f"datasets.Dataset (one per client)")
+                partitioner.dataset = dataset
+            n = int(partitioner.num_partitions)
+            parts = [partitioner.load_partition(i) for i in range(n)]
+            whole = partitioner.dataset
+            name = None
+        xs, ys, names = [], [], []
+        for i, part in enumerate(parts):
+            x, y, names = _hf_arrays(part, label_column, feature_columns, image_column, images,
+                                     f"simulate(): partition {i}")
+            xs.append(x)
+            ys.append(y)
+    except DatasetError as exc:
+        raise ConfigError(str(exc)) from None
+    info = dataset_record(whole)
+    if name:
+        info["name"] = str(name)
+    record = {"dataset": f"hf:{info['name']}" if info.get("name") else "hf", "source": source,
+              "hf": info, "partitioner": partitioner_record(partitioner),
+              **({"label_column": label_column} if label_column else {})}
+    return xs, (ys if label_column else None), names, record
 
 
 def _is_frame(data: Any) -> bool:
@@ -342,7 +534,7 @@ def _emdcfl_parts(i: int, data: Any, y: Any, seed: int) -> dict[str, np.ndarray]
 
 def _run(strategy: FedclustStrategy, nodes: list[dict[str, Any]], seed: int,
          output_dir: str | Path | None, dataset: str, run_config: dict[str, Any],
-         evaluate: bool) -> RunResult:
+         evaluate: bool, data: dict[str, Any] | None = None) -> RunResult:
     from client_apps.app import app as client_app
     from server_app.inprocess import InProcessGrid
 
@@ -351,7 +543,7 @@ def _run(strategy: FedclustStrategy, nodes: list[dict[str, Any]], seed: int,
             "run_config": run_config}
     grid = InProcessGrid(client_app, len(nodes), strategy.full_run_config(**args),
                          node_configs=nodes)
-    result = strategy.start(grid, **args)
+    result = strategy.start(grid, data=data, **args)
     _move_owner_results(grid, result)
     from strategies.methods import _owner_results
 

@@ -117,11 +117,14 @@ class RunRecorder:
     """
 
     def __init__(self, output_dir: str | Path, method: str, dataset: str, seed: int,
-                 num_clients: int, config: Mapping[str, Any], overwrite: bool = False) -> None:
+                 num_clients: int, config: Mapping[str, Any], overwrite: bool = False,
+                 data: Mapping[str, Any] | None = None) -> None:
         self.dir = Path(output_dir).expanduser().resolve()
         claim_folder(self.dir, overwrite)
         self.method, self.dataset, self.seed, self.num_clients = method, dataset, seed, num_clients
         self.config = dict(config)
+        #: what the run clustered (:func:`data_record`), ``summary.json``'s ``data``
+        self.data = dict(data) if data else None
         self.history: list[dict[str, Any]] = []
         #: every array saved, by name, as saved (the run's result in memory)
         self.arrays: dict[str, np.ndarray] = {}
@@ -136,10 +139,14 @@ class RunRecorder:
         self.tracker: Tracker | None = None
         try:
             self.tracker = open_tracker(str(self.config.get("tracker", "")), self.dir,
-                                        self.config)
+                                        self.config, self.data)
         except BaseException as exc:
             self.interrupted(exc)
             raise
+        #: seconds spent opening the tracker (its store, the experiment, the params): not part
+        #: of the run's ``wall_time_s``, which starts after it
+        self.tracker_s = round(time.perf_counter() - self.start, 4)
+        self.start = time.perf_counter()
 
     def log_round(self, record: Mapping[str, Any]) -> None:
         """Append one record (a round/iteration) to ``history.jsonl``."""
@@ -178,7 +185,9 @@ class RunRecorder:
             "seed": self.seed,
             "num_clients": self.num_clients,
             "config": self.config,
+            **({"data": self.data} if self.data else {}),
             "wall_time_s": round(time.perf_counter() - self.start, 4),
+            **({"tracker_setup_s": self.tracker_s} if self.tracker is not None else {}),
             **dict(extra or {}),
             "metrics": dict(metrics),
         }
@@ -197,6 +206,49 @@ class RunRecorder:
             "method": self.method, "error": type(exc).__name__, "message": str(exc)[:2000],
             "wall_time_s": round(time.perf_counter() - self.start, 4)})
         self.tracker = trackers.safe(getattr(self, "tracker", None), "fail", exc)
+
+
+#: the ``partition.*`` keys that each ``partition.kind`` reads (the others do not apply)
+PARTITION_PARAMS = {"dirichlet": ("partition.alpha",), "column": ("partition.column",),
+                    "pathological": ("partition.classes-per-client",),
+                    "shard": ("partition.shards-per-client",), "size": ("partition.sizes",)}
+#: run-config datasets whose clients read their own files (no partition of a shared dataset)
+OWN_FILES = ("local", "files")
+
+
+def data_record(cfg: Mapping[str, Any], given: Mapping[str, Any] | None = None
+                ) -> dict[str, Any]:
+    """``summary.json``'s ``data``: what the run clustered. ``given`` (from
+    :func:`fedclust.simulate`: the arrays, DataFrames or Hugging Face data it was handed, the
+    flwr-datasets partitioner with its parameters, the dataset's fingerprint) wins; else it is
+    told from the run config: the dataset the method ran on (a method's own default resolved,
+    e.g. FedCRef's ``digits``) and how it was split across the clients."""
+    if given:
+        return dict(given)
+    name = str(cfg["dataset"])
+    if name == "local":
+        return {"dataset": "local", "source": "each node's own file (node config data-path)"}
+    if name == "files":
+        return {"dataset": "files", "source": "one file of data-dir per client",
+                "data-dir": str(cfg.get("data-dir", ""))}
+    out: dict[str, Any] = {"dataset": name}
+    if name == "hf":
+        out["hf"] = {k[3:]: cfg[k] for k in ("hf.path", "hf.split", "hf.label-column")
+                     if cfg.get(k, "") != ""}
+    if cfg["method"] in ("exact-fcm", "fedfcm"):     # the image methods split their own way
+        kind = str(cfg.get("partition.kind", "iid"))
+        out["partition"] = {"kind": kind, **{k.split(".", 1)[1]: cfg[k]
+                                             for k in PARTITION_PARAMS.get(kind, ())}}
+    return out
+
+
+def recorded_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The run config as ``summary.json`` records it: without the ``partition.*`` keys where
+    no partition of fedclust's is made (clients with their own files), so that no record says
+    ``partition.kind="iid"`` for data it never split."""
+    if cfg.get("dataset") in OWN_FILES:
+        return {k: v for k, v in cfg.items() if not k.startswith("partition.")}
+    return dict(cfg)
 
 
 RUNNING = "RUNNING"            # exists while a run writes to the folder (created exclusively)

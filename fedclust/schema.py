@@ -16,6 +16,31 @@ class ConfigError(ValueError):
     """A run-config value is invalid; the message says which, why, and how to fix it."""
 
 
+class UnknownArgumentError(ConfigError, TypeError):
+    """An unknown keyword argument to a fedclust function or class: a ``TypeError`` as Python's
+    own, and a :class:`ConfigError` (the launchers print it as bad input); the message names the
+    close matches."""
+
+
+def refuse_unknown(owner: str, unknown: Sequence[str], allowed: Sequence[str],
+                   notes: dict[str, str] | None = None) -> None:
+    """Raise :class:`UnknownArgumentError` for the keyword arguments ``unknown`` of ``owner``
+    (e.g. ``"ExactFCM.start()"``), each with its closest match in ``allowed`` or a note
+    (``notes``: why a known name of another API is not one here)."""
+    if not unknown:
+        return
+    import difflib
+
+    notes = notes or {}
+    hints = []
+    for name in sorted(unknown):
+        close = difflib.get_close_matches(name, list(allowed), n=1)
+        hints.append(f"{name!r}" + (f" ({notes[name]})" if name in notes else
+                                    f" (did you mean {close[0]!r}?)" if close else ""))
+    raise UnknownArgumentError(f"{owner} got unknown keyword argument(s) {', '.join(hints)}. "
+                               f"Allowed: {', '.join(allowed)}")
+
+
 @dataclass(frozen=True)
 class Key:
     """One run-config key.

@@ -127,7 +127,8 @@ class MLflowTracker(Tracker):
     """One MLflow run (through :class:`mlflow.MlflowClient`: no global active run, so runs in
     one process never mix)."""
 
-    def __init__(self, folder: Path, config: Mapping[str, Any]) -> None:
+    def __init__(self, folder: Path, config: Mapping[str, Any],
+                 data: Mapping[str, Any] | None = None) -> None:
         from mlflow import MlflowClient
         from mlflow.entities import Param, RunTag
 
@@ -189,7 +190,8 @@ class TensorBoardTracker(Tracker):
 
     SUBDIR = "tensorboard"
 
-    def __init__(self, folder: Path, config: Mapping[str, Any]) -> None:
+    def __init__(self, folder: Path, config: Mapping[str, Any],
+                 data: Mapping[str, Any] | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         from fedclust.outputs import make_dirs, record_tree
@@ -238,8 +240,10 @@ def _quiet(*names: str) -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
-def open_tracker(name: str, folder: Path, config: Mapping[str, Any]) -> Tracker | None:
-    """The tracker ``name`` for a run writing to ``folder`` (None for ``""``).
+def open_tracker(name: str, folder: Path, config: Mapping[str, Any],
+                 data: Mapping[str, Any] | None = None) -> Tracker | None:
+    """The tracker ``name`` for a run writing to ``folder`` (None for ``""``); ``data``: what
+    the run clusters (:func:`fedclust.results.data_record`), logged with the params.
 
     Raises
     ------
@@ -255,7 +259,7 @@ def open_tracker(name: str, folder: Path, config: Mapping[str, Any]) -> Tracker 
     check({"tracker": name})
     cls = MLflowTracker if name == "mlflow" else TensorBoardTracker
     try:
-        return cls(folder, config)
+        return cls(folder, config, data or {})
     except ConfigError:
         raise
     except Exception as exc:    # an unreachable or damaged store: one line, before any work

@@ -271,8 +271,6 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     run's nodes (``preflight`` runs before, from the ServerApp's method registry)."""
     from fedclust.emdcfl.keys import uneven_groups
 
-    if cfg["dataset"] == "blobs":
-        LOG.warning("method=emdcfl: dataset 'blobs' (project default) means 'rotdigits'")
     warning = uneven_groups(cfg)
     if warning:
         LOG.warning("method=emdcfl: %s", warning)

@@ -47,6 +47,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from fedclust.config import ConfigError, all_keys
 from fedclust.results import RunRecorder
+from fedclust.schema import refuse_unknown
 
 LOG = logging.getLogger("fedclust")
 
@@ -78,6 +79,10 @@ class RunResult(Result):
         Each client's fuzzy memberships (exact FCM, FedFCM), as ``labels``.
     feature_names : list of str, or None
         The feature columns (:func:`fedclust.simulate` with DataFrames).
+    classes : list, or None
+        FedCRef and EMD-CFL from :func:`fedclust.simulate`, when the labels it was given were
+        not class numbers (text, say): the label of each class number the nodes used
+        (``classes[k]`` is class ``k``), as scikit-learn's ``LabelEncoder.classes_``.
     """
 
     summary: dict[str, Any] = field(default_factory=dict)
@@ -86,6 +91,28 @@ class RunResult(Result):
     labels: list[Any] | None = None
     memberships: list[Any] | None = None
     feature_names: list[str] | None = None
+    classes: list[Any] | None = None
+
+    def __repr__(self) -> str:
+        """One line: the method, data, clients, folder and scalar metrics — no array bytes."""
+        from fedclust.registry import METHODS
+
+        first = METHODS[m].report_metrics if (m := self.summary.get("method")) in METHODS else ()
+        scalars = sorted(((k, v) for k, v in self.metrics.items()
+                          if isinstance(v, (bool, int, float))),
+                         key=lambda kv: first.index(kv[0]) if kv[0] in first else len(first))
+        shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) and not isinstance(v, bool)
+                          else f"{k}={v}" for k, v in scalars[:REPR_METRICS])
+        more = f", … {len(scalars) - REPR_METRICS} more" if len(scalars) > REPR_METRICS else ""
+        parts = [f"method={self.summary.get('method')!r}",
+                 f"dataset={self.summary.get('dataset')!r}",
+                 f"clients={self.summary.get('num_clients')}"]
+        if self.centers is not None:
+            parts.append(f"centers={self.centers.shape}")
+        if self.labels is not None:
+            parts.append(f"labels=[{len(self.labels)} clients]")
+        parts += [f"metrics={{{shown}{more}}}", f"run_dir='{self.run_dir}'"]
+        return f"RunResult({', '.join(parts)})"
 
     @property
     def metrics(self) -> dict[str, Any]:
@@ -122,8 +149,9 @@ class RunResult(Result):
 
 
 def _owner_results(run_dir: Path) -> tuple[list[np.ndarray] | None, list[np.ndarray] | None]:
-    """Every ``clients/<i>/assignments.csv`` (``row,label[,u0,…]``) of a run folder, by ``i``:
-    the labels and, where written, the memberships; ``(None, None)`` without them."""
+    """Every ``clients/<i>/assignments.csv`` (``row,cluster[,u0,…]``) of a run folder, by
+    ``i``: the clusters and, where written, the memberships; ``(None, None)`` without them
+    (folders written before the column was named ``cluster`` call it ``label``)."""
     folders = sorted((p for p in (run_dir / "clients").glob("*")
                       if p.name.isdigit() and (p / "assignments.csv").is_file()),
                      key=lambda p: int(p.name))
@@ -134,7 +162,8 @@ def _owner_results(run_dir: Path) -> tuple[list[np.ndarray] | None, list[np.ndar
         path = folder / "assignments.csv"
         header = path.read_text().split("\n", 1)[0].split(",")
         table = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2)
-        labels.append(table[:, header.index("label")].astype(np.int64))
+        column = header.index("cluster" if "cluster" in header else "label")
+        labels.append(table[:, column].astype(np.int64))
         u = [i for i, name in enumerate(header) if name.startswith("u") and name[1:].isdigit()]
         memberships.append(table[:, u] if u else None)
     return labels, (memberships if all(m is not None for m in memberships) else None)
@@ -146,6 +175,21 @@ def _array(a: np.ndarray):
     return Array(np.ascontiguousarray(a))
 
 
+#: how many scalar metrics ``repr(RunResult)`` shows
+REPR_METRICS = 8
+#: the keyword arguments of :meth:`FedclustStrategy.start`
+START_ARGS = ("dataset", "seed", "output_dir", "evaluate", "timeout", "run_config", "data")
+#: Flower's own ``Strategy.start`` arguments, which a fedclust method does not take
+FLOWER_START_ARGS = {
+    "num_rounds": "Flower's round count: a fedclust method runs its own phases; its round "
+                  "budget is a constructor parameter, e.g. ExactFCM(max_rounds=5)",
+    "initial_arrays": "not used: each method builds its own start",
+    "train_config": "not used: pass run-config keys in run_config=",
+    "evaluate_config": "not used: pass run-config keys in run_config=",
+    "evaluate_fn": "not used: the eval_* metrics come from the clients (evaluate=True)",
+}
+
+
 class FedclustStrategy(Strategy):
     """Base of the fedclust methods: parameters ↔ run-config keys, and a ``start`` that runs
     the whole method (see the module docstring)."""
@@ -155,6 +199,17 @@ class FedclustStrategy(Strategy):
     prefixes: ClassVar[tuple[str, ...]]
     #: common run-config keys that are parameters of the method (e.g. FCM's ``scaling``)
     common_params: ClassVar[tuple[str, ...]] = ()
+
+    def __new__(cls, *args: Any, **params: Any) -> FedclustStrategy:
+        # A method with an explicit signature (ExactFCM, FedFCM) would otherwise meet a
+        # mistyped parameter with Python's bare TypeError: name the close matches instead.
+        import inspect
+
+        sig = inspect.signature(cls.__init__)
+        if not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+            named = [n for n in sig.parameters if n != "self"]
+            refuse_unknown(f"{cls.__name__}()", [k for k in params if k not in named], named)
+        return super().__new__(cls)
 
     def __init__(self, **params: Any) -> None:
         self.params = dict(params)
@@ -187,14 +242,8 @@ class FedclustStrategy(Strategy):
             refuses (what is allowed and how to fix it).
         """
         names = self.param_keys()
-        unknown = sorted(set(self.params) - set(names))
-        if unknown:
-            import difflib
-
-            hints = [f"{u!r}" + (f" (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(
-                u, names, 1)) else "") for u in unknown]
-            raise ConfigError(f"{type(self).__name__}: unknown parameter(s) {', '.join(hints)}. "
-                              f"Allowed: {', '.join(sorted(names))}.")
+        refuse_unknown(f"{type(self).__name__}()", sorted(set(self.params) - set(names)),
+                       sorted(names))
         cfg = {"method": self.method, **{names[k]: v for k, v in self.params.items()}}
         schema = {k.name: k for k in all_keys()}
         try:
@@ -208,7 +257,7 @@ class FedclustStrategy(Strategy):
     def start(self, grid: Grid, *, dataset: str | None = None, seed: int | None = None,
               output_dir: str | Path | None = None, evaluate: bool | None = None,
               timeout: float | None = None, run_config: Mapping[str, Any] | None = None,
-              **_: Any) -> RunResult:
+              data: Mapping[str, Any] | None = None, **unknown: Any) -> RunResult:
         """Run the method on ``grid`` and return its :class:`RunResult`.
 
         Parameters
@@ -229,13 +278,27 @@ class FedclustStrategy(Strategy):
             Seconds to wait for replies per step.
         run_config : mapping, optional
             Any other run-config keys (``num-clients``, ``min-clients``, ``data-dir`` …).
+        data : mapping, optional
+            What the nodes hold, when the run config cannot tell (``summary.json``'s ``data``
+            and the tracker's params; :func:`fedclust.simulate` describes the arrays,
+            DataFrames or Hugging Face data it was given).
+
+        Raises
+        ------
+        UnknownArgumentError
+            Any other keyword argument, e.g. Flower's ``num_rounds`` (the method's own round
+            budget is a constructor parameter), with the close matches.
         """
         from strategies.run import execute
 
+        refuse_unknown(f"{type(self).__name__}.start()", sorted(unknown), START_ARGS,
+                       {**FLOWER_START_ARGS, **{k: f"a parameter of {type(self).__name__}(...)"
+                                               for k in unknown if k in self.param_keys()}})
         cfg = self.full_run_config(dataset=dataset, seed=seed, output_dir=output_dir,
                                    evaluate=evaluate, timeout=timeout, run_config=run_config)
         raw, validated = self._validated or (None, None)
-        summary, recorder = execute(grid, cfg, validated if raw == cfg else None)
+        summary, recorder = execute(grid, cfg, validated if raw == cfg else None,
+                                    data=dict(data) if data else None)
         return RunResult.from_recorder(summary, recorder)
 
     def full_run_config(self, *, dataset: str | None = None, seed: int | None = None,

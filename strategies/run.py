@@ -46,14 +46,18 @@ def load(path: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
-def output_dir(cfg: dict[str, Any]) -> Path:
+def output_dir(cfg: dict[str, Any], dataset: str | None = None) -> Path:
     """``output-dir`` if set, else
     ``~/fedclust-runs/<method>/<dataset>-seed<seed>-<time>-<random>`` (unique per run: runs
-    started in the same second get different folders)."""
+    started in the same second get different folders; ``dataset``: the name the run records,
+    default run config ``dataset``)."""
     if cfg["output-dir"]:
         return Path(cfg["output-dir"]).expanduser()
+    from fedclust.outputs import safe_name
+
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    name = f"{cfg['dataset']}-seed{cfg['seed']}-{stamp}-{secrets.token_hex(3)}"
+    name = (f"{safe_name(dataset or cfg['dataset'], 40)}-seed{cfg['seed']}-{stamp}-"
+            f"{secrets.token_hex(3)}")
     return Path.home() / "fedclust-runs" / cfg["method"] / name
 
 
@@ -86,11 +90,14 @@ def run_method(grid: Grid, run_config: dict[str, Any]) -> dict[str, Any]:
     return execute(grid, run_config)[0]
 
 
-def execute(grid: Grid, run_config: dict[str, Any], validated: dict[str, Any] | None = None
-            ) -> tuple[dict[str, Any], RunRecorder]:
+def execute(grid: Grid, run_config: dict[str, Any], validated: dict[str, Any] | None = None,
+            data: dict[str, Any] | None = None) -> tuple[dict[str, Any], RunRecorder]:
     """:func:`run_method`, returning ``(summary, recorder)``: the recorder holds the run in
     memory as it wrote it (``history``, ``arrays``, ``dir``). ``validated``: ``run_config``
-    already validated (:func:`check_run_config`)."""
+    already validated (:func:`check_run_config`); ``data``: what the run clusters, when the
+    run config cannot tell (:func:`fedclust.results.data_record`)."""
+    from fedclust.results import data_record, recorded_config
+
     setup_logging()
     from strategies.common import engine_clients, exclusions_recorded, messages_carry
 
@@ -101,9 +108,12 @@ def execute(grid: Grid, run_config: dict[str, Any], validated: dict[str, Any] | 
         if n != cfg["num-clients"]:   # num-clients = 0: now the engine's count is known
             cfg = check_run_config({**run_config, "num-clients": n})
         runner = load(SERVER[cfg["method"]][0])
-        recorder = RunRecorder(output_dir(cfg), cfg["method"], cfg["dataset"], cfg["seed"],
-                               cfg["num-clients"], cfg, overwrite=cfg["overwrite"])
-        LOG.info("method=%s dataset=%s clients=%s -> %s", cfg["method"], cfg["dataset"],
+        record = data_record(cfg, data)
+        name = str(record.get("dataset") or cfg["dataset"])
+        recorder = RunRecorder(output_dir(cfg, name), cfg["method"], name, cfg["seed"],
+                               cfg["num-clients"], recorded_config(cfg),
+                               overwrite=cfg["overwrite"], data=record)
+        LOG.info("method=%s dataset=%s clients=%s -> %s", cfg["method"], name,
                  cfg["num-clients"] or "every connected node", recorder.dir)
         try:
             with messages_carry(cfg):

@@ -150,8 +150,8 @@ def test_bad_parameters_are_refused_before_any_run():
         ExactFCM(n_cluster=3)
     with pytest.raises(ConfigError, match=r"FedFCM: run config 'fedfcm.k-max' = 1 .*Allowed"):
         FedFCM(k_max=1)
-    with pytest.raises(ConfigError, match=r"unknown parameter\(s\) 'ae_epoch' \(did you mean "
-                                          r"'ae_epochs'\?\)"):
+    with pytest.raises(ConfigError, match=r"unknown keyword argument\(s\) 'ae_epoch' \(did you "
+                                          r"mean 'ae_epochs'\?\)"):
         FedCRef(ae_epoch=3)
     with pytest.raises(ConfigError, match="unknown method 'kmeans'"):
         fedclust.simulate("kmeans", [np.zeros((3, 2))])
@@ -285,7 +285,8 @@ def test_simulate_refuses_what_it_would_misread_before_any_work(tmp_path):
     import pandas as pd
 
     out = tmp_path / "never"
-    with pytest.raises(ConfigError, match="no parameter 'n_cluster' .did you mean 'n_clusters'"):
+    with pytest.raises(ConfigError,
+                       match="unknown keyword argument.s. 'n_cluster' .did you mean 'n_clusters'"):
         fedclust.simulate("exact-fcm", _two_clients(), n_cluster=3, output_dir=out)
     bad = _two_clients()
     bad[1][4, 2] = np.nan

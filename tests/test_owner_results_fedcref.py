@@ -40,7 +40,7 @@ def client_rows(cfg: dict, i: int) -> np.ndarray:
 def read_assignments(folder: Path) -> np.ndarray:
     with (folder / "assignments.csv").open() as fh:
         rows = list(csv.reader(fh))
-    assert rows[0] == ["row", "label"]
+    assert rows[0] == ["row", "cluster"]
     return np.array(rows[1:], dtype=np.int64).reshape(-1, 2)
 
 
@@ -78,7 +78,7 @@ def test_each_client_keeps_its_assignments_models_and_result(run) -> None:
         # the labels are the final models applied to the client's rows
         params, model_labels, gate, allow = load_models(folder / MODELS)
         assert np.array_equal(assign(params, model_labels, x, 1, gate, allow), labels)
-        assert sorted(m["label"] for m in result["models"]) == sorted(model_labels.tolist())
+        assert sorted(m["cluster"] for m in result["models"]) == sorted(model_labels.tolist())
         assert {c["model"] for c in result["clusters"].values() if c["rows"]} \
             == set(range(len(model_labels)))
         client_summary = json.loads((folder / "predict.json").read_text())
@@ -98,7 +98,7 @@ def test_predict_on_the_owner_folder_reproduces_the_labels(run, tmp_path: Path) 
             assert torch.get_num_threads() == 2
         finally:
             torch.set_num_threads(threads)
-        assert pred.header == ["row", "label"] and np.array_equal(pred.labels, labels)
+        assert pred.header == ["row", "cluster"] and np.array_equal(pred.labels, labels)
         # the site's own file (8-bit pixels, as a node reads its data-path) through the CLI
         site = tmp_path / f"site{i}.npz"
         np.savez(site, x=np.round(x * 255).astype(np.uint8))

@@ -55,7 +55,7 @@ def check_owner_folder(run_dir: Path, i: int, path: Path, m: float) -> np.ndarra
     table = np.loadtxt(folder / "assignments.csv", delimiter=",", skiprows=1)
     header = (folder / "assignments.csv").read_text().splitlines()[0].split(",")
     u = expected_memberships(run_dir, path, m)
-    assert header == ["row", "label"] + [f"u{c}" for c in range(u.shape[1])]
+    assert header == ["row", "cluster"] + [f"u{c}" for c in range(u.shape[1])]
     np.testing.assert_array_equal(table[:, 0], np.arange(len(u)))
     np.testing.assert_array_equal(table[:, 1], np.argmax(u, axis=1))
     np.testing.assert_allclose(table[:, 2:], u, atol=1e-12)

@@ -14,7 +14,7 @@ Needs ``pip install 'fedclust[hf]'`` (``datasets``, ``flwr-datasets``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,9 +97,14 @@ def _numeric(feature: Any) -> bool:
 
 def arrays_from_hf(ds: Any, label_column: str = "", feature_columns: str | Sequence[str] = "",
                    image_column: str = "", where: str = "hf"
-                   ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None, list[str]]:
-    """Features, label codes (None without a label column) and feature names of a
+                   ) -> tuple[NDArray[np.float64], np.ndarray | None, list[str]]:
+    """Features, labels (None without a label column) and feature names of a
     ``datasets.Dataset``.
+
+    The labels come back as the dataset holds them (numbers, booleans or text:
+    :func:`fedclust.data.local.label_values`), never renumbered: a partition that holds classes
+    {1, 2} keeps 1 and 2, so every client's labels mean the same (the coding is the node's,
+    :func:`fedclust.data.local.label_codes`). A ``ClassLabel`` column gives its class numbers.
 
     Raises
     ------
@@ -119,13 +124,12 @@ def arrays_from_hf(ds: Any, label_column: str = "", feature_columns: str | Seque
         raise DatasetError(f"{where}: give hf.feature-columns or hf.image-column, not both")
     y = None
     if label_column:
-        raw = np.asarray(ds[label_column], dtype=object)
-        if any(v is None for v in raw):
-            raise DatasetError(f"{where}: the label column {label_column!r} has missing "
-                               f"values. Fix: drop those rows (Dataset.filter)")
-        _, y = np.unique(raw.astype(str) if raw.dtype == object and isinstance(
-            raw[0], str) else raw, return_inverse=True)
-        y = y.astype(np.int64)
+        from fedclust.data.local import LocalDataError, label_values
+
+        try:
+            y = label_values(list(ds[label_column]), f"{where}: label column {label_column!r}")
+        except LocalDataError as exc:
+            raise DatasetError(f"{exc} (Dataset.filter drops rows)") from None
     if image_column:
         images = [np.asarray(img, dtype=np.float64) for img in ds[image_column]]
         shapes = {im.shape for im in images}
@@ -167,10 +171,87 @@ def load_hf(cfg: dict[str, Any]) -> Dataset:
                                  str(cfg.get("hf.feature-columns", "")),
                                  str(cfg.get("hf.image-column", "")),
                                  where=f"run config hf.path={cfg.get('hf.path')!r}")
-    if y is None:
+    if y is not None:      # one coding of the whole dataset, before it is partitioned
+        y = np.unique(y, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    else:
         if cfg.get("evaluate") is True:     # the server's check (the nodes get no 'evaluate')
             raise DatasetError("run config dataset='hf' with evaluate=true needs the ground "
                                "truth: hf.label-column is empty. Fix: name the label column "
                                "(hf.label-column=\"label\"), or pass evaluate=false")
         y = np.zeros(len(x), dtype=np.int64)   # no ground truth (evaluate=false)
     return Dataset("hf", x, y, feature_names=names)
+
+
+# ------------------------------------------------------------------ Flower Datasets inputs
+
+def is_federated_dataset(obj: Any) -> bool:
+    """A ``flwr_datasets.FederatedDataset`` (told by its API)."""
+    return hasattr(obj, "load_partition") and hasattr(obj, "partitioners")
+
+
+def is_dataset_dict(obj: Any) -> bool:
+    """A ``datasets.DatasetDict`` (what ``load_dataset("csv", data_files=…)`` returns)."""
+    return (isinstance(obj, Mapping) and len(obj) > 0
+            and all(is_hf_dataset(v) for v in obj.values()))
+
+
+def pick_split(obj: Any, split: str | None, where: str) -> Any:
+    """Split ``split`` of a ``DatasetDict`` (its only split when ``split`` is None)."""
+    names = sorted(obj.keys())
+    if split is None:
+        if len(names) != 1:
+            raise DatasetError(f"{where}: the DatasetDict has splits {names}: say which one. "
+                               f"Fix: split={names[0]!r}")
+        split = names[0]
+    if split not in obj:
+        raise DatasetError(f"{where}: split={split!r} is not a split of the DatasetDict. "
+                           f"Allowed: {', '.join(map(repr, names))}")
+    return obj[split]
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray) and value.size <= 1000:
+        value = value.tolist()
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int, float, str))
+                                                for v in value):
+        return list(value)
+    return repr(value)[:200]
+
+
+def partitioner_record(partitioner: Any) -> dict[str, Any]:
+    """A flwr-datasets partitioner as ``{"class": "<module>.<name>", "params": {…}}``: its
+    constructor's parameters as it holds them (``_name`` or ``name`` attributes)."""
+    import inspect
+
+    cls = type(partitioner)
+    params: dict[str, Any] = {}
+    try:
+        names = [n for n, prm in inspect.signature(cls.__init__).parameters.items()
+                 if n != "self" and prm.kind not in (prm.VAR_POSITIONAL, prm.VAR_KEYWORD)]
+    except (TypeError, ValueError):
+        names = []
+    for name in names:
+        for attr in (f"_{name}", name):
+            if attr in vars(partitioner):
+                params[name] = _jsonable(vars(partitioner)[attr])
+                break
+    module = cls.__module__.split(".")
+    # flwr_datasets.partitioner.dirichlet_partitioner -> the public flwr_datasets.partitioner
+    public = ".".join(module[:2]) if module[0] == "flwr_datasets" else cls.__module__
+    return {"class": f"{public}.{cls.__name__}", "params": params}
+
+
+def dataset_record(ds: Any) -> dict[str, Any]:
+    """What identifies a ``datasets.Dataset``: its name (builder, config), split, rows and
+    fingerprint (a hash of its content and of every transform that made it)."""
+    info = getattr(ds, "info", None)
+    out = {"name": getattr(info, "dataset_name", None) or getattr(info, "builder_name", None),
+           "config": getattr(info, "config_name", None),
+           "split": None if getattr(ds, "split", None) is None else str(ds.split),
+           "rows": int(ds.num_rows) if hasattr(ds, "num_rows") else None,
+           "fingerprint": getattr(ds, "_fingerprint", None)}
+    return {k: v for k, v in out.items() if v is not None}

@@ -857,6 +857,69 @@ def _parse_number(text: str) -> int | float | None:
         return None
 
 
+def _missing(e: object) -> bool:
+    """None, NaN, pandas' NA/NaT: a label that is not there."""
+    if e is None:
+        return True
+    if isinstance(e, (float, np.floating)):
+        return bool(np.isnan(e))
+    return type(e).__name__ in ("NAType", "NaTType")
+
+
+def label_values(values, where: str = "labels") -> np.ndarray:
+    """Labels of any type as a plain 1-D numpy array of numbers or text, the form a node's file
+    holds them in (what :func:`label_codes` codes, and what an ``.npz`` stores without pickle).
+
+    Accepted: integers, floats, booleans, text (``str``/bytes in UTF-8), and any sequence of
+    them — a list, a numpy array (also of Python objects), a pandas Series of any dtype
+    (``object``, ``string``, ``category``, ``boolean``, nullable integers), a Hugging Face
+    column. Refused, with the first row named: missing labels (None, NaN, ``pd.NA``) and a mix
+    of numbers and text. No label is changed: the coding is :func:`label_codes`'s alone.
+    """
+    if hasattr(values, "dtype") and str(getattr(values, "dtype", "")) == "category" \
+            and hasattr(values, "astype"):
+        values = values.astype(object)      # a pandas Categorical: its values, not its codes
+    if hasattr(values, "to_numpy") and not isinstance(values, np.ndarray):
+        values = values.to_numpy(dtype=object)    # pandas: NA stays a visible missing value
+    v = np.asarray(values)
+    if v.ndim != 1:
+        v = v.reshape(-1)
+    if v.dtype.kind == "S":
+        try:
+            v = np.char.decode(v, "utf-8")
+        except UnicodeDecodeError:
+            raise LocalDataError(f"{where}: labels are bytes that are not UTF-8 text. Fix: save "
+                                 f"labels as numbers or text") from None
+    if v.dtype.kind == "O":
+        items = v.tolist()
+        gone = [r for r, e in enumerate(items) if _missing(e)]
+        if gone:
+            raise LocalDataError(f"{where}: the label of row {gone[0] + 1} is missing (None or "
+                                 f"NaN); {len(gone)} missing in all. Fix: give every row a "
+                                 f"label (drop or fill those rows), or pass no labels")
+        items = [e.decode("utf-8") if isinstance(e, bytes) else e for e in items]
+        if all(isinstance(e, str) for e in items):
+            v = np.array(items, dtype=str) if items else np.zeros(0, dtype=str)
+        elif all(isinstance(e, (bool, np.bool_)) for e in items):
+            v = np.array(items, dtype=bool)
+        elif all(isinstance(e, (bool, int, float, np.bool_, np.integer, np.floating))
+                 for e in items):
+            v = np.array([float(e) if isinstance(e, (float, np.floating)) else int(e)
+                          for e in items]) if items else np.zeros(0)
+        else:
+            odd = next((r for r, e in enumerate(items) if not isinstance(
+                e, (str, bool, int, float, np.bool_, np.integer, np.floating))), None)
+            what = (f"row {odd + 1} holds an object that is neither a number nor text"
+                    if odd is not None else "some rows hold numbers, others text")
+            raise LocalDataError(f"{where}: labels mix numbers, text or other objects ({what})."
+                                 f" Allowed: all numbers or all text. Fix: convert the labels "
+                                 f"to one type, e.g. text (df[col].astype(str))")
+    if v.dtype.kind not in "biufU":
+        raise LocalDataError(f"{where}: labels of dtype {v.dtype} are not supported. Allowed: "
+                             f"integers, floats, booleans or text")
+    return v
+
+
 def label_codes(values, where: str = "labels") -> NDArray[np.int64]:
     """Evaluation labels as int64 codes that are the same on every node (no coordination).
 
@@ -879,29 +942,8 @@ def label_codes(values, where: str = "labels") -> NDArray[np.int64]:
     evaluation only. The hash is not a secret: a code reveals a guessable label as well as the
     label itself would, which is why labels stay on the evaluation path.
     """
-    v = np.asarray(values)
-    if v.ndim != 1:
-        v = v.reshape(-1)
-    if v.dtype.kind == "S":
-        try:
-            v = np.char.decode(v, "utf-8")
-        except UnicodeDecodeError:
-            raise LocalDataError(f"{where}: labels are bytes that are not UTF-8 text. Fix: save "
-                                 f"labels as numbers or text") from None
-    if v.dtype.kind == "O":
-        items = v.tolist()
-        if all(isinstance(e, str) for e in items):
-            v = np.array(items, dtype=str)
-        elif all(isinstance(e, (bool, int, float, np.integer, np.floating)) for e in items):
-            v = np.array([float(e) if isinstance(e, (float, np.floating)) else int(e)
-                          for e in items]) if items else np.zeros(0)
-        else:
-            raise LocalDataError(f"{where}: labels mix numbers, text or other objects. "
-                                 f"Allowed: all numbers or all text")
+    v = label_values(values, where)
     kind = v.dtype.kind
-    if kind not in "biufU":
-        raise LocalDataError(f"{where}: labels of dtype {v.dtype} are not supported. Allowed: "
-                             f"integers, floats or text")
     if v.size == 0:
         return np.zeros(0, dtype=np.int64)
     if kind in "bi" or (kind == "u" and int(v.max()) < 2 ** 63):

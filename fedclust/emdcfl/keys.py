@@ -203,7 +203,9 @@ def _spec(dataset: str, conv1: int, conv2: int, embed_dim: int) -> ModelSpec:
 
 
 def check(cfg: dict[str, Any]) -> None:
-    """Cross-key rules; raise ConfigError before any work."""
+    """Cross-key rules; raise ConfigError before any work. The project default
+    ``dataset=blobs`` resolves to the embedded ``rotdigits`` (what the run records)."""
+    cfg["dataset"] = dataset_name(cfg)
     require(cfg["dataset"] in DATASETS + ("blobs", "files", "local"), "dataset", cfg["dataset"],
             "for method=emdcfl one of " + ", ".join(DATASETS)
             + " ('blobs', the project default, means rotdigits), 'files' (one labelled .npz "

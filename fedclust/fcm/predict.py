@@ -2,7 +2,7 @@
 then FCM memberships to its final centers (FedFCM: at the chosen K).
 
 :func:`predict_fcm` is what :func:`fedclust.predict.predict` calls for ``method`` ``exact-fcm``
-and ``fedfcm``; columns ``row,label,u0,…,u<C−1>``.
+and ``fedfcm``; columns ``row,cluster,u0,…,u<C−1>``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def predict_fcm(run_dir: Path, summary: dict[str, Any], x: np.ndarray,
     u = fcm.memberships(scaling.apply(x, shift, scale), centers, m)
     labels = np.argmax(u, axis=1)
     table = np.column_stack([np.arange(len(x)), labels, u])
-    header = ["row", "label"] + [f"u{i}" for i in range(centers.shape[0])]
+    header = ["row", "cluster"] + [f"u{i}" for i in range(centers.shape[0])]
     return Prediction(header, table, ["%d", "%d"] + ["%.17g"] * centers.shape[0],
                       {"n_clusters": int(centers.shape[0])})
 

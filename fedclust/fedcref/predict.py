@@ -187,7 +187,8 @@ def assign(params: ae.Params, labels: NDArray, x: NDArray, threads: int | None =
 
 def predict_rows(run_dir: Path, summary: dict[str, Any], x: np.ndarray,
                  options: dict[str, Any]):
-    """``fedclust predict`` for FedCRef: ``row,label`` (label space: see the module docstring)."""
+    """``fedclust predict`` for FedCRef: ``row,cluster`` (cluster space: see the module
+    docstring)."""
     from fedclust.predict.base import PredictError, Prediction, check_width
 
     if options:
@@ -212,6 +213,6 @@ def predict_rows(run_dir: Path, summary: dict[str, Any], x: np.ndarray,
     rows = unit_rows(x)
     out = assign(params, labels, rows, threads, gate, allow)
     table = np.column_stack([np.arange(len(rows)), out])
-    return Prediction(["row", "label"], table, ["%d", "%d"],
-                      {"label": "local cluster" if client else "community",
+    return Prediction(["row", "cluster"], table, ["%d", "%d"],
+                      {"cluster": "local cluster" if client else "community",
                        "n_models": int(ae.n_models(params))})

@@ -6,8 +6,8 @@ models the method saved). ``DATA`` is read with the loader a deployed node uses 
 labels it received at the end of the run.
 
 - ``exact-fcm``, ``fedfcm``: the run's federated scaling, then FCM memberships to the final
-  centers (FedFCM: at the chosen K); columns ``row,label,u0,…,u<C−1>``.
-- ``fedcref``: each row goes to the community model that reconstructs it best; ``row,label``.
+  centers (FedFCM: at the chosen K); columns ``row,cluster,u0,…,u<C−1>``.
+- ``fedcref``: each row goes to the community model that reconstructs it best; ``row,cluster``.
 - ``emdcfl``: class predictions of one cluster's model (``cluster=``); ``row,label``.
 """
 
@@ -198,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("run_dir", help="the run's results folder (holds summary.json)")
     parser.add_argument("data", help="csv/tsv/npz/npy file or image folder, as a node's data-path")
     parser.add_argument("--out", required=True,
-                        help="CSV to write (row,label,...): a new file outside RUN_DIR and "
+                        help="CSV to write (row,cluster,...): a new file outside RUN_DIR and "
                              "other than DATA")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace --out if it exists (never an input)")
@@ -221,7 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     counts = np.bincount(result.labels) if len(result.table) else []
-    print(f"{len(result.table)} rows -> {args.out} (label counts {list(map(int, counts))})")
+    print(f"{len(result.table)} rows -> {args.out} ({result.header[1]} counts "
+          f"{list(map(int, counts))})")
     return 0
 
 
