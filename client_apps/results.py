@@ -31,6 +31,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message
 
 from fedclust import outputs
+from fedclust.data.sites import RESULTS_FOLDER
 from fedclust.results import to_jsonable, write_table
 
 RESULT_RECORD = "result"
@@ -74,7 +75,7 @@ def _owner_parent(msg: Message, context: Context, run_dir: str | None
         return Path(run_dir) / "clients", str(int(node["partition-id"]))
     if "data-path" in node:   # named after the file: sites may share a folder
         data = Path(str(node["data-path"])).expanduser().resolve()
-        return data.parent / "fedclust-results" / data.name, run_id
+        return data.parent / RESULTS_FOLDER / data.name, run_id
     return None
 
 

@@ -100,8 +100,8 @@ COMMON_KEYS: list[Key] = [
     Key("data-dir", str, "", "folder with dataset files for file-based datasets; "
         "dataset=files: one file (or image folder) per client, sorted by name"),
     Key("files.format", str, "", "dataset=files: file format as node config 'data-format' "
-        "(empty: from the suffix; csv, tsv, npz, npy, images)",
-        choices=("", "csv", "tsv", "txt", "npz", "npy", "images")),
+        "(empty: from the suffix; csv, tsv, npz, npy, parquet, images)",
+        choices=("", "csv", "tsv", "txt", "npz", "npy", "parquet", "images")),
     Key("files.label-column", str, "", "dataset=files: a label column of the csv/tsv files "
         "(header name or 0-based index), as node config 'label-column'; evaluation only"),
     Key("evaluate", bool, True,

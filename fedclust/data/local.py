@@ -4,7 +4,8 @@ Formats (inferred from the suffix or given as ``data-format``): a folder of imag
 (``images``; ``<class>/`` subfolders give evaluation labels), ``.npz`` with array ``x``
 (and optional ``y`` for evaluation), ``.npy`` (features only), ``.csv``/``.tsv``/``.txt``
 (numeric, with or without a header; ``label-column`` names/indexes an optional ground-truth
-column that is removed from the features). The separator of a delimited file is detected
+column that is removed from the features), ``.parquet``/``.pq`` (numeric columns and an optional
+``label-column`` of any type; needs pyarrow). The separator of a delimited file is detected
 (comma, semicolon, tab or spaces; the suffix's own separator wins a tie), and so is a decimal
 comma (``1,5`` in a ``;``- or tab-separated file).
 
@@ -62,8 +63,12 @@ PIXEL_MAX = 255.0
 MAX_CLASS = 65_535
 """Largest class number of image-like data's labels (they index per-class tables)."""
 
-SUFFIXES = (".csv", ".tsv", ".txt", ".npz", ".npy")
+SUFFIXES = (".csv", ".tsv", ".txt", ".npz", ".npy", ".parquet", ".pq")
 """File suffixes of the formats :func:`load_local_table` reads (besides image folders)."""
+
+
+FORMATS = ("npz", "npy", "csv", "tsv", "txt", "parquet")
+"""The file formats of ``data-format`` (``pq`` is ``parquet``; a folder is ``images``)."""
 
 
 class LocalDataError(ValueError):
@@ -125,13 +130,16 @@ def load_local_table(path: str, data_format: str = "", label_column: str = "",
             raise _fail(p, "is not a folder; data-format 'images' needs a folder of image "
                            "files. Fix: point 'data-path' at the image folder")
         return load_image_folder(p, max_bytes, stable_labels)
-    if fmt not in ("npz", "npy", "csv", "tsv", "txt"):
+    fmt = "parquet" if fmt == "pq" else fmt
+    if fmt not in FORMATS:
         given = (f"node config 'data-format' = {data_format!r} is not a known format" if
                  data_format else "its name ends in no known suffix")
-        raise _fail(p, f"unsupported data format: {given}. Allowed: npz, npy, csv, tsv, txt, "
+        raise _fail(p, f"unsupported data format: {given}. Allowed: {', '.join(FORMATS)}, "
                        f"images (a folder). Fix: rename the file or set node config "
                        f"'data-format'")
     _check_regular_file(p, max_bytes)
+    if fmt == "parquet":
+        return _load_parquet(p, label_column, max_bytes, stable_labels)
     if fmt == "npz":
         return _load_npz(p, max_bytes, stable_labels)
     if fmt == "npy":
@@ -147,6 +155,12 @@ def feature_names(path: str, data_format: str = "", label_column: str = "") -> l
     after :func:`load_local_table` accepted the file."""
     p = Path(path).expanduser()
     fmt = (data_format or ("images" if p.is_dir() else p.suffix.lstrip("."))).lower()
+    if fmt in ("parquet", "pq"):
+        schema = _parquet_file(p).schema_arrow
+        index, names = set(_pandas_index(schema)), list(schema.names)
+        col = (None if label_column == "" else
+               _label_index(p, names, len(names), True, label_column))
+        return [n for i, n in enumerate(names) if i != col and n not in index]
     if fmt not in ("csv", "tsv", "txt"):
         return None
     delim, comma = _sniff(p, "\t" if fmt == "tsv" else ",")
@@ -195,8 +209,8 @@ def _check_regular_file(p: Path, max_bytes: int, name: str | None = None) -> int
         raise _fail(p, f"cannot be opened{link}: it is a broken link or not accessible. Fix: "
                        f"point 'data-path' at a readable file", name) from None
     if stat.S_ISDIR(st.st_mode):
-        raise _fail(p, f"is a folder{link}, not a data file. Allowed: a csv/tsv/txt/npz/npy "
-                       f"file, or data-format 'images' for a folder of images", name)
+        raise _fail(p, f"is a folder{link}, not a data file. Allowed: a csv/tsv/txt/npz/npy/"
+                       f"parquet file, or data-format 'images' for a folder of images", name)
     if not stat.S_ISREG(st.st_mode):
         kind = ("a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else
                 "a socket" if stat.S_ISSOCK(st.st_mode) else
@@ -246,6 +260,85 @@ def _check_features(x: np.ndarray, p: Path, rows: list[int] | None = None,
                            f"columns are 1-based). Fix: fill or drop missing values and "
                            f"rescale such features before federating")
     return x
+
+
+# --------------------------------------------------------------------------- parquet
+
+def _parquet_file(p: Path):
+    """``pyarrow.parquet.ParquetFile`` of ``p`` (its schema and metadata; nothing read yet)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise _fail(p, "is a Parquet file, which needs the pyarrow package, not installed "
+                       "where this data is read. Fix: pip install pyarrow (or "
+                       "'fedclust[hf]'), or save the data as .csv or .npz") from None
+    try:
+        return pq.ParquetFile(p)
+    except Exception:     # noqa: BLE001 - pyarrow's text may quote the bytes
+        raise _fail(p, "is not a readable Parquet file (damaged, or another format). Fix: "
+                       "write it again with pandas' DataFrame.to_parquet or pyarrow") from None
+
+
+def _pandas_index(schema) -> list[str]:
+    """The columns pandas' ``to_parquet`` stored a DataFrame's index in (not features)."""
+    try:
+        meta = schema.pandas_metadata or {}
+    except Exception:     # noqa: BLE001 - malformed metadata: no index columns
+        return []
+    return [c for c in meta.get("index_columns", []) if isinstance(c, str)]
+
+
+def _numeric_arrow(kind: object) -> bool:
+    import pyarrow.types as pt
+
+    return bool(pt.is_integer(kind) or pt.is_floating(kind) or pt.is_boolean(kind)
+                or pt.is_decimal(kind))
+
+
+def _load_parquet(p: Path, label_column: str, max_bytes: int, stable_labels: bool
+                  ) -> tuple[NDArray[np.float64], NDArray[np.int64] | None]:
+    """A Parquet table: numeric feature columns (nulls refused as missing values), and the
+    optional ``label_column`` (a column name or index) of any type. Its uncompressed size is
+    checked against ``max_bytes`` before anything is read."""
+    pf = _parquet_file(p)
+    total = sum(pf.metadata.row_group(i).total_byte_size for i in range(pf.num_row_groups))
+    if total > max_bytes:
+        raise _fail(p, f"unpacks to {total} bytes, over the limit of {max_bytes} bytes. Fix: "
+                       f"split the data or raise the limit (max_bytes)")
+    schema = pf.schema_arrow
+    names = list(schema.names)
+    index = set(_pandas_index(schema))
+    _check_unique_names(p, names, label_column)
+    col = None if label_column == "" else _label_index(p, names, len(names), True,
+                                                         label_column)
+    features = [i for i in range(len(names)) if i != col and names[i] not in index]
+    if not features:
+        raise _fail(p, "no feature columns (only the label column). Fix: give every row at "
+                       "least one numeric feature")
+    odd = [i for i in features if not _numeric_arrow(schema.field(i).type)]
+    if odd:
+        hint = ("only the label column may hold text" if col is not None else
+                "a text column holding labels must be named in node config 'label-column'")
+        raise _fail(p, f"column {odd[0] + 1} is not numeric ({len(odd)} such column(s); "
+                       f"{hint}). Allowed: numeric feature columns. Fix: drop or encode them")
+    try:
+        table = pf.read()
+    except Exception:     # noqa: BLE001
+        raise _fail(p, "is a damaged Parquet file. Fix: write it again") from None
+    gaps = [(i, table.column(i).null_count) for i in range(len(names))
+            if table.column(i).null_count]
+    if gaps:
+        i, n = gaps[0]
+        what = "the label column" if i == col else f"column {i + 1}"
+        raise _fail(p, f"{what} has {n} missing value(s) (null); {len(gaps)} column(s) with "
+                       f"gaps in all. Fix: fill or drop the rows with missing values")
+    x = np.column_stack([table.column(i).to_numpy(zero_copy_only=False).astype(np.float64)
+                         for i in features]) if table.num_rows else np.zeros((0, len(features)))
+    x = _check_features(x, p)
+    if col is None:
+        return x, None
+    return x, _labels(table.column(col).to_pylist(), f"{_public(p)}: label column {col + 1}",
+                      stable_labels, p)
 
 
 # --------------------------------------------------------------------------- npz / npy

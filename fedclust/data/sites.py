@@ -1,9 +1,11 @@
 """``dataset="files"``: each site's own file, one per simulated client.
 
-``data-dir`` holds one entry per site — a csv/tsv/txt/npz/npy file or a folder of images —
-sorted by name; simulated client ``i`` (node config ``partition-id``) is the ``i``-th entry and
-reads it with the loader a deployed node uses for its ``data-path``
-(:func:`fedclust.data.local.load_local_table`). Hidden entries (``.name``) are ignored.
+``data-dir`` holds one entry per site — a csv/tsv/txt/npz/npy/parquet file or a folder of
+images — sorted by name; simulated client ``i`` (node config ``partition-id``) is the ``i``-th
+entry and reads it with the loader a deployed node uses for its ``data-path``
+(:func:`fedclust.data.local.load_local_table`). Hidden entries (``.name``) are ignored, and so
+is ``fedclust-results``, the folder a deployed node writes its owner's results into next to
+its data (the same folder may serve a simulation and a deployment).
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-SUFFIXES = (".csv", ".tsv", ".txt", ".npz", ".npy")
+from fedclust.data.local import SUFFIXES
+
+#: what fedclust writes next to a node's data (``client_apps.results``): never a site
+RESULTS_FOLDER = "fedclust-results"
 
 
 class SiteFilesError(ValueError):
@@ -45,13 +50,14 @@ def site_files(data_dir: str | Path) -> list[Path]:
     root = Path(str(data_dir)).expanduser()
     if str(data_dir) == "":
         raise SiteFilesError("dataset='files' needs run config 'data-dir': a folder with one "
-                             "file per site (csv, tsv, npz, npy, or an image folder). Fix: "
-                             "pass data-dir=\"/path/to/sites\"")
+                             "file per site (csv, tsv, npz, npy, parquet, or an image folder). "
+                             "Fix: pass data-dir=\"/path/to/sites\"")
     if not root.is_dir():
         raise SiteFilesError(f"run config 'data-dir' = {str(data_dir)!r} is not a folder. "
                              f"Allowed: a folder with one file per site. Fix: pass the folder "
                              f"that holds the site files")
     entries = sorted((p for p in root.iterdir() if not p.name.startswith(".")
+                      and p.name != RESULTS_FOLDER
                       and (p.is_dir() or p.suffix.lower() in SUFFIXES)), key=lambda p: p.name)
     if not entries:
         others = sorted(p.name for p in root.iterdir())[:5]
