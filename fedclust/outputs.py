@@ -462,6 +462,16 @@ def clear_folder(folder: str | Path, skip: tuple[str, ...] = ()) -> dict[str, st
         No manifest, a damaged one, or an entry fedclust did not write; nothing was removed.
     """
     folder = Path(folder)
+    files, dirs = check_clearable(folder, skip)
+    kept = _remove(folder, files, dirs)
+    return {rel: DIR for rel in kept}
+
+
+def check_clearable(folder: str | Path, skip: tuple[str, ...] = ()
+                    ) -> tuple[list[str], list[str]]:
+    """:func:`clear_folder`'s verdict without removing anything: the files and folders it
+    would remove, or its :class:`OutputDirError`."""
+    folder = Path(folder)
     entries = read_manifest(folder)
     if entries is None:
         raise OutputDirError(f"output-dir {str(folder)!r} holds no {MANIFEST}")
@@ -474,5 +484,4 @@ def clear_folder(folder: str | Path, skip: tuple[str, ...] = ()) -> dict[str, st
             f"folder holding only an earlier run's results (hidden entries and top-level *.log "
             f"files are left alone). Fix: move {rel!r} out of the folder, or pass another "
             f"output-dir")
-    kept = _remove(folder, files, dirs)
-    return {rel: DIR for rel in kept}
+    return files, dirs

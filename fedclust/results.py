@@ -265,18 +265,12 @@ def claim_folder(folder: Path, overwrite: bool = False) -> None:
     is removed. Hidden entries and ``*.log`` files (Hydra's job folder) do not count and are
     left alone. The folder then gets a new manifest.
     """
-    if folder.exists() and not folder.is_dir():
-        raise OutputDirError(f"output-dir {str(folder)!r} is a file, not a folder. Allowed: a "
-                             f"new or empty folder (or an earlier run's, with overwrite=true). "
-                             f"Fix: choose another output-dir")
+    _check_not_a_file(folder)
     outputs.make_dirs(folder)
     try:
         fd = os.open(folder / RUNNING, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
-        raise OutputDirError(
-            f"output-dir {str(folder)!r} is in use by another run (it holds {RUNNING}). "
-            f"Allowed: a folder no run is writing to. Fix: pass another output-dir, or leave it "
-            f"empty for a new folder per run (delete {RUNNING} if that run is dead)") from None
+        raise _in_use(folder) from None
     os.write(fd, str(os.getpid()).encode())
     os.close(fd)
     try:
@@ -287,11 +281,61 @@ def claim_folder(folder: Path, overwrite: bool = False) -> None:
         raise
 
 
+def check_folder(folder: str | Path, overwrite: bool = False) -> None:
+    """:func:`claim_folder`'s verdict on ``folder``, without writing anything (``fedclust
+    check``, a sweep's grid check): the same refusals, with the same messages.
+
+    Raises
+    ------
+    OutputDirError
+        ``folder`` is a file, is in use by a run, holds what a run there would mix with, holds
+        an entry ``overwrite=true`` would not remove, or cannot be created here.
+    """
+    folder = Path(folder).expanduser().resolve()
+    _check_not_a_file(folder)
+    if not folder.exists():
+        parent = next((p for p in folder.parents if p.exists()), None)
+        if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise OutputDirError(f"output-dir {str(folder)!r} cannot be created: "
+                                 f"{str(parent)!r} is not a folder this process may write in. "
+                                 f"Fix: pass an output-dir in a folder you can write to")
+        return
+    if (folder / RUNNING).exists():
+        raise _in_use(folder)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OutputDirError(f"output-dir {str(folder)!r} is not writable by this process. Fix: "
+                             f"pass an output-dir you can write to")
+    if _refuse_for_run(folder, overwrite):
+        outputs.check_clearable(folder, skip=(RUNNING,))
+
+
+def _check_not_a_file(folder: Path) -> None:
+    if folder.exists() and not folder.is_dir():
+        raise OutputDirError(f"output-dir {str(folder)!r} is a file, not a folder. Allowed: a "
+                             f"new or empty folder (or an earlier run's, with overwrite=true). "
+                             f"Fix: choose another output-dir")
+
+
+def _in_use(folder: Path) -> OutputDirError:
+    return OutputDirError(
+        f"output-dir {str(folder)!r} is in use by another run (it holds {RUNNING}). "
+        f"Allowed: a folder no run is writing to. Fix: pass another output-dir, or leave it "
+        f"empty for a new folder per run (delete {RUNNING} if that run is dead)")
+
+
 def _clear_for_run(folder: Path, overwrite: bool) -> dict[str, str]:
     """:func:`claim_folder` once ``RUNNING`` is held: the manifest entries that stay."""
+    if not _refuse_for_run(folder, overwrite):
+        return {}
+    return outputs.clear_folder(folder, skip=(RUNNING,))
+
+
+def _refuse_for_run(folder: Path, overwrite: bool) -> bool:
+    """Refuse a non-empty ``folder`` that a run may not take (no manifest, or no
+    ``overwrite``); True when an earlier run's results are to be cleared."""
     names = outputs.visible_entries(folder, skip=(RUNNING,))
     if not names:
-        return {}
+        return False
     listed = f"{names[:6]}{' …' if len(names) > 6 else ''}"
     manifest = outputs.read_manifest(folder)
     if manifest is None:
@@ -311,7 +355,7 @@ def _clear_for_run(folder: Path, overwrite: bool) -> dict[str, str]:
             f"overwrite=true for the folder of an earlier fedclust run (it removes only what "
             f"that run wrote). Fix: pass another output-dir, leave output-dir empty, or pass "
             f"overwrite=true")
-    return outputs.clear_folder(folder, skip=(RUNNING,))
+    return True
 
 
 def write_table(path: Path, header: Sequence[str], table: np.ndarray,

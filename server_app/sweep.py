@@ -20,6 +20,7 @@ Each job writes summary.json/history.jsonl to its Hydra job directory.
 from __future__ import annotations
 
 import atexit
+import itertools
 import logging
 import math
 import sys
@@ -27,10 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 LOG = logging.getLogger("fedclust.sweep")
 _LINK = None
+#: ``(job number, overrides, error)`` of every job of this process that failed; the sweep goes
+#: on with its other jobs and exits non-zero at the end (:func:`main`)
+FAILED: list[tuple[int, str, BaseException]] = []
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -56,14 +61,17 @@ def job_run_config(app: Any, given: set[str] | None = None) -> dict[str, Any]:
     return without_foreign_defaults(flat, override_keys() if given is None else given)
 
 
-def override_keys() -> set[str]:
-    """Run-config keys this job's command line sets (``app.<key>=…``, ``+app.<key>=…``)."""
+def override_keys(overrides: list[str] | None = None) -> set[str]:
+    """Run-config keys a job's overrides set (``app.<key>=…``, ``+app.<key>=…``; default: this
+    job's command line)."""
     from hydra.core.hydra_config import HydraConfig
 
-    if not HydraConfig.initialized():
-        return set()
+    if overrides is None:
+        if not HydraConfig.initialized():
+            return set()
+        overrides = list(HydraConfig.get().overrides.task)
     keys = set()
-    for override in HydraConfig.get().overrides.task:
+    for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")
         if key.startswith("app."):
             keys.add(key[len("app."):])
@@ -112,13 +120,16 @@ def _flower_link():
     return _LINK
 
 
-def run_job(cfg: DictConfig) -> dict[str, Any]:
-    """Run one composed job; return its summary."""
-    run_config = job_run_config(cfg.app)
+def checked_job(cfg: DictConfig, given: set[str] | None = None
+                ) -> tuple[str, dict[str, Any], int]:
+    """A composed job's engine, flat run config and node count, after the run's own checks
+    (:func:`strategies.run.check_run_config`: keys, data files, output folder, method extras):
+    what :func:`run_job` runs, and what :class:`GridCheck` checks for every job of a grid."""
     from fedclust.config import ConfigError
     from fedclust.data.sites import simulated_nodes
     from strategies.run import check_run_config
 
+    run_config = job_run_config(cfg.app, given)
     engine = engine_name(cfg.engine)
     raw = cfg.num_supernodes
     if raw is not None and (isinstance(raw, bool) or not isinstance(raw, int) or raw < 0):
@@ -127,9 +138,14 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
                           f"data-dir for dataset=files, else 5). Fix: pass num_supernodes=3, "
                           f"or leave it out")
     n = int(raw or simulated_nodes(run_config, 5))
-
-    # fail fast (keys, data files), before starting any engine
     check_run_config({**run_config, "num-clients": n})
+    return engine, run_config, n
+
+
+def run_job(cfg: DictConfig) -> dict[str, Any]:
+    """Run one composed job; return its summary."""
+    # fail fast (keys, data files), before starting any engine
+    engine, run_config, n = checked_job(cfg)
     if engine == "inprocess":
         from server_app.inprocess import run_server
 
@@ -138,6 +154,7 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     import json
 
     outcome = _flower_link().run(run_config, num_supernodes=n)
+    _to_job_log(outcome.log)        # the ServerApp's lines ran in another process
     if not outcome.ok:
         raise RuntimeError(f"flwr run {outcome.run_id} ended {outcome.status}:\n"
                            f"{outcome.log[-4000:]}")
@@ -170,32 +187,161 @@ def engine_name(value: Any) -> str:
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 
+# ------------------------------------------------------------------ the grid, checked first
+
+def grid_jobs(config: DictConfig) -> list[list[str]]:
+    """The override list of every job of a multirun, as Hydra's basic sweeper makes them: the
+    experiment's ``hydra.sweeper.params``, then the command line (a key given on both: the
+    command line's), every sweep expanded, their product in order."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    params = config.hydra.sweeper.get("params") or {}
+    args = [f"{k}={v}" for k, v in params.items()]
+    args += list(config.hydra.overrides.task)
+    columns: dict[str, list[str]] = {}
+    for override in OverridesParser.create().parse_overrides(args):
+        key = override.get_key_element()
+        columns[key] = ([f"{key}={v}" for v in override.sweep_string_iterator()]
+                        if override.is_sweep_override()
+                        else [f"{key}={override.get_value_element_as_str()}"])
+    return [list(job) for job in itertools.product(*columns.values())]
+
+
+def grid_problems(config: DictConfig, config_name: str | None = None
+                  ) -> tuple[int, list[tuple[int, str, str]]]:
+    """Every job of the multirun ``config`` through the run's own checks
+    (:func:`checked_job`), before any runs: ``(jobs, [(job number, overrides, why)])``."""
+    from hydra import compose
+
+    jobs = grid_jobs(config)
+    problems: list[tuple[int, str, str]] = []
+    outputs: dict[str, list[int]] = {}
+    for num, overrides in enumerate(jobs):
+        given = override_keys(overrides)
+        # the job's own folder is made by Hydra when it starts (new): nothing to check there
+        extra = [] if "output-dir" in given else ["app.output-dir="]
+        try:
+            cfg = compose(config_name=config_name or "config", overrides=[*overrides, *extra])
+            _, run_config, _ = checked_job(cfg, given)
+        except bad_input_errors() as exc:
+            problems.append((num, " ".join(overrides), " ".join(str(exc).split())))
+            continue
+        except Exception as exc:      # noqa: BLE001 - a composition error names the override
+            problems.append((num, " ".join(overrides), f"{type(exc).__name__}: "
+                                                       f"{' '.join(str(exc).split())}"))
+            continue
+        if run_config.get("output-dir"):
+            outputs.setdefault(str(run_config["output-dir"]), []).append(num)
+    for folder, nums in outputs.items():
+        if len(nums) > 1:
+            problems += [(num, " ".join(jobs[num]), f"app.output-dir={folder!r} is the folder of "
+                          f"{len(nums)} jobs of this sweep: each would refuse the folder the "
+                          f"one before it wrote. Fix: leave app.output-dir out (one folder per "
+                          f"job under hydra.sweep.dir)") for num in nums]
+    return len(jobs), sorted(problems)
+
+
+class GridCheck(Callback):
+    """Hydra callback (``conf/config.yaml``): a multirun checks every job of its grid with the
+    run's own checks before the first job starts, and refuses the whole grid — naming each
+    refused combination — rather than stopping half-way."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:  # noqa: D102
+        total, problems = grid_problems(config, kwargs.get("config_name"))
+        if not problems:
+            print(f"[fedclust-sweep] {total} job(s) checked: keys, data and output folders",
+                  flush=True)
+            return
+        lines = [f"  job {num + 1} ({overrides}): {why}" for num, overrides, why in problems]
+        print(f"[fedclust-sweep] {len(problems)} of {total} job(s) of this grid would be "
+              f"refused; no job was run:\n" + "\n".join(lines), file=sys.stderr, flush=True)
+        raise SystemExit(2)
+
+
+# ------------------------------------------------------------------ one job
+
+def _job_log_handlers() -> list[logging.Handler]:
+    """The file handler(s) Hydra opened for this job's ``<job name>.log``."""
+    return [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+
+
+def _to_job_log(text: str, level: int = logging.INFO) -> None:
+    """``text`` into this job's log file(s) only (the console has it already)."""
+    for handler in _job_log_handlers():
+        for line in text.splitlines():
+            handler.handle(logging.makeLogRecord({
+                "name": "fedclust.sweep", "levelno": level,
+                "levelname": logging.getLevelName(level), "msg": line}))
+
+
+def _say(text: str, error: bool = False) -> None:
+    print(text, file=sys.stderr if error else sys.stdout, flush=True)
+    _to_job_log(text, logging.ERROR if error else logging.INFO)
+
+
 @hydra.main(version_base=None, config_path=CONF_DIR, config_name="config")
 def _main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
     hc = HydraConfig.get()
-    num = hc.job.get("num", 0) if hc.mode.name == "MULTIRUN" else 0
+    multirun = hc.mode.name == "MULTIRUN"
+    num = hc.job.get("num", 0) if multirun else 0
     params = hc.sweeper.get("params") or {}
     if not isinstance(params, dict):
         params = OmegaConf.to_container(params)
-    total = total_jobs(sys.argv[1:], params) if hc.mode.name == "MULTIRUN" else 1
+    total = total_jobs(sys.argv[1:], params) if multirun else 1
     overrides = " ".join(hc.overrides.task)
-    print(f"[fedclust-sweep] job {num + 1}/{total or '?'} ({cfg.engine}): {overrides}",
-          flush=True)
+    job = f"[fedclust-sweep] job {num + 1}/{total or '?'}"
+    # fedclust's progress lines (its logger does not propagate) go to the job's log too
+    from strategies.run import setup_logging
+
+    setup_logging()
+    fedclust_log = logging.getLogger("fedclust")
+    handlers = [h for h in _job_log_handlers() if h not in fedclust_log.handlers]
+    for handler in handlers:
+        fedclust_log.addHandler(handler)
     try:
-        summary = run_job(cfg)
-    except bad_input_errors() as exc:   # a clear message: no traceback (Hydra prints one)
-        print(f"[fedclust-sweep] job {num + 1}/{total or '?'} refused: {exc}", file=sys.stderr,
-              flush=True)
-        raise SystemExit(2) from None
-    scalars = {k: v for k, v in summary["metrics"].items() if not isinstance(v, (dict, list))}
-    print(f"[fedclust-sweep] job {num + 1}/{total or '?'} done in {summary['wall_time_s']:.1f}s "
-          f"-> {summary['config']['output-dir']} {scalars}", flush=True)
+        _say(f"{job} ({cfg.engine}): {overrides}")
+        try:
+            summary = run_job(cfg)
+        except bad_input_errors() as exc:   # a clear message: no traceback (Hydra prints one)
+            _say(f"{job} refused: {exc}", error=True)
+            FAILED.append((num, overrides, exc))
+            return
+        except Exception as exc:            # the sweep goes on; main() reports it at the end
+            import traceback
+
+            _say(f"{job} failed: {type(exc).__name__}: {exc}", error=True)
+            _to_job_log(traceback.format_exc(), logging.ERROR)
+            FAILED.append((num, overrides, exc))
+            return
+        scalars = {k: v for k, v in summary["metrics"].items()
+                   if not isinstance(v, (dict, list))}
+        _say(f"{job} done in {summary['wall_time_s']:.1f}s -> {summary['config']['output-dir']} "
+             f"{scalars}")
+    finally:
+        for handler in handlers:
+            fedclust_log.removeHandler(handler)
 
 
 def main() -> None:
+    """``fedclust sweep``: the jobs (one, or a multirun's grid); exit status 2 when a job's
+    input was refused, 1 when a job failed otherwise (the other jobs still ran), else 0."""
+    FAILED.clear()
     _main()
+    if FAILED:
+        if len(FAILED) > 1 or _multirun():
+            lines = "\n".join(f"  job {num + 1} ({overrides}): {type(exc).__name__}: "
+                              f"{' '.join(str(exc).split())[:300]}"
+                              for num, overrides, exc in FAILED)
+            print(f"[fedclust-sweep] {len(FAILED)} job(s) did not finish:\n{lines}",
+                  file=sys.stderr, flush=True)
+        bad = all(isinstance(exc, bad_input_errors()) for _, _, exc in FAILED)
+        raise SystemExit(2 if bad else 1)
+
+
+def _multirun() -> bool:
+    return any(a in ("-m", "--multirun") for a in sys.argv[1:])
 
 
 if __name__ == "__main__":

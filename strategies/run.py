@@ -66,13 +66,19 @@ def check_run_config(run_config: dict[str, Any], validated: dict[str, Any] | Non
     """Validate ``run_config`` and run the method's preflight (e.g. data files exist).
 
     Bad input stops here, before any engine starts or any message is sent; returns the typed
-    config. ``validated``: ``run_config`` already validated (by
+    config. This is every check a run makes before its first message — the keys and values,
+    the tracker's package, the output folder (:func:`fedclust.results.check_folder`), the site
+    files of ``dataset="files"``, the method's preflight — and ``fedclust check`` runs exactly
+    this, so that the two give one verdict. ``validated``: ``run_config`` already validated (by
     :func:`strategies.methods.from_run_config`), so that it is validated once.
     """
     cfg = validate(run_config) if validated is None else dict(validated)
+    from fedclust.results import check_folder
     from fedclust.trackers import check as check_tracker
 
     check_tracker(cfg)      # its package is installed here (the server), not on the nodes
+    if cfg["output-dir"]:   # the verdict the run's RunRecorder gives, before any work
+        check_folder(cfg["output-dir"], cfg["overwrite"])
     if cfg["dataset"] == "files":   # the nodes read the site files with the node loader
         from fedclust.data.sites import check_sites
 
