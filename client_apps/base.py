@@ -162,7 +162,7 @@ def engine_mod(msg: Message, context: Context, call_next) -> Message:
 # paths): their text may reach the server. A LocalDataError's ``detail`` (with the path) stays
 # in the node's log.
 PUBLIC_ERRORS = ("ConfigError", "LocalDataError", "SiteFilesError", "PartitionError",
-                 "DatasetError", "RunConfigMissing")
+                 "DatasetError", "RunConfigMissing", "MissingExtraError")
 LOG = logging.getLogger("fedclust.node")
 
 
@@ -173,6 +173,7 @@ def error_mod(msg: Message, context: Context, call_next) -> Message:
     try:
         return call_next(msg, context)
     except Exception as exc:
+        exc = _missing_extra(exc, msg)
         name = type(exc).__name__
         LOG.error("action %s failed on this node", msg.metadata.message_type, exc_info=True)
         detail = getattr(exc, "detail", None)
@@ -183,6 +184,24 @@ def error_mod(msg: Message, context: Context, call_next) -> Message:
                   f"{name} in {msg.metadata.message_type} (details in this node's log)")
         return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason),
                        reply_to=msg)
+
+
+def _missing_extra(exc: Exception, msg: Message) -> Exception:
+    """A package of an optional extra missing on this node (``import torch`` in a FedCRef
+    handler of a core install) as the ``pip install`` line the operator types."""
+    from fedclust.registry import EXTRAS, METHODS
+
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return exc
+    top = exc.name.split(".")[0]
+    action = msg.metadata.message_type.partition(".")[2]
+    for method, spec in METHODS.items():
+        if top in spec.needs and action.startswith(method):
+            from fedclust.config import MissingExtraError, extra_message
+
+            return MissingExtraError(extra_message(f"method={method!r} on this node", [top],
+                                                   spec.extra, EXTRAS[spec.extra]))
+    return exc
 
 
 app = ClientApp(mods=[error_mod, engine_mod])

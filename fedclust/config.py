@@ -21,6 +21,7 @@ from typing import Any
 from fedclust.schema import (  # noqa: F401 - re-exported: the keys' public home
     ConfigError,
     Key,
+    MissingExtraError,
     Scalar,
     _cast,
     _hydra_override,
@@ -163,6 +164,51 @@ def _available(path: str) -> bool:
         return importlib.util.find_spec(module) is not None
     except ModuleNotFoundError:
         return False
+
+
+def missing_modules(modules: Iterable[str]) -> list[str]:
+    """Those of ``modules`` (import names) that cannot be imported here; a module an import
+    hook refuses counts as missing."""
+    import importlib.util
+
+    out = []
+    for name in modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            out.append(name)
+    return out
+
+
+def check_installed(method: str) -> None:
+    """Refuse a method whose optional packages are not installed here, with the ``pip
+    install`` line (``fedcref``, ``emdcfl``: ``fedclust[nn]`` — torch, POT, networkx).
+
+    Raises
+    ------
+    MissingExtraError
+        A :class:`ConfigError` (and an ``ImportError``) naming the missing packages.
+    """
+    from fedclust.registry import EXTRAS, METHODS
+
+    spec = METHODS.get(method)
+    missing = missing_modules(spec.needs) if spec is not None else []
+    if missing:
+        raise MissingExtraError(extra_message(f"method={method!r}", missing, spec.extra,
+                                              EXTRAS[spec.extra]))
+
+
+def extra_message(what: str, missing: Iterable[str], extra: str, packages: Iterable[str]
+                  ) -> str:
+    """``<what> needs …, not installed here. Fix: pip install 'fedclust[<extra>]' …``."""
+    names = ", ".join("POT (import ot)" if m == "ot" else m for m in missing)
+    return (f"{what} needs {names}, which {'is' if ',' not in names else 'are'} not installed "
+            f"where it runs. Fix: pip install 'fedclust[{extra}]' (adds "
+            f"{', '.join(packages)}; for torch with CUDA, install torch from "
+            f"download.pytorch.org first, see the README), or run a method of the core install: "
+            f"method=\"exact-fcm\" or \"fedfcm\"")
 
 
 def _load_keys(path: str) -> list[Key]:

@@ -26,6 +26,9 @@ class MethodSpec:
     prefix : the prefix of its own keys (``fcm.``); another method's keys are refused
     predictor : import path of ``predict(run_dir, summary, x, options) -> Prediction``
     report_metrics : the metrics ``fedclust report`` shows by default
+    needs : the modules the method imports beyond the core install (none: numpy, scipy,
+        scikit-learn and Flower suffice), all from the pip extra ``extra``
+    extra : the pip extra that installs ``needs`` (``pip install 'fedclust[<extra>]'``)
     """
 
     keys: tuple[str, ...]
@@ -33,6 +36,13 @@ class MethodSpec:
     prefix: str
     predictor: str
     report_metrics: tuple[str, ...]
+    needs: tuple[str, ...] = ()
+    extra: str = ""
+
+
+#: the optional extras of the install and the packages (pip names) each adds; the import
+#: name of POT is ``ot``
+EXTRAS: dict[str, tuple[str, ...]] = {"nn": ("torch", "POT", "networkx")}
 
 
 METHODS: dict[str, MethodSpec] = {
@@ -52,10 +62,12 @@ METHODS: dict[str, MethodSpec] = {
         prefix="fedcref.",
         predictor="fedclust.fedcref.predict:predict_rows",
         report_metrics=("eval_acc_end", "communities", "iterations",
-                        "eval_wrong_associations_pct")),
+                        "eval_wrong_associations_pct"),
+        needs=("torch", "networkx"), extra="nn"),
     "emdcfl": MethodSpec(
         keys=("fedclust.emdcfl.keys:KEYS",), cross_checks=("fedclust.emdcfl.keys:check",),
         prefix="emdcfl.",
         predictor="fedclust.emdcfl.predict:predict_rows",
-        report_metrics=("eval_acc_mean", "eval_acc_worst", "eval_ari", "num_clusters")),
+        report_metrics=("eval_acc_mean", "eval_acc_worst", "eval_ari", "num_clusters"),
+        needs=("torch", "ot"), extra="nn"),
 }

@@ -22,6 +22,11 @@ class UnknownArgumentError(ConfigError, TypeError):
     close matches."""
 
 
+class MissingExtraError(ConfigError, ImportError):
+    """A method needs a package of an optional extra that is not installed here; the message
+    is the ``pip install`` line to type."""
+
+
 def refuse_unknown(owner: str, unknown: Sequence[str], allowed: Sequence[str],
                    notes: dict[str, str] | None = None) -> None:
     """Raise :class:`UnknownArgumentError` for the keyword arguments ``unknown`` of ``owner``

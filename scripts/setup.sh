@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Create .venv and install fedclust with its test extras. Torch is installed first, pinned to
-# the CPU build, so that nothing pulls CUDA wheels. Idempotent: quick when already set up.
+# Create .venv and install fedclust with every extra (nn: FedCRef and EMD-CFL; trackers; Hugging
+# Face) and the test tools. Torch is installed first, the CPU build of the version CI uses, so
+# that nothing pulls CUDA wheels; the `nn` extra then accepts it (torch>=2.2,<3).
+# Idempotent: quick when already set up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}

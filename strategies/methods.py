@@ -212,6 +212,9 @@ class FedclustStrategy(Strategy):
         return super().__new__(cls)
 
     def __init__(self, **params: Any) -> None:
+        from fedclust.config import check_installed
+
+        check_installed(self.method)    # its pip extra, before anything else
         self.params = dict(params)
         self.run_config()    # bad names and values are refused here, before any run
         #: ``(raw run config, its validation)`` when :func:`from_run_config` built this

@@ -73,7 +73,10 @@ def check_run_config(run_config: dict[str, Any], validated: dict[str, Any] | Non
     :func:`strategies.methods.from_run_config`), so that it is validated once.
     """
     cfg = validate(run_config) if validated is None else dict(validated)
+    from fedclust.config import check_installed
     from fedclust.results import check_folder
+
+    check_installed(cfg["method"])   # fedcref, emdcfl: torch & co. (pip extra nn) on the server
     from fedclust.trackers import check as check_tracker
 
     check_tracker(cfg)      # its package is installed here (the server), not on the nodes
