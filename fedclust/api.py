@@ -188,6 +188,9 @@ def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any] 
     result.classes = classes
     if not emdcfl and result.labels is not None and result.summary["config"].get("plots"):
         _plot_clusters(result, clients)
+    from fedclust.trackers import log_after
+
+    log_after(result.summary, result.run_dir, ("clusters.png", "clients"))   # written since
     if index is not None:
         _as_frames(result, index)
     return result

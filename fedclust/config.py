@@ -146,10 +146,21 @@ COMMON_KEYS: list[Key] = [
         "features (instead of hf.feature-columns)"),
     Key("plots", bool, True, "write PNG plots of the iteration story"),
     Key("tracker", str, "", "experiment tracker the server also logs the run to: mlflow "
-        "(params, per-round metrics, artifacts; the store MLFLOW_TRACKING_URI names) or "
+        "(params, per-round metrics, artifacts; the store tracker-uri names) or "
         "tensorboard (scalars in <output-dir>/tensorboard); needs pip install "
         "'fedclust[mlflow]' or 'fedclust[tensorboard]' on the server only",
         choices=("", "mlflow", "tensorboard")),
+    Key("tracker-uri", str, "", "tracker=mlflow: the MLflow store (a server URL "
+        "http://host:5000, sqlite:////abs/mlflow.db, file:///abs/mlruns); empty: "
+        "MLFLOW_TRACKING_URI of the ServerApp's environment, else MLflow's default. Under "
+        "flwr run the ServerApp inherits the SuperLink's environment, not the shell's: name "
+        "the store here"),
+    Key("tracker-experiment", str, "", "tracker=mlflow: the experiment (empty: "
+        "MLFLOW_EXPERIMENT_NAME of the ServerApp's environment, else 'fedclust')"),
+    Key("tracker-run-name", str, "", "the run's name in the tracker (empty: the results "
+        "folder's name; fedclust sweep -m: the job's overrides)"),
+    Key("tracker-parent", str, "", "tracker=mlflow: the id of a parent run this run is logged "
+        "under (fedclust sweep -m opens one parent run per sweep and sets it)"),
 ]
 
 

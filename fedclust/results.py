@@ -191,6 +191,8 @@ class RunRecorder:
             **dict(extra or {}),
             "metrics": dict(metrics),
         }
+        if self.tracker is not None:
+            summary["tracker"] = self.tracker.describe()
         summary = to_jsonable(summary)
         self.tracker = trackers.safe(self.tracker, "final", summary)
         outputs.write_json(self.dir / "summary.json", summary)

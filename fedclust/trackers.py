@@ -3,15 +3,23 @@
 The run's results folder stays the record of the run; a tracker copies it, as the run goes, to
 where ML users look:
 
-- ``mlflow``: one MLflow run per fedclust run in the experiment ``fedclust`` (or
-  ``MLFLOW_EXPERIMENT_NAME``) of the store ``MLFLOW_TRACKING_URI`` names (unset: MLflow's
-  default in the server's working directory: ``./mlflow.db`` with artifacts under
-  ``./mlruns`` for MLflow ≥ 3.7, ``./mlruns`` before). Params: the run config (the run's
-  method's keys and the common keys); metrics: every number of each ``history.jsonl`` record
-  with ``step`` = its round (FedCRef: its iteration; a dict of numbers, e.g. FedFCM's shift per
-  K, as ``shift/<K>``), then the summary's numeric metrics and ``wall_time_s`` at the last
-  step; artifacts: ``summary.json``, ``history.jsonl`` and the PNG plots. A run that fails is
-  marked FAILED.
+- ``mlflow``: one MLflow run per fedclust run in the experiment ``tracker-experiment`` (empty:
+  ``MLFLOW_EXPERIMENT_NAME``, else ``fedclust``) of the store run config ``tracker-uri`` names
+  (empty: ``MLFLOW_TRACKING_URI`` of the ServerApp's environment, else MLflow's default in its
+  working directory: ``./mlflow.db`` with artifacts under ``./mlruns`` for MLflow ≥ 3.7,
+  ``./mlruns`` before). Under ``flwr run`` the ServerApp runs in the SuperLink's environment,
+  not the shell's: name the store with ``tracker-uri``. The run is named ``tracker-run-name``
+  (empty: the results folder's name) and, with ``tracker-parent``, nested under that run
+  (``fedclust sweep -m`` opens one parent run per sweep, its jobs named by their overrides).
+  Params: the run config (the run's method's keys and the common keys) and what it clustered
+  (``data.*``: the dataset, the partitioner's class and parameters, the Hugging Face
+  fingerprint); metrics: every number of each ``history.jsonl`` record with ``step`` = its
+  round (FedCRef: its iteration; a dict of numbers, e.g. FedFCM's shift per K, as
+  ``shift/<K>``), then the summary's numeric metrics and ``wall_time_s`` at the last step;
+  artifacts: ``summary.json``, ``history.jsonl``, the PNG plots (``clusters.png`` from
+  ``fedclust.simulate``), the arrays (``centers.npy`` …) and, in simulation, the clients'
+  results (``clients/``). A run that fails is marked FAILED. Opening the store is not part of
+  the run's ``wall_time_s`` (``summary.json``: ``tracker_setup_s``).
 - ``tensorboard``: the same scalars through ``torch.utils.tensorboard`` into
   ``<results folder>/tensorboard/`` (``tensorboard --logdir ~/fedclust-runs`` shows every run),
   and the run config as text.
@@ -27,6 +35,7 @@ import json
 import logging
 import math
 import os
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -41,6 +50,9 @@ PACKAGES = {"mlflow": ("mlflow", "fedclust[mlflow]"),
 EXPERIMENT = "fedclust"
 STEP_KEYS = ("round", "iteration")
 ARTIFACTS = ("summary.json", "history.jsonl")
+#: artifact patterns of the results folder, and its folders logged whole
+ARTIFACT_GLOBS = ("*.png", "*.npy", "*.csv")
+ARTIFACT_DIRS = ("clients",)
 _BATCH = 100     # MLflow takes at most 100 params (1000 metrics) per request
 
 
@@ -105,10 +117,40 @@ def step_of(record: Mapping[str, Any], index: int) -> int:
     return index
 
 
+def flat_params(data: Mapping[str, Any], prefix: str = "data.") -> dict[str, str]:
+    """A nested record as ``{"data.partitioner.params.alpha": "0.5", …}`` (lists as text)."""
+    out: dict[str, str] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(flat_params(value, f"{name}."))
+        else:
+            out[name] = json.dumps(value) if isinstance(value, (list, tuple)) else str(value)
+    return out
+
+
+def store_uri(config: Mapping[str, Any]) -> str | None:
+    """The MLflow store of a run: run config ``tracker-uri``, else ``MLFLOW_TRACKING_URI``."""
+    return str(config.get("tracker-uri") or "") or os.environ.get("MLFLOW_TRACKING_URI") or None
+
+
+def experiment_id(client: Any, config: Mapping[str, Any]) -> str:
+    """The id of the run's experiment (created when new)."""
+    name = (str(config.get("tracker-experiment") or "")
+            or os.environ.get("MLFLOW_EXPERIMENT_NAME") or EXPERIMENT)
+    experiment = client.get_experiment_by_name(name)
+    return (experiment.experiment_id if experiment is not None
+            else client.create_experiment(name))
+
+
 class Tracker:
     """What :class:`fedclust.results.RunRecorder` calls: :meth:`log_round` per history record,
     :meth:`final` before ``summary.json`` is written (so that it stays the last file of the
-    results folder), :meth:`finish` after it, or :meth:`fail`."""
+    results folder), :meth:`finish` after it, or :meth:`fail`; :meth:`describe` is what
+    ``summary.json`` records of it."""
+
+    def describe(self) -> dict[str, Any]:  # noqa: D102
+        return {}
 
     def log_round(self, record: Mapping[str, Any], index: int = 0) -> None:  # noqa: D102
         raise NotImplementedError
@@ -134,28 +176,33 @@ class MLflowTracker(Tracker):
 
         _quiet("mlflow", "alembic")     # store set-up chatter a user cannot act on
 
-        self.uri = os.environ.get("MLFLOW_TRACKING_URI") or None
+        self.uri = store_uri(config)
         self.client = MlflowClient(tracking_uri=self.uri)
-        name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or EXPERIMENT
-        experiment = self.client.get_experiment_by_name(name)
-        exp_id = (experiment.experiment_id if experiment is not None
-                  else self.client.create_experiment(name))
+        parent = str(config.get("tracker-parent") or "")
+        exp_id = (self.client.get_run(parent).info.experiment_id if parent
+                  else experiment_id(self.client, config))
+        data = dict(data or {})
         tags = {"fedclust.method": str(config.get("method")),
-                "fedclust.dataset": str(config.get("dataset")),
-                "fedclust.seed": str(config.get("seed")), "fedclust.run_dir": str(folder)}
-        self.run_id = self.client.create_run(exp_id, run_name=folder.name,
-                                             tags=tags).info.run_id
-        params = [Param(k, str(v)[:6000]) for k, v in own_config(config).items()]
+                "fedclust.dataset": str(data.get("dataset") or config.get("dataset")),
+                "fedclust.seed": str(config.get("seed")), "fedclust.run_dir": str(folder),
+                **({"mlflow.parentRunId": parent} if parent else {})}
+        name = str(config.get("tracker-run-name") or "") or folder.name
+        self.run_id = self.client.create_run(exp_id, run_name=name, tags=tags).info.run_id
+        params = [Param(k, str(v)[:6000]) for k, v in
+                  {**own_config(config), **flat_params(data)}.items()]
         for i in range(0, len(params), _BATCH):
             self.client.log_batch(self.run_id, params=params[i:i + _BATCH])
         self.client.log_batch(self.run_id, tags=[RunTag("mlflow.source.name", "fedclust")])
+        self.experiment_id = exp_id
         self.last_step = 0
-        LOG.info("mlflow: run %s in experiment %r of %s", self.run_id, name,
+        LOG.info("mlflow: run %s (%s) in experiment %s of %s", self.run_id, name, exp_id,
                  self.client.tracking_uri)
 
-    def _log(self, values: list[tuple[str, float]], step: int) -> None:
-        import time
+    def describe(self) -> dict[str, Any]:  # noqa: D102
+        return {"kind": "mlflow", "uri": str(self.client.tracking_uri),
+                "experiment_id": str(self.experiment_id), "run_id": self.run_id}
 
+    def _log(self, values: list[tuple[str, float]], step: int) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
@@ -173,9 +220,7 @@ class MLflowTracker(Tracker):
         self._log(final, self.last_step)
 
     def finish(self, summary: Mapping[str, Any], folder: Path) -> None:  # noqa: D102
-        for path in [*(folder / n for n in ARTIFACTS), *sorted(folder.glob("*.png"))]:
-            if path.is_file():
-                self.client.log_artifact(self.run_id, str(path))
+        log_folder(self.client, self.run_id, folder)
         self.client.set_terminated(self.run_id, "FINISHED")
 
     def fail(self, exc: BaseException) -> None:  # noqa: D102
@@ -231,6 +276,63 @@ class TensorBoardTracker(Tracker):
         record_tree(self.dir)
 
 
+def log_folder(client: Any, run_id: str, folder: Path, names: tuple[str, ...] = ()) -> None:
+    """The results folder's artifacts (or only the entries ``names``): ``summary.json``,
+    ``history.jsonl``, the plots, arrays and tables, and the clients' folders."""
+    paths = ([folder / n for n in names] if names else
+             [*(folder / n for n in ARTIFACTS),
+              *sorted(p for g in ARTIFACT_GLOBS for p in folder.glob(g)),
+              *(folder / d for d in ARTIFACT_DIRS)])
+    for path in paths:
+        if path.is_file():
+            client.log_artifact(run_id, str(path))
+        elif path.is_dir():
+            client.log_artifacts(run_id, str(path), artifact_path=path.name)
+
+
+def log_after(summary: Mapping[str, Any], folder: Path, names: tuple[str, ...]) -> None:
+    """Add the entries ``names`` of a finished run's folder to its tracker run (what
+    ``fedclust.simulate`` writes after the run: ``clusters.png``, ``clients/``); a failure is
+    logged, the run's results stand."""
+    info = summary.get("tracker") or {}
+    if info.get("kind") != "mlflow":
+        return
+    try:
+        from mlflow import MlflowClient
+
+        log_folder(MlflowClient(tracking_uri=info.get("uri")), str(info["run_id"]), folder,
+                   names)
+    except Exception as exc:
+        LOG.warning("tracker: %s not logged to MLflow run %s (%s: %s)", ", ".join(names),
+                    info.get("run_id"), type(exc).__name__, json.dumps(str(exc)[:300]))
+
+
+def open_parent(config: Mapping[str, Any], name: str, params: Mapping[str, Any]) -> str:
+    """An MLflow run that a sweep's jobs are logged under (``tracker-parent``); its id."""
+    from mlflow import MlflowClient
+    from mlflow.entities import Param
+
+    _quiet("mlflow", "alembic")
+    client = MlflowClient(tracking_uri=store_uri(config))
+    run = client.create_run(experiment_id(client, config), run_name=name,
+                            tags={"fedclust.sweep": "true", "mlflow.source.name": "fedclust"})
+    client.log_batch(run.info.run_id, params=[Param(k, str(v)[:6000])
+                                              for k, v in params.items()])
+    return run.info.run_id
+
+
+def close_parent(config: Mapping[str, Any], run_id: str, failed: int, jobs: int) -> None:
+    """End a sweep's parent run: FINISHED, or FAILED when a job did not finish."""
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric
+
+    client = MlflowClient(tracking_uri=store_uri(config))
+    now = int(time.time() * 1000)
+    client.log_batch(run_id, metrics=[Metric("jobs", jobs, now, 0),
+                                      Metric("jobs_failed", failed, now, 0)])
+    client.set_terminated(run_id, "FAILED" if failed else "FINISHED")
+
+
 def _quiet(*names: str) -> None:
     """Warnings and errors only from these loggers (MLflow sets its own to INFO on import),
     unless the user chose MLflow's level with ``MLFLOW_LOGGING_LEVEL``."""
@@ -264,10 +366,10 @@ def open_tracker(name: str, folder: Path, config: Mapping[str, Any],
         raise
     except Exception as exc:    # an unreachable or damaged store: one line, before any work
         detail = f"{type(exc).__name__}: {' '.join(str(exc).split())[:500]}"
-        fix = ("point MLFLOW_TRACKING_URI at a store this process can write (a "
-               "sqlite:///path.db or a tracking server), or pass tracker=\"\""
-               if name == "mlflow" else "pass tracker=\"\"")
-        where = (f" (MLFLOW_TRACKING_URI={os.environ.get('MLFLOW_TRACKING_URI', '')!r})"
+        fix = ("point run config tracker-uri (or MLFLOW_TRACKING_URI) at a store this "
+               "process can write (a sqlite:////abs/path.db or a tracking server), or pass "
+               "tracker=\"\"" if name == "mlflow" else "pass tracker=\"\"")
+        where = (f" (store {store_uri(config) or 'MLflow default'!r})"
                  if name == "mlflow" else "")
         raise ConfigError(f"tracker {name!r} could not be opened{where}: {detail}. "
                           f"Fix: {fix}") from None

@@ -36,6 +36,8 @@ _LINK = None
 #: ``(job number, overrides, error)`` of every job of this process that failed; the sweep goes
 #: on with its other jobs and exits non-zero at the end (:func:`main`)
 FAILED: list[tuple[int, str, BaseException]] = []
+#: the MLflow run a multirun's jobs are logged under (``app.tracker=mlflow``), while it runs
+SWEEP_PARENT: dict[str, Any] = {}
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -146,6 +148,15 @@ def run_job(cfg: DictConfig) -> dict[str, Any]:
     """Run one composed job; return its summary."""
     # fail fast (keys, data files), before starting any engine
     engine, run_config, n = checked_job(cfg)
+    if SWEEP_PARENT and run_config.get("tracker") == "mlflow":
+        from hydra.core.hydra_config import HydraConfig
+
+        if not run_config.get("tracker-parent"):
+            run_config["tracker-parent"] = SWEEP_PARENT["run_id"]
+        if not run_config.get("tracker-run-name"):    # named by what varies in the grid
+            task = list(HydraConfig.get().overrides.task)
+            swept = [o for o in task if o.split("=", 1)[0] in SWEEP_PARENT["swept"]]
+            run_config["tracker-run-name"] = " ".join(swept or task)
     if engine == "inprocess":
         from server_app.inprocess import run_server
 
@@ -251,11 +262,47 @@ class GridCheck(Callback):
         if not problems:
             print(f"[fedclust-sweep] {total} job(s) checked: keys, data and output folders",
                   flush=True)
+            self._open_parent(config, total)
             return
         lines = [f"  job {num + 1} ({overrides}): {why}" for num, overrides, why in problems]
         print(f"[fedclust-sweep] {len(problems)} of {total} job(s) of this grid would be "
               f"refused; no job was run:\n" + "\n".join(lines), file=sys.stderr, flush=True)
         raise SystemExit(2)
+
+    @staticmethod
+    def _open_parent(config: DictConfig, total: int) -> None:
+        """``app.tracker=mlflow``: one MLflow parent run for the sweep, its jobs under it."""
+        SWEEP_PARENT.clear()
+        flat = {k: config.app.get(k) or "" for k in ("tracker", "tracker-uri",
+                                                      "tracker-experiment")}
+        if flat["tracker"] != "mlflow":
+            return
+        from fedclust.trackers import open_parent
+
+        overrides = " ".join(config.hydra.overrides.task)
+        params = {"overrides": overrides, "jobs": total,
+                  **{f"sweeper.{k}": v for k, v in
+                     (config.hydra.sweeper.get("params") or {}).items()}}
+        name = f"sweep {Path(str(config.hydra.sweep.dir)).name}: {overrides}"[:250]
+        jobs = grid_jobs(config)
+        values: dict[str, set[str]] = {}
+        for job in jobs:
+            for override in job:
+                key, _, value = override.partition("=")
+                values.setdefault(key, set()).add(value)
+        swept = {k for k, v in values.items() if len(v) > 1}
+        SWEEP_PARENT.update(run_id=open_parent(flat, name, params), config=flat, jobs=total,
+                            swept=swept)
+        print(f"[fedclust-sweep] MLflow parent run {SWEEP_PARENT['run_id']} ({name})",
+              flush=True)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:  # noqa: D102
+        if SWEEP_PARENT:
+            from fedclust.trackers import close_parent
+
+            close_parent(SWEEP_PARENT["config"], SWEEP_PARENT["run_id"], len(FAILED),
+                         SWEEP_PARENT["jobs"])
+            SWEEP_PARENT.clear()
 
 
 # ------------------------------------------------------------------ one job

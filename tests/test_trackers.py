@@ -78,7 +78,12 @@ def test_hydra_app_tracker_mlflow_leaves_params_and_round_metrics_in_the_store(t
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Creating initial MLflow database tables" not in done.stderr     # quiet console
     client = mlflow.MlflowClient(uri)
-    runs = client.search_runs([client.get_experiment_by_name("fedclust").experiment_id])
+    every = client.search_runs([client.get_experiment_by_name("fedclust").experiment_id])
+    (parent,) = [r for r in every if r.data.tags.get("fedclust.sweep") == "true"]
+    runs = [r for r in every if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(every) == 3 and parent.info.status == "FINISHED"   # one parent per sweep
+    assert parent.data.params["jobs"] == "2" and "app.seed=0,1" in parent.data.params["overrides"]
+    assert sorted(r.info.run_name for r in runs) == ["app.seed=0", "app.seed=1"]  # the sweep
     assert sorted(r.data.params["seed"] for r in runs) == ["0", "1"]
     for run in runs:
         assert run.data.params["method"] == "fedfcm" and run.data.params["fedfcm.k-max"] == "3"
@@ -143,3 +148,106 @@ def test_an_unwritable_store_stops_the_run_in_one_line(monkeypatch, tmp_path):
                           run_config={"tracker": "mlflow"})
     assert "\n" not in str(err.value)
     assert (tmp_path / "r" / "interrupted.json").is_file()
+
+
+def test_the_tracker_uri_key_names_the_store_whatever_the_environment(store, tmp_path):
+    """``tracker-uri`` wins over MLFLOW_TRACKING_URI (under ``flwr run`` the ServerApp sees the
+    SuperLink's environment, not the shell's: the run config is what reaches it)."""
+    mine = f"sqlite:///{tmp_path / 'mine.db'}"
+    res = fedclust.simulate("exact-fcm", blobs(), n_clusters=3, output_dir=tmp_path / "run",
+                            run_config={"tracker": "mlflow", "tracker-uri": mine,
+                                        "tracker-experiment": "clinics",
+                                        "tracker-run-name": "first try"})
+    client = mlflow.MlflowClient(mine)
+    (run,) = client.search_runs([client.get_experiment_by_name("clinics").experiment_id])
+    assert run.info.run_name == "first try"
+    assert res.summary["tracker"]["run_id"] == run.info.run_id
+    assert mlflow.MlflowClient(store).get_experiment_by_name("fedclust") is None
+
+
+def test_simulate_logs_clusters_centers_clients_and_what_it_clustered(store, tmp_path):
+    xs, ys = blobs(labels=True)
+    res = fedclust.simulate("exact-fcm", xs, labels=ys, n_clusters=3,
+                            output_dir=tmp_path / "run", run_config={"tracker": "mlflow"})
+    client, run = only_run(store)
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"clusters.png", "centers.npy", "centers_unscaled.npy", "history.jsonl",
+            "summary.json", "clients"} <= artifacts
+    clients = {a.path for a in client.list_artifacts(run.info.run_id, "clients")}
+    assert clients == {"clients/0", "clients/1", "clients/2"}
+    params = run.data.params
+    assert params["data.dataset"] == "arrays" and params["data.rows"] == "[50, 50, 50]"
+    assert run.data.tags["fedclust.dataset"] == "arrays"
+    assert (res.run_dir / "clusters.png").is_file()
+
+
+def test_tracker_start_up_is_not_the_runs_time(monkeypatch, tmp_path):
+    """A store that takes 100 s (of a fake clock) to open: the run's wall_time_s leaves it out,
+    tracker_setup_s holds it."""
+    from fedclust import results, trackers
+
+    now = [1000.0]
+    monkeypatch.setattr(results.time, "perf_counter", lambda: now[0])
+
+    class Slow(trackers.Tracker):
+        def __init__(self, *args, **kwargs):
+            now[0] += 100.0
+
+        def log_round(self, record, index=0):
+            now[0] += 1.0
+
+        def final(self, summary):
+            pass
+
+        def finish(self, summary, folder):
+            pass
+
+    monkeypatch.setattr(results, "open_tracker", lambda *a, **k: Slow())
+    rec = RunRecorder(tmp_path / "r", "exact-fcm", "blobs", 0, 3, {"tracker": "slow"})
+    rec.log_round({"round": 1})
+    rec.log_round({"round": 2})
+    summary = rec.finish({"x": 1.0})
+    assert summary["tracker_setup_s"] == 100.0
+    assert summary["wall_time_s"] == 2.0
+
+
+@pytest.mark.slow
+def test_tracker_uri_reaches_the_serverapp_under_flwr_run(tmp_path):
+    """Under ``flwr run`` the ServerApp runs with the SuperLink's environment (here its
+    MLFLOW_TRACKING_URI names another store): the run config's ``tracker-uri`` is what it
+    logs to."""
+    from server_app.engine import SimulationSuperLink
+
+    mine, links = f"sqlite:///{tmp_path / 'mine.db'}", f"sqlite:///{tmp_path / 'link.db'}"
+    link = SimulationSuperLink(tmp_path / "flwr")
+    link.env["MLFLOW_TRACKING_URI"] = links
+    with link:
+        outcome = link.run({"tracker": "mlflow", "tracker-uri": mine, "plots": False,
+                            "output-dir": str(tmp_path / "run")}, num_supernodes=2)
+    assert outcome.ok, outcome.log[-4000:]
+    client = mlflow.MlflowClient(mine)
+    (run,) = client.search_runs([client.get_experiment_by_name("fedclust").experiment_id])
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["tracker"]["run_id"] == run.info.run_id
+    assert not (tmp_path / "link.db").exists()
+
+
+def test_the_tracker_params_name_the_partitioner_and_the_fingerprint(store, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    fp = pytest.importorskip("flwr_datasets.partitioner")
+    xs, ys = blobs(labels=True)
+    ds = datasets.Dataset.from_dict({"a": np.concatenate(xs)[:, 0],
+                                     "b": np.concatenate(xs)[:, 1],
+                                     "label": np.concatenate(ys).tolist()})
+    part = fp.DirichletPartitioner(num_partitions=3, partition_by="label", alpha=0.7,
+                                   min_partition_size=5, seed=4)
+    fedclust.simulate("exact-fcm", dataset=ds, partitioner=part, label_column="label",
+                      n_clusters=3, output_dir=tmp_path / "run",
+                      run_config={"tracker": "mlflow", "plots": False})
+    _, run = only_run(store)
+    params = run.data.params
+    assert params["data.partitioner.class"] == "flwr_datasets.partitioner.DirichletPartitioner"
+    assert params["data.partitioner.params.seed"] == "4"
+    assert params["data.partitioner.params.partition_by"] == "label"
+    assert params["data.hf.fingerprint"] == ds._fingerprint
+    assert "partition.kind" not in params      # fedclust made no partition of its own
