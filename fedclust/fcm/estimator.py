@@ -12,6 +12,7 @@ Deep Embedded Clustering, the other centralized baseline offered as an estimator
 
 from __future__ import annotations
 
+import warnings
 from numbers import Integral, Real
 
 import numpy as np
@@ -23,6 +24,7 @@ from sklearn.base import (
     TransformerMixin,
     _fit_context,
 )
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.metrics.pairwise import euclidean_distances
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
@@ -62,11 +64,19 @@ class FuzzyCMeans(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixi
     tol : float, default=0.005
         Stop when the Frobenius norm of the center change is below ``tol`` (paper 004).
     max_iter : int, default=30
-        Maximum number of center updates.
+        Maximum number of center updates. A fit that stops at ``max_iter`` with the centers
+        still moving by ``tol`` or more warns with :class:`~sklearn.exceptions.ConvergenceWarning`
+        (``converged_`` is False).
     init : {"uniform", "k-means++"} or array-like of shape (n_clusters, n_features), \
 default="uniform"
         ``"uniform"`` draws centers uniformly in the data's bounding box, as the federated
         server does from the federated bounds; ``"k-means++"`` uses scikit-learn's seeding.
+    n_init : int, default=1
+        Number of starts from different initial centers (drawn one after the other from
+        ``random_state``); the fit with the lowest objective :math:`J_m` is kept, as in
+        :class:`sklearn.cluster.KMeans`. One start (the default) is federated exact FCM's
+        reference: the same initial centers give the same centers. With explicit ``init``
+        centers only one start is made (a :class:`RuntimeWarning` says so when ``n_init > 1``).
     random_state : int, numpy.random.Generator or None, default=None
         Seed of the initial centers.
 
@@ -86,9 +96,9 @@ default="uniform"
         :math:`\frac{1}{N}\sum_j \sum_c \mu_{c,j}^2` in :math:`[1/C, 1]` (scikit-fuzzy's
         ``fpc``; 1 is a crisp partition).
     n_iter_ : int
-        Number of center updates run.
+        Number of center updates run (of the kept start).
     converged_ : bool
-        Whether the last center change was below ``tol``.
+        Whether the last center change was below ``tol`` (of the kept start).
     shifts_ : list of float
         Frobenius norm of the center change at each update.
     n_features_in_ : int
@@ -120,17 +130,19 @@ default="uniform"
         "tol": [Interval(Real, 0, None, closed="left")],
         "max_iter": [Interval(Integral, 1, None, closed="left")],
         "init": [StrOptions({"uniform", "k-means++"}), "array-like"],
+        "n_init": [Interval(Integral, 1, None, closed="left")],
         "random_state": [None, Interval(Integral, 0, None, closed="left"), np.random.Generator],
     }
 
     def __init__(self, n_clusters: int = 3, m: float = 2.0, tol: float = 0.005,
-                 max_iter: int = 30, init: str | ArrayLike = "uniform",
+                 max_iter: int = 30, init: str | ArrayLike = "uniform", n_init: int = 1,
                  random_state: int | np.random.Generator | None = None) -> None:
         self.n_clusters = n_clusters
         self.m = m
         self.tol = tol
         self.max_iter = max_iter
         self.init = init
+        self.n_init = n_init
         self.random_state = random_state
 
     def _check_params_vs_input(self, x: Float) -> None:
@@ -141,11 +153,13 @@ default="uniform"
             raise ValueError(f"n_samples={x.shape[0]} should be >= n_clusters={self.n_clusters}: "
                              "pass more samples or lower n_clusters")
 
-    def _initial_centers(self, x: Float) -> Float:
+    def _initial_centers(self, x: Float, rng: int | np.random.Generator | None = None
+                         ) -> Float:
+        rng = self.random_state if rng is None else rng
         if isinstance(self.init, str):
             if self.init == "uniform":
-                return random_centers(x.min(0), x.max(0), self.n_clusters, self.random_state)
-            return kmeans_plusplus_centers(x, self.n_clusters, self.random_state)
+                return random_centers(x.min(0), x.max(0), self.n_clusters, rng)
+            return kmeans_plusplus_centers(x, self.n_clusters, rng)
         centers = _as_2d(self.init, "init")
         if centers.shape != (self.n_clusters, x.shape[1]):
             raise ValueError(f"init has shape {centers.shape}, expected "
@@ -170,11 +184,31 @@ default="uniform"
         """
         x = validate_data(self, X, dtype=np.float64)
         self._check_params_vs_input(x)
-        res = fcm_from_centers(x, self._initial_centers(x), self.m, self.tol, self.max_iter)
-        self.cluster_centers_, self.n_iter_ = res.centers, res.n_iter
-        self.converged_, self.shifts_ = res.converged, res.shifts
-        final = fcm_pass(np.ascontiguousarray(x), res.centers, self.m, sums=False,
-                         memberships=True)      # one pass: memberships and objective
+        starts = self.n_init
+        if not isinstance(self.init, str) and starts > 1:
+            warnings.warn(f"FuzzyCMeans: explicit initial centers were passed (init=array): one "
+                          f"start instead of n_init={starts}", RuntimeWarning, stacklevel=2)
+            starts = 1
+        # one start: the seed as given (the federated reference's centers); several: one
+        # generator, each start drawing the next initial centers from it
+        rng = (self.random_state if starts == 1 else
+               self.random_state if isinstance(self.random_state, np.random.Generator) else
+               np.random.default_rng(self.random_state))
+        best, final = None, None
+        for _ in range(starts):
+            res = fcm_from_centers(x, self._initial_centers(x, rng), self.m, self.tol,
+                                   self.max_iter)
+            run = fcm_pass(np.ascontiguousarray(x), res.centers, self.m, sums=False,
+                           memberships=True)      # one pass: memberships and objective
+            if final is None or run.objective < final.objective:
+                best, final = res, run
+        self.cluster_centers_, self.n_iter_ = best.centers, best.n_iter
+        self.converged_, self.shifts_ = best.converged, best.shifts
+        if not best.converged:
+            last = best.shifts[-1] if best.shifts else float("nan")
+            warnings.warn(f"FuzzyCMeans: stopped at max_iter={self.max_iter} before "
+                          f"converging (last center change {last:.3g} >= tol={self.tol:g}). "
+                          f"Fix: raise max_iter or tol", ConvergenceWarning, stacklevel=2)
         self.memberships_ = final.memberships
         self.labels_ = final.memberships.argmax(axis=1)   # highest membership = nearest center
         self.objective_ = final.objective
