@@ -606,6 +606,19 @@ def sweep(argv: Sequence[str]) -> int:
     return 0
 
 
+def emdcfl_table(folders: Sequence[str], eps_sweep: bool = False,
+                 epsilons: Sequence[float] | None = None) -> str:
+    """``fedclust report --table emdcfl``: paper 001's table of the EMD-CFL runs under
+    ``folders`` (:func:`server_app.emdcfl_experiments.table`); ``eps_sweep``: the clustering of
+    the one run ``folders[0]`` at other ε (:func:`server_app.emdcfl_experiments.epsilon_sweep`).
+    """
+    from server_app.emdcfl_experiments import EPS_GRID, epsilon_sweep, table
+
+    if eps_sweep:
+        return "\n\n".join(epsilon_sweep(Path(f), list(epsilons or EPS_GRID)) for f in folders)
+    return table([Path(f) for f in folders])
+
+
 def deploy(argv: Sequence[str]) -> int:
     """``fedclust deploy …``: :func:`server_app.deploy.main` (``up``, ``certs``,
     ``fleet-gateway``)."""

@@ -1,10 +1,13 @@
 """The ``fedclust`` command line: one entry point for the tools around a run.
 
-``fedclust sweep``   Hydra sweeps (``fedclust-sweep``, :mod:`server_app.sweep`)
-``fedclust report``  mean ± sd (n) per setting of a folder of runs (:mod:`fedclust.report`)
-``fedclust deploy``  a local SuperLink and SuperNodes, certificates, the Fleet gateway
-``fedclust predict`` apply a finished run to new rows (:mod:`fedclust.predict`)
-``fedclust check``   validate a run config offline, as ``flwr run`` would run it
+``fedclust sweep``    Hydra sweeps (``fedclust-sweep``, :mod:`server_app.sweep`)
+``fedclust report``   mean ± sd (n) per setting of a folder of runs (:mod:`fedclust.report`);
+                      ``--table NAME``: a paper's table from its sweep folders
+``fedclust deploy``   a local SuperLink and SuperNodes, certificates, the Fleet gateway
+``fedclust predict``  apply a finished run to new rows (:mod:`fedclust.predict`)
+``fedclust check``    validate a run config offline, as ``flwr run`` would run it
+``fedclust examples`` write example data (the quick start's site files)
+``fedclust config``   list the run-config keys; keep pyproject.toml and conf/ in sync with them
 
 The commands that need the Flower layers (``sweep``, ``deploy``, ``check``'s data checks) reach
 them through the facade :mod:`fedclust.api`.
@@ -26,6 +29,9 @@ COMMANDS = {
               "(fedclust deploy --help)",
     "predict": "apply a finished run to new rows (fedclust predict --help)",
     "check": "validate a run config offline: fedclust check --run-config 'fcm.m=1.5 ...'",
+    "examples": "write example data: fedclust examples sites DIR (the quick start's files)",
+    "config": "the run-config keys: fedclust config list (sync, check: keep pyproject.toml "
+              "and conf/ in step with the schema)",
 }
 
 
@@ -39,9 +45,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if args[:1] in (["-h"], ["--help"]) else 2
     command, rest = args[0], args[1:]
     if command == "report":
+        if any(a == "--table" or a.startswith("--table=") for a in rest):
+            return table_main(rest)
         from fedclust.report import main as report_main
 
         return report_main(rest)
+    if command == "examples":
+        from fedclust.examples import main as examples_main
+
+        return examples_main(rest)
+    if command == "config":
+        from fedclust.config import main as config_main
+
+        return config_main(rest)
     if command == "predict":
         from fedclust.predict import main as predict_main
 
@@ -58,6 +74,46 @@ def _close(word: str, choices: list[str]) -> str:
 
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.5)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# ----------------------------------------------------------------------------- paper tables
+
+def table_main(argv: Sequence[str]) -> int:
+    """``fedclust report --table NAME FOLDER …``: a paper's table from the folders of its
+    sweep (``fedclust sweep -m experiment=…``), with the paper's numbers beside ours."""
+    from fedclust.experiments.__main__ import TABLES
+
+    names = sorted([*TABLES, "emdcfl", "emdcfl-eps"])
+    parser = argparse.ArgumentParser(
+        prog="fedclust report --table",
+        description="A paper's table from the run folders of its sweep (any folder holding "
+                    "them, or a file tool's results.jsonl for emdcfl). emdcfl-eps: the "
+                    "clustering of one finished EMD-CFL run at other epsilon values (from its "
+                    "emd_excess.npy, no retraining).")
+    parser.add_argument("--table", required=True, choices=names)
+    parser.add_argument("folders", nargs="+", metavar="FOLDER")
+    parser.add_argument("--plot", default="", help="PNG path prefix for tables that draw one")
+    parser.add_argument("--eps", nargs="+", type=float, default=None,
+                        help="emdcfl-eps: the epsilon values (default 0 … 0.3)")
+    args = parser.parse_args(list(argv))
+    try:
+        if args.table in TABLES:
+            fn = TABLES[args.table]
+            print(fn(args.folders, plot=args.plot) if args.plot else fn(args.folders))
+        else:
+            from fedclust import api
+
+            print(api.emdcfl_table(args.folders, args.table == "emdcfl-eps", args.eps))
+    except SystemExit as exc:       # the table tools' "no run here" messages
+        if isinstance(exc.code, str):
+            print(f"fedclust report --table: {exc.code}", file=sys.stderr)
+            return 2
+        raise
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"fedclust report --table {args.table}: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+        return 2
+    return 0
 
 
 # ----------------------------------------------------------------------------- check

@@ -1,4 +1,4 @@
-"""Example site files for the quick start: ``python -m fedclust.examples sites DIR``.
+"""Example site files for the quick start: ``fedclust examples sites DIR``.
 
 Writes one CSV per site (``site0.csv`` …), as a group of clinics would hold them: a header,
 three numeric features in their own units (``heart_rate`` in bpm, ``systolic_bp`` in mmHg,
@@ -46,7 +46,7 @@ def write_sites(folder: str | Path, n_sites: int = 4, seed: int = 0) -> list[Pat
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fedclust.examples",
+    parser = argparse.ArgumentParser(prog="fedclust examples",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["sites"])
     parser.add_argument("folder")

@@ -9,11 +9,12 @@
 # dial the Fleet gateway (`fedclust deploy fleet-gateway`), which forwards nothing but
 # the Fleet API. On real machines the gateway listens on the network, the SuperLink stays local.
 #
-#   scripts/deploy_local.sh [--tls] [--keep] DATA_0 DATA_1 ... [-- run-config overrides]
-#   scripts/deploy_local.sh --tls /data/c0.npz /data/c1.npz /data/c2.npz -- \
+#   fedclust deploy processes [--tls] [--keep] DATA_0 DATA_1 ... [-- run-config overrides]
+#   fedclust deploy processes --tls /data/c0.npz /data/c1.npz /data/c2.npz -- \
 #       method=\"exact-fcm\" fcm.max-rounds=5
 #
-# No data at hand? `scripts/deploy_local.sh --demo` writes 3 blob partitions first.
+# (the same as scripts/deploy_local.sh ...). No data at hand? `--demo` writes 3 blob partitions
+# first.
 # --tls: TLS on the SuperLink (self-made CA, docker/make_certs.sh) + SuperNode authentication
 #        (each node's own key from docker/make_node_key.sh; only its .pub is registered).
 #

@@ -21,6 +21,8 @@ Command line::
         --certfile server.pem --keyfile server.key --ca-file ca.crt
     fedclust deploy up --data c0.npz c1.npz c2.npz [--tls] [--workdir DIR] \
         method=exact-fcm fcm.max-rounds=5                       # start, run once, tear down
+    fedclust deploy processes [--tls] [--keep] (--demo | DATA ...) [-- key=value ...]
+        # docker/compose.yml's topology as plain processes (scripts/deploy_local.sh)
 """
 
 from __future__ import annotations
@@ -507,6 +509,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="node config 'label-column' of every node (a csv/tsv column that is "
                         "not a feature; evaluation only)")
     u.add_argument("overrides", nargs="*", help="run-config key=value (TOML values)")
+    sub.add_parser("processes", add_help=False,
+                   help="docker/compose.yml's topology as plain processes (process isolation, "
+                        "SuperExecs, the Fleet gateway), one run, teardown: [--tls] [--keep] "
+                        "(--demo | DATA ...) [-- key=value ...]")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["processes"]:
+        return _run_processes(argv[1:])
     args = parser.parse_args(argv)
     if args.cmd == "fleet-gateway":
         return _run_gateway(parser, args)
@@ -546,6 +555,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             except KeyboardInterrupt:
                 pass
         return 0 if outcome.ok else 1
+
+
+PROCESSES_SCRIPT = APP_DIR / "scripts" / "deploy_local.sh"
+
+
+def _run_processes(args: list[str]) -> int:
+    """``fedclust deploy processes …``: the compose topology as processes, run by
+    ``scripts/deploy_local.sh`` of fedclust's source folder (its options are the script's)."""
+    if not PROCESSES_SCRIPT.is_file():
+        print(f"fedclust deploy processes: {PROCESSES_SCRIPT} is missing: it runs from "
+              f"fedclust's source folder (a clone of the repository), not from an installed "
+              f"wheel. Fix: run it in the repository, or use fedclust deploy up", file=sys.stderr)
+        return 2
+    if args[:1] in (["-h"], ["--help"]):
+        lines = PROCESSES_SCRIPT.read_text().splitlines()[1:]
+        print("\n".join(line[2:] for line in lines[:next(i for i, line in enumerate(lines)
+                                                         if not line.startswith("#"))]))
+        return 0
+    # the script takes this process's place: Ctrl-C and SIGTERM reach its teardown directly
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvp("bash", ["bash", str(PROCESSES_SCRIPT), *args])
+    return 1    # pragma: no cover - execvp does not return
 
 
 def _run_gateway(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

@@ -1,18 +1,21 @@
-"""Paper 001 experiments through the in-process engine (same ServerApp/ClientApp as ``flwr run``).
+"""Paper 001 presets and tables (same ServerApp/ClientApp as ``flwr run``).
 
 ``CPU`` is the configuration that fits one core of a shared 2-core machine (the paper's
 client sizes and ε with a narrow CNN and fewer epochs); ``SMALL`` is the earlier, smaller
 ``cpu`` preset; ``CPU_BACKDOOR`` (``cpu-backdoor``) is ``CPU`` for Backdoor MNIST (30 clients,
 the authors' lr 0.01, ε 0.06 calibrated on a held-out seed); ``PAPER`` reproduces the authors'
 sizes (4 878 train images per client, 10 × 10 epochs, the 64/128-channel CNN) for GPU users
-(``emdcfl.device=auto``: clients train, embed and evaluate on CUDA when available).
+(``emdcfl.device=auto``: clients train, embed and evaluate on CUDA when available). The sweep
+experiments ``conf/experiment/emdcfl_table1`` (``cpu``), ``emdcfl_table3`` (``cpu-backdoor``)
+and ``emdcfl_table1_paper`` (``paper``) hold the same settings (``tests/test_cli_commands.py``).
 Usage::
 
-    python -m server_app.emdcfl_experiments run --preset cpu --dataset rotmnist --rotation max \
-        --algorithms emdcfl oracle fedavg local ifca cfl --seeds 0 1 2 --out runs/emdcfl
-    python -m server_app.emdcfl_experiments table --out runs/emdcfl
+    fedclust sweep -m experiment=emdcfl_table1 app.seed=0,1,2 hydra.sweep.dir=runs/emdcfl
+    fedclust report --table emdcfl runs/emdcfl            # table(): mean ± 95 % CI over seeds
+    fedclust report --table emdcfl-eps runs/emdcfl/0      # epsilon_sweep(): other ε, no training
 
-Each finished run appends one line to ``<out>/results.jsonl`` (summary metrics + seconds).
+``python -m server_app.emdcfl_experiments run …`` (this module's own launcher) appends one line
+per finished run to ``<out>/results.jsonl``, which the table reads as well.
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ CPU_BACKDOOR: dict[str, Any] = {
     "emdcfl.pacfl-threshold": 3.0,
 }
 NO_SPLIT = "no split in the budget → FedAvg"     # label of CFL rows that never split
+#: the ε of ``fedclust report --table emdcfl-eps`` (for the cosine cost)
+EPS_GRID = (0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3)
 PRESETS = {"cpu": CPU, "cpu-backdoor": CPU_BACKDOOR, "small": SMALL, "paper": PAPER}
 
 
@@ -237,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         out.mkdir(parents=True, exist_ok=True)
     if args.command == "eps-sweep":
-        grid = args.eps or [0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3]
+        grid = args.eps or EPS_GRID
         print(epsilon_sweep(Path(args.run_dir), grid))
         return 0
     if args.command == "table":

@@ -494,7 +494,7 @@ class FedCRef(FedclustStrategy):
         label-free k-means on deployed nodes).
     **options
         Any other ``fedcref.*`` key, named without the prefix and with ``_`` for ``-``
-        (``ae_epochs=20``, ``association="mutual"`` …); ``python -m fedclust.config list``
+        (``ae_epochs=20``, ``association="mutual"`` …); ``fedclust config list``
         lists them.
 
     Override of :meth:`start`: every iteration is several phases (local training, cross-

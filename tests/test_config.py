@@ -59,13 +59,13 @@ def test_pyproject_lists_every_run_config_key():
 
     root = Path(__file__).parents[1]
     assert not sync_pyproject(root / "pyproject.toml", check=True), (
-        "run `python -m fedclust.config sync`")
-    assert not sync_method_yamls(root / "conf", check=True), "run `python -m fedclust.config sync`"
+        "run `fedclust config sync`")
+    assert not sync_method_yamls(root / "conf", check=True), "run `fedclust config sync`"
     from fedclust.config import sync_readme
 
     keys_page = root / "docs" / "run-config.md"
     assert "<!-- run-config keys" in keys_page.read_text()
-    assert not sync_readme(keys_page, check=True), "run `python -m fedclust.config sync`"
+    assert not sync_readme(keys_page, check=True), "run `fedclust config sync`"
 
 
 @pytest.mark.parametrize("num_clients, nodes", [(3, 5), (5, 2)])

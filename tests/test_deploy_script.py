@@ -1,4 +1,5 @@
-"""``scripts/deploy_local.sh``: the docker/compose.yml topology as plain processes, end to end.
+"""``fedclust deploy processes`` (``scripts/deploy_local.sh``): the docker/compose.yml topology
+as plain processes, end to end.
 
 The script starts a SuperLink (``--isolation process``), a ServerApp SuperExec, a Fleet gateway
 (the only address the SuperNodes dial) and, per node, a SuperNode + a ClientApp SuperExec,
@@ -17,6 +18,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +35,8 @@ def test_deploy_local_script_matches_inprocess(tmp_path, tls):
     out = tmp_path / "run"
     env = {**os.environ, "FEDCLUST_OUT": str(out), "FLWR_TELEMETRY_ENABLED": "0",
            "FEDCLUST_NODES_TIMEOUT": "120", "FEDCLUST_RUN_TIMEOUT": "300"}
-    cmd = ["bash", str(ROOT / "scripts" / "deploy_local.sh"), "--demo", *(["--tls"] * tls),
+    cmd = [sys.executable, "-m", "fedclust.cli", "deploy", "processes", "--demo",
+           *(["--tls"] * tls),
            "--", "fcm.max-rounds=1", "seed=0", "plots=false"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)

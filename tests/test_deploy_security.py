@@ -375,7 +375,7 @@ def test_deploy_local_keep_stops_everything_on_sigterm(tmp_path):
     env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FEDCLUST_OUT": str(tmp_path / "run"),
            "FEDCLUST_NODES_TIMEOUT": "120", "FEDCLUST_RUN_TIMEOUT": "240"}
     # a run config the ServerApp refuses: the run ends at once, then --keep holds everything
-    cmd = ["bash", str(ROOT / "scripts" / "deploy_local.sh"), "--demo", "--keep", "--",
+    cmd = [sys.executable, "-m", "fedclust.cli", "deploy", "processes", "--demo", "--keep", "--",
            'method="no-such-method"']
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
