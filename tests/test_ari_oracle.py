@@ -171,3 +171,30 @@ def test_fedfcm_on_a_pathological_partition(tmp_path):
     for k, got in res.metrics["eval_ari"].items():
         expected = adjusted_rand_score(pooled(truth), pooled(_fedfcm_labels(res, clients, int(k))))
         assert got == pytest.approx(expected, abs=1e-12), k
+
+
+def test_run_config_dataset_hf_under_dirichlet_skew(tmp_path):
+    """``dataset="hf"`` through the ServerApp's own path: one coding of the whole dataset
+    before fedclust partitions it, the oracle on the rows each client received."""
+    from fedclust.data.partition import make_partition
+    from fedclust.data.tabular import load_dataset
+    from server_app.inprocess import run_server
+
+    hf_blobs("text", seed=9).save_to_disk(str(tmp_path / "saved"))
+    cfg = {"method": "exact-fcm", "dataset": "hf", "hf.path": str(tmp_path / "saved"),
+           "hf.label-column": "label", "fcm.n-clusters": 4, "partition.kind": "dirichlet",
+           "partition.alpha": 0.3, "num-clients": 4, "seed": 2, "plots": False,
+           "output-dir": str(tmp_path / "run")}
+    summary, _ = run_server(cfg, num_nodes=4)
+    ds = load_dataset({**cfg, "evaluate": True})
+    parts = make_partition("dirichlet", ds, 4, 2, 0.3, "", options={
+        **cfg, "partition.classes-per-client": 2, "partition.shards-per-client": 2,
+        "partition.sizes": ""})
+    raw = np.array(datasets.load_from_disk(str(tmp_path / "saved"))["label"])
+    pred = [np.loadtxt(tmp_path / "run" / "clients" / str(i) / "assignments.csv",
+                       delimiter=",", skiprows=1)[:, 1] for i in range(4)]
+    assert [len(p) for p in parts] == [len(p) for p in pred]
+    expected = adjusted_rand_score(pooled([raw[p] for p in parts]), pooled(pred))
+    assert expected < 0.999
+    assert summary["metrics"]["eval_ari"] == pytest.approx(expected, abs=1e-12)
+    assert summary["data"]["partition"] == {"kind": "dirichlet", "alpha": 0.3}

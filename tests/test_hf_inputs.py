@@ -85,6 +85,8 @@ def test_a_dataset_dict_with_split_and_its_refusals(tmp_path):
                             label_column="diagnosis", n_clusters=3,
                             output_dir=tmp_path / "run", run_config=RUN)
     assert sum(len(lab) for lab in res.labels) == 60
+    truth = [part.load_partition(i)["diagnosis"] for i in range(3)]
+    assert res.metrics["eval_ari"] == pytest.approx(pooled_ari(truth, res), abs=1e-12)
     data = summary(res)["data"]
     assert data["hf"]["split"] == "test" and data["hf"]["fingerprint"] == dd["test"]._fingerprint
     assert data["partitioner"] == {"class": "flwr_datasets.partitioner.IidPartitioner",
