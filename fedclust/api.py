@@ -165,6 +165,8 @@ def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any] 
         labels = [_label_values(i, y) for i, y in enumerate(labels)]
         if strategy.method in CLASS_NUMBERS:
             labels, classes = _class_numbers(labels, CLASS_NUMBERS[strategy.method])
+    elif emdcfl and any(isinstance(c, Mapping) for c in clients):
+        clients, classes = _mapping_classes(clients)
     if not record:
         record = {"dataset": "arrays", "source": "one array per client"}
     record.setdefault("rows", [int(len(c)) if not isinstance(c, Mapping) else
@@ -263,6 +265,22 @@ def _class_numbers(labels: list[np.ndarray], largest: int
             if classes[k] is None:
                 classes[k] = value
     return [compact_codes(c, vocab) for c in codes], classes
+
+
+def _mapping_classes(clients: list[Any]) -> tuple[list[Any], list[Any] | None]:
+    """EMD-CFL clients given as mappings: their ``y_train``/``y_val``/``y_test`` as class
+    numbers of one vocabulary over every client's splits (:func:`_class_numbers`)."""
+    names = ("y_train", "y_val", "y_test")
+    found = [(i, k) for i, c in enumerate(clients) if isinstance(c, Mapping)
+             for k in names if k in c]
+    values = [_label_values(i, clients[i][k]) for i, k in found]
+    numbers, classes = _class_numbers(values, CLASS_NUMBERS["emdcfl"])
+    if classes is None:
+        return clients, None
+    out = [dict(c) if isinstance(c, Mapping) else c for c in clients]
+    for (i, k), y in zip(found, numbers):
+        out[i][k] = y
+    return out, classes
 
 
 def _is_hf(obj: Any) -> bool:

@@ -101,3 +101,16 @@ def test_fedcref_and_emdcfl_run_on_text_labels(tmp_path):
         output_dir=tmp_path / "emdcfl", rounds=2, local_epochs=1, conv1=4, conv2=8,
         embed_dim=16, workers=1, run_config={"plots": False})
     assert sorted(res.classes) == sorted(words) and res.metrics["num_clusters"] >= 1
+
+
+def test_emdcfl_mapping_clients_get_one_class_vocabulary():
+    from fedclust.api import _mapping_classes
+
+    clients = [{"x_train": 0, "y_train": ["cat", "dog"], "y_val": ["dog"], "y_test": ["cat"]},
+               {"x_train": 0, "y_train": ["bird"], "y_val": ["cat"], "y_test": ["bird"]}]
+    out, classes = _mapping_classes(clients)
+    assert sorted(classes) == ["bird", "cat", "dog"]
+    assert [classes[k] for k in out[0]["y_train"]] == ["cat", "dog"]
+    assert [classes[k] for k in out[1]["y_test"]] == ["bird"]
+    same, none = _mapping_classes([{"y_train": [0, 3], "y_val": [1], "y_test": [2]}])
+    assert none is None and same[0]["y_train"] == [0, 3]      # class numbers stay
