@@ -28,7 +28,8 @@ def fedclust(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_one_command_with_the_old_entry_points_as_aliases():
-    assert set(COMMANDS) == {"sweep", "report", "deploy", "predict", "check"}
+    assert set(COMMANDS) == {"sweep", "report", "deploy", "predict", "check", "examples",
+                             "config"}
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["fedclust"] == "fedclust.cli:main"
     assert scripts["fedclust-sweep"] == "server_app.sweep:main"      # the old name stays

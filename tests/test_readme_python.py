@@ -1,9 +1,9 @@
-"""The README's Python blocks, run as written on the README's own data (the site files of
-``fedclust examples sites sites``, the quick start's step 2), each in a fresh interpreter with a
-fresh HOME and no network; a block that defines a ServerApp (``app``) has its ``main`` run
-against fedclust's ClientApp on one in-process node per site file. And the quick start runs
-twice as written: its step 2 (a results folder named in the run config) and step 5 (a
-prediction file) are accepted the second time."""
+"""The README's Python blocks (and docs/datasets.md's, its Flower Datasets examples), run as
+written on the README's own data (the site files of ``fedclust examples sites sites``, the quick
+start's step 2), each in a fresh interpreter with a fresh HOME and no network; a block that
+defines a ServerApp (``app``) has its ``main`` run against fedclust's ClientApp on one
+in-process node per site file. And the quick start runs twice as written: its step 2 (a results
+folder named in the run config) and step 5 (a prediction file) are accepted the second time."""
 
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ from tests.test_readme_quickstart import quickstart_block
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 BLOCKS = re.findall(r"```python\n(.*?)```", README, re.S)
+PAGES = [ROOT / "README.md", ROOT / "docs" / "datasets.md"]
+RUN = [(page.name, i, code) for page in PAGES
+       for i, code in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(), re.S))]
 
 HARNESS = textwrap.dedent('''
     import json, runpy, sys
@@ -57,7 +60,8 @@ HARNESS = textwrap.dedent('''
 
 
 def test_the_readme_has_python_blocks():
-    assert len(BLOCKS) >= 3       # simulate on DataFrames, Flower Datasets, a ServerApp
+    assert len(BLOCKS) >= 2       # simulate on DataFrames, a ServerApp
+    assert any("FederatedDataset" in code for _, _, code in RUN)
 
 
 @pytest.fixture(scope="module")
@@ -75,15 +79,16 @@ def readme_data(tmp_path_factory) -> tuple[Path, dict]:
     return work, env
 
 
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_readme_python_block_runs_as_written(readme_data, index):
+@pytest.mark.parametrize(("page", "index", "code"), RUN,
+                         ids=[f"{page}-{i}" for page, i, _ in RUN])
+def test_readme_python_block_runs_as_written(readme_data, page, index, code):
     work, env = readme_data
-    block = work / f"block{index}.py"
-    block.write_text(BLOCKS[index])
+    block = work / f"{page}-{index}.py"
+    block.write_text(code)
     (work / "harness.py").write_text(HARNESS)
     done = subprocess.run([sys.executable, str(work / "harness.py"), str(block)], cwd=work,
                           env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, (BLOCKS[index], done.stderr[-4000:])
+    assert done.returncode == 0, (code, done.stderr[-4000:])
     result = json.loads(done.stdout.rsplit("HARNESS ", 1)[1])
     if "eval_ari" in result:
         assert result["eval_ari"] == pytest.approx(result["sklearn_ari"], abs=1e-12)
