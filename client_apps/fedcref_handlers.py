@@ -56,12 +56,14 @@ ISOLATED, NO_MODEL = -1, -2     # community entries of the owner state
 # data and state
 
 @functools.lru_cache(maxsize=4)
-def _deployment_data(path: str) -> tuple[np.ndarray, np.ndarray | None]:
+def _deployment_data(path: str, data_format: str = "", label_column: str = ""
+                     ) -> tuple[np.ndarray, np.ndarray | None]:
     # the node data door: size limits, finite pixel values, class-number labels, data-free
-    # and path-free errors (fedclust.data.local.load_pixel_table)
+    # and path-free errors (fedclust.data.local.load_pixel_table); node config 'data-format'
+    # and 'label-column' as an FCM node reads them (the label column is never a pixel)
     from fedclust.data.local import load_pixel_table
 
-    return load_pixel_table(path)
+    return load_pixel_table(path, data_format, label_column)
 
 
 def _given(cfg: dict[str, Any], s: ClientSettings | None) -> ClientSettings:
@@ -87,7 +89,8 @@ def _node_data(context: Context, s: ClientSettings
     any permission check. Use :func:`_data` unless the labels are the simulated start's."""
     node = context.node_config
     if "data-path" in node:
-        x, y = _deployment_data(str(node["data-path"]))
+        x, y = _deployment_data(str(node["data-path"]), str(node.get("data-format", "")),
+                                str(node.get("label-column", "")))
         return x, y, int(node.get("num-clusters", 0))
     x, y = core.client_data(s.system, int(node["partition-id"]))
     # K_i is given in the paper's experiments (the number of classes the client was dealt)

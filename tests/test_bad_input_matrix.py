@@ -258,8 +258,8 @@ def test_num_clients_other_than_the_engine_stops_after_one_message(method, num_c
 def _csvs(folder: Path, widths, rows: int = 30) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    for i, w in enumerate(widths):
-        np.savetxt(folder / f"site{i}.csv", rng.normal(size=(rows, w)), delimiter=",")
+    for i, w in enumerate(widths):      # values in [0, 1): features, and FedCRef's pixels
+        np.savetxt(folder / f"site{i}.csv", rng.random(size=(rows, w)), delimiter=",")
     return folder
 
 

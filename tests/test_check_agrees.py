@@ -151,3 +151,37 @@ def test_a_failing_job_does_not_stop_the_sweep_and_every_job_logs(tmp_path):
     assert "boom in job 1" in log0 and "Traceback" in log0
     assert "exact-fcm round 1/" in log1 and "job 2/2 done" in log1
     assert log1.count("exact-fcm round 1/") == 1          # each line once
+
+
+def pixel_sites(tmp_path: Path, labels) -> dict:
+    """FedCRef site files (pixels 0..255 and a ``digit`` column) and the run config that reads
+    them with ``dataset="files"``, kept small (one iteration, tiny autoencoders)."""
+    import numpy as np
+    import pandas as pd
+
+    (tmp_path / "sites").mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(2):
+        frame = pd.DataFrame(rng.integers(0, 256, (40, 16)),
+                             columns=[f"p{j}" for j in range(16)])
+        frame["digit"] = [labels[j % len(labels)] for j in range(40)]
+        frame.to_csv(tmp_path / "sites" / f"site{i}.csv", index=False)
+    return {"method": "fedcref", "dataset": "files", "data-dir": str(tmp_path / "sites"),
+            "files.label-column": "digit", "plots": False, "fedcref.max-iterations": 1,
+            "fedcref.fl-rounds": 1, "fedcref.ae-epochs": 1, "fedcref.k-estimate-max": 2,
+            "output-dir": str(tmp_path / "run")}
+
+
+@pytest.mark.parametrize(("labels", "expected"), [([0, 1, 2], True), (["a", "b"], False)],
+                         ids=["class numbers", "text labels"])
+def test_check_and_a_fedcref_run_read_site_files_alike(tmp_path, labels, expected):
+    """FedCRef's nodes read a site file through its pixel door (values in [0, 255], labels
+    that are class numbers, the label column not a pixel): ``check`` gives the verdict the
+    run gives."""
+    pytest.importorskip("torch")
+    cfg = pixel_sites(tmp_path, labels)
+    assert check_verdict(cfg, 2) is expected
+    assert run_verdict(cfg, 2) is expected
+    if expected:        # the label column reached evaluation, not the pixels
+        summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+        assert summary["metrics"]["eval_nodes"] == 2

@@ -114,3 +114,33 @@ def test_emdcfl_mapping_clients_get_one_class_vocabulary():
     assert [classes[k] for k in out[1]["y_test"]] == ["bird"]
     same, none = _mapping_classes([{"y_train": [0, 3], "y_val": [1], "y_test": [2]}])
     assert none is None and same[0]["y_train"] == [0, 3]      # class numbers stay
+
+
+def _pixel_site(path, labels) -> np.ndarray:
+    """A FedCRef site table: 16 pixel columns and a ``digit`` label column."""
+    rng = np.random.default_rng(len(labels))
+    x = rng.integers(0, 256, (len(labels), 16))
+    frame = pd.DataFrame(x, columns=[f"p{i}" for i in range(16)])
+    frame["digit"] = labels
+    frame.to_csv(path, index=False)
+    return x
+
+
+def test_a_deployed_fedcref_node_keeps_its_label_column_out_of_the_pixels(tmp_path):
+    """Node config ``label-column`` (and ``dataset="files"``'s ``files.label-column``) names
+    the ground truth on a FedCRef node as on an FCM node: never a pixel column."""
+    from flwr.app import Context, RecordDict
+
+    from client_apps import fedcref_handlers
+    from fedclust.config import validate
+
+    x = _pixel_site(tmp_path / "site.csv", [3, 1, 4, 1, 5, 9, 2, 6])
+    cfg = validate({"method": "fedcref", "dataset": "local"})
+    node = {"data-path": str(tmp_path / "site.csv"), "label-column": "digit",
+            "allow-evaluation": True}
+    ctx = Context(run_id=1, node_id=5, node_config=node, state=RecordDict(), run_config={})
+    fedcref_handlers._deployment_data.cache_clear()
+    got, y, _ = fedcref_handlers._data(ctx, cfg)
+    assert got.shape == (8, 16)
+    np.testing.assert_allclose(got, x / 255.0, rtol=1e-6)
+    assert y.tolist() == [3, 1, 4, 1, 5, 9, 2, 6]

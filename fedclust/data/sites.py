@@ -79,12 +79,15 @@ def site_file(cfg: Mapping[str, Any], partition_id: int) -> Path:
 def check_sites(cfg: Mapping[str, Any], num_nodes: int | None = None) -> list[int]:
     """Preflight of ``dataset="files"``: one readable file per node, all of one width.
 
-    Loads every file once with the node loader (on the machine running the simulation, where
-    the files are) and returns the feature count of each. Raises :class:`SiteFilesError` naming
-    the files at fault, and :class:`~fedclust.config.ConfigError` when an FCM method fits more
-    clusters than the files hold rows; only shapes leave this function.
+    Loads every file once with the loader its node uses (on the machine running the
+    simulation, where the files are: FedCRef's pixel door, else the table loader) and returns
+    the feature count of each. Raises :class:`SiteFilesError` naming the files at fault, and
+    :class:`~fedclust.config.ConfigError` when an FCM method fits more clusters than the files
+    hold rows; only shapes leave this function.
     """
-    from fedclust.data.local import load_local_table
+    from fedclust.data.local import load_local_table, load_pixel_table
+
+    load = load_pixel_table if cfg.get("method") == "fedcref" else load_local_table
 
     files = site_files(cfg["data-dir"])
     if num_nodes is not None and num_nodes != len(files):
@@ -96,8 +99,8 @@ def check_sites(cfg: Mapping[str, Any], num_nodes: int | None = None) -> list[in
     widths, bad, rows = [], [], 0
     for path in files:
         try:
-            x, _ = load_local_table(str(path), cfg.get("files.format", ""),
-                                    cfg.get("files.label-column", ""))
+            x, _ = load(str(path), cfg.get("files.format", ""),
+                        cfg.get("files.label-column", ""))
         except (OSError, ValueError) as exc:
             bad.append(f"{path.name}: {exc}")
             continue
