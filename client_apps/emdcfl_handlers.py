@@ -73,19 +73,14 @@ def _is_simulated(context: Context, cfg: dict[str, Any]) -> bool:
     return is_simulated(context.node_config, cfg)
 
 
-SPLITS = {"x_train": "y_train", "x_val": "y_val", "x_test": "y_test"}
-
-
 @lru_cache(maxsize=4)
 def _from_file(path: str, image_shape: tuple[int, ...], n_classes: int):
     """Deployment (and ``dataset='files'``): an ``.npz`` with x_train, y_train, x_val, y_val,
     x_test, y_test (optional ``cluster`` for the evaluation path), read through the node data
-    door (:func:`fedclust.data.local.load_image_arrays`): images of ``image_shape`` with
-    pixel values 0..255, labels ``0..n_classes-1``, size limits, data-free errors."""
-    from fedclust.data.local import load_image_arrays
-    from fedclust.emdcfl.data import ClientSplit
+    door (:func:`fedclust.emdcfl.data.read_node_file`)."""
+    from fedclust.emdcfl.data import ClientSplit, read_node_file
 
-    d = load_image_arrays(path, SPLITS, [image_shape], n_classes, optional=("cluster",))
+    d = read_node_file(path, image_shape, n_classes)
     return ClientSplit(d["x_train"], d["y_train"], d["x_val"], d["y_val"], d["x_test"],
                        d["y_test"], -1, int(d["cluster"]) if "cluster" in d else -1)
 
@@ -99,10 +94,11 @@ def client_data(context: Context, cfg: dict[str, Any]):
     s = EMDCFLSettings.from_config(cfg)
     path = node_data_path(context, cfg)
     if path is not None:
+        from fedclust.emdcfl.data import file_image_shape
+
         spec = s.spec
-        shape = ((spec.size, spec.size) if spec.in_channels == 1 else
-                 (spec.size, spec.size, spec.in_channels))
-        return _from_file(path, shape, spec.num_classes)
+        return _from_file(path, file_image_shape(spec.in_channels, spec.size),
+                          spec.num_classes)
     node = context.node_config
     return simulated_split(s, int(node["partition-id"]), int(node["num-partitions"]))
 

@@ -255,24 +255,34 @@ def test_num_clients_other_than_the_engine_stops_after_one_message(method, num_c
 
 # ------------------------------------------------------------------ dataset=files folders
 
-def _csvs(folder: Path, widths, rows: int = 30) -> Path:
+def _csvs(folder: Path, widths, rows: int = 30, method: str = "exact-fcm") -> Path:
+    """One site file per width, as the method's nodes read them: a table of values in [0, 1)
+    (features, and FedCRef's pixels), or EMD-CFL's labelled image splits (width 2: 28×28
+    images, the run's model; any other width: 27×27)."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    for i, w in enumerate(widths):      # values in [0, 1): features, and FedCRef's pixels
-        np.savetxt(folder / f"site{i}.csv", rng.random(size=(rows, w)), delimiter=",")
+    for i, w in enumerate(widths):
+        if method == "emdcfl":
+            side = 28 if w == 2 else 27
+            np.savez(folder / f"site{i}.npz", **{
+                f"{kind}_{split}": (rng.integers(0, 256, (n, side, side)) if kind == "x" else
+                                    rng.integers(0, 10, n))
+                for split, n in (("train", rows), ("val", 4), ("test", 4)) for kind in "xy"})
+        else:
+            np.savetxt(folder / f"site{i}.csv", rng.random(size=(rows, w)), delimiter=",")
     return folder
 
 
-def _folder(case: str, tmp: Path) -> str:
+def _folder(case: str, tmp: Path, method: str = "exact-fcm") -> str:
     if case == "empty":
         (tmp / "empty").mkdir()
         return str(tmp / "empty")
     if case == "missing":
         return str(tmp / "nowhere")
     if case == "a-file":
-        return str(_csvs(tmp / "one", [2]) / "site0.csv")
+        return str(next(_csvs(tmp / "one", [2], method=method).iterdir()))
     if case == "mixed-widths":
-        return str(_csvs(tmp / "mixed", [2, 2, 3]))
+        return str(_csvs(tmp / "mixed", [2, 2, 3], method=method))
     if case == "no-usable-files":
         (tmp / "odd").mkdir()
         (tmp / "odd" / "sites.xlsx").write_text("x")
@@ -280,7 +290,7 @@ def _folder(case: str, tmp: Path) -> str:
         return str(tmp / "odd")
     if case == "unset":
         return ""
-    return str(_csvs(tmp / "three", [2, 2, 2]))     # "wrong-count": 3 files, 2 clients
+    return str(_csvs(tmp / "three", [2, 2, 2], method=method))   # "wrong-count": 3 files, 2 clients
 
 
 FOLDERS = [("empty", "holds no site files"), ("missing", "is not a folder"),
@@ -292,10 +302,12 @@ FOLDERS = [("empty", "holds no site files"), ("missing", "is not a folder"),
 @pytest.mark.parametrize("case, fragment", FOLDERS)
 @pytest.mark.parametrize("method", METHODS)
 def test_files_folder_problems_are_refused_before_any_work(method, case, fragment, tmp_path):
-    cfg = cfg_of(method, dataset="files", **{"data-dir": _folder(case, tmp_path),
+    cfg = cfg_of(method, dataset="files", **{"data-dir": _folder(case, tmp_path, method),
                                              "output-dir": str(tmp_path / "r")})
     if case == "wrong-count":
         cfg["num-clients"] = 2
+    if method == "emdcfl" and case == "mixed-widths":   # its model's image shape, named
+        fragment = "site2.npz: data-path (a .npz file): 'x_train' has shape (30, 27, 27)"
     text = refused(lambda: check_run_config(cfg), fragment, kind=SiteFilesError,
                    allowed=case not in ("wrong-count", "unset", "empty", "no-usable-files"))
     assert "data-dir" in text
@@ -305,7 +317,7 @@ def test_files_folder_problems_are_refused_before_any_work(method, case, fragmen
 @pytest.mark.parametrize("method", METHODS)
 def test_files_folder_with_another_count_than_the_engine_stops_after_one_message(method,
                                                                                tmp_path):
-    sites = _csvs(tmp_path / "sites", [2, 2, 2])
+    sites = _csvs(tmp_path / "sites", [2, 2, 2], method=method)
     sent, seconds, out = serve(cfg_of(method, dataset="files", timeout=600, **{
         "data-dir": str(sites), "output-dir": str(tmp_path / "r")}), nodes=2)
     assert isinstance(out, SiteFilesError), out

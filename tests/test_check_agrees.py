@@ -185,3 +185,27 @@ def test_check_and_a_fedcref_run_read_site_files_alike(tmp_path, labels, expecte
     if expected:        # the label column reached evaluation, not the pixels
         summary = json.loads((tmp_path / "run" / "summary.json").read_text())
         assert summary["metrics"]["eval_nodes"] == 2
+
+
+def test_check_and_an_emdcfl_run_take_its_site_files(tmp_path):
+    """EMD-CFL's ``dataset="files"``: one labelled ``.npz`` per client (x_train, y_train, x_val,
+    y_val, x_test, y_test of 28×28 grey images), read by ``check`` through the door its
+    nodes use — a bad file is refused by both, a good folder runs."""
+    pytest.importorskip("torch")
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    (tmp_path / "sites").mkdir()
+    for i in range(2):
+        np.savez(tmp_path / "sites" / f"c{i}.npz", **{
+            f"{kind}_{split}": (rng.integers(0, 256, (n, 28, 28)) if kind == "x" else
+                                rng.integers(0, 10, n))
+            for split, n in (("train", 12), ("val", 4), ("test", 4)) for kind in ("x", "y")})
+    cfg = {"method": "emdcfl", "dataset": "files", "data-dir": str(tmp_path / "sites"),
+           "emdcfl.rounds": 1, "emdcfl.local-epochs": 1, "emdcfl.conv1": 2, "emdcfl.conv2": 2,
+           "emdcfl.embed-dim": 4, "emdcfl.workers": 1, "plots": False,
+           "output-dir": str(tmp_path / "run")}
+    assert check_verdict(cfg, 2) and run_verdict(cfg, 2)
+    np.savez(tmp_path / "sites" / "c1.npz", x=np.zeros((3, 28, 28)))     # not a client split
+    cfg["output-dir"] = str(tmp_path / "run2")
+    assert not check_verdict(cfg, 2) and not run_verdict(cfg, 2)

@@ -85,9 +85,7 @@ def check_sites(cfg: Mapping[str, Any], num_nodes: int | None = None) -> list[in
     :class:`~fedclust.config.ConfigError` when an FCM method fits more clusters than the files
     hold rows; only shapes leave this function.
     """
-    from fedclust.data.local import load_local_table, load_pixel_table
-
-    load = load_pixel_table if cfg.get("method") == "fedcref" else load_local_table
+    load = _site_loader(cfg)
 
     files = site_files(cfg["data-dir"])
     if num_nodes is not None and num_nodes != len(files):
@@ -99,8 +97,7 @@ def check_sites(cfg: Mapping[str, Any], num_nodes: int | None = None) -> list[in
     widths, bad, rows = [], [], 0
     for path in files:
         try:
-            x, _ = load(str(path), cfg.get("files.format", ""),
-                        cfg.get("files.label-column", ""))
+            x = load(str(path))
         except (OSError, ValueError) as exc:
             bad.append(f"{path.name}: {exc}")
             continue
@@ -121,6 +118,29 @@ def check_sites(cfg: Mapping[str, Any], num_nodes: int | None = None) -> list[in
 
     check_rows(dict(cfg), rows, "the site files of data-dir")
     return widths
+
+
+def _site_loader(cfg: Mapping[str, Any]):
+    """``path -> (rows, features)`` array of a site file, read by the door the run's nodes
+    use: EMD-CFL's labelled image splits (its train images, flattened), FedCRef's pixel table,
+    else the table loader (:func:`fedclust.data.local.load_local_table`)."""
+    from fedclust.data.local import load_local_table, load_pixel_table
+
+    fmt, column = str(cfg.get("files.format", "")), str(cfg.get("files.label-column", ""))
+    if cfg.get("method") == "emdcfl":
+        from fedclust.emdcfl.data import file_image_shape, read_node_file
+        from fedclust.emdcfl.keys import EMDCFLSettings
+
+        spec = EMDCFLSettings.from_config(dict(cfg)).spec      # as the node builds it
+        shape = file_image_shape(spec.in_channels, spec.size)
+
+        def emdcfl(path: str):
+            x = read_node_file(path, shape, spec.num_classes)["x_train"]
+            return x.reshape(len(x), -1)
+        return emdcfl
+    if cfg.get("method") == "fedcref":
+        return lambda path: load_pixel_table(path, fmt, column)[0]
+    return lambda path: load_local_table(path, fmt, column)[0]
 
 
 def simulated_nodes(run_config: Mapping[str, Any], default: int = 2) -> int:

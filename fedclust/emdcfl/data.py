@@ -240,3 +240,26 @@ def split_sizes(dataset: str, set_id: int, samples: int, val_fraction: float
 def image_shape(dataset: str) -> tuple[int, int]:
     """(channels, side) of the images of ``dataset``."""
     return (3 if dataset == "backdoor-mnist" else 1, 8 if dataset == "rotdigits" else 28)
+
+
+#: the arrays of an EMD-CFL node's ``.npz`` (its ``data-path``, or a site file of
+#: ``dataset="files"``): each image split and its labels; ``cluster`` (the true group, for the
+#: evaluation path) is optional
+FILE_SPLITS = {"x_train": "y_train", "x_val": "y_val", "x_test": "y_test"}
+
+
+def read_node_file(path: str, image_shape: tuple[int, ...], n_classes: int
+                   ) -> dict[str, np.ndarray]:
+    """An EMD-CFL node's ``.npz`` through the node data door
+    (:func:`fedclust.data.local.load_image_arrays`): the :data:`FILE_SPLITS` arrays, images of
+    ``image_shape`` with pixel values 0..255, labels ``0..n_classes-1``, size limits, data-free
+    errors. What a node reads and what ``fedclust check`` reads of ``dataset="files"``."""
+    from fedclust.data.local import load_image_arrays
+
+    return load_image_arrays(path, FILE_SPLITS, [image_shape], n_classes, optional=("cluster",))
+
+
+def file_image_shape(channels: int, side: int) -> tuple[int, ...]:
+    """The shape of one image in a node's file: ``(side, side)`` grey, else with channels
+    last."""
+    return (side, side) if channels == 1 else (side, side, channels)
