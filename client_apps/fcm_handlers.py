@@ -105,7 +105,7 @@ def keep_owner_results(msg: Message, context: Context, s: FamilySettings, x: np.
                        centers: np.ndarray, shift: np.ndarray, scale: np.ndarray,
                        run_dir: str | None = None) -> None:
     """Write this node's FCM results for its owner (never sent): ``assignments.csv``
-    (``row,label,u0,…``), ``centers.csv`` in the original feature units, the arrays
+    (``row,cluster,u0,…``), ``centers.csv`` in the original feature units, the arrays
     ``fedclust predict`` needs, and ``result.json`` last."""
     from client_apps import results
 
