@@ -171,6 +171,8 @@ def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any] 
         record = {"dataset": "arrays", "source": "one array per client"}
     record.setdefault("rows", [int(len(c)) if not isinstance(c, Mapping) else
                                int(len(c.get("x_train", ()))) for c in clients])
+    if classes is not None:     # class k's label: read class numbers back (EMD-CFL's predict)
+        record["classes"] = list(classes)
     with tempfile.TemporaryDirectory(prefix="fedclust-simulate-") as tmp:
         nodes = []
         for i, data in enumerate(clients):
