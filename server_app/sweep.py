@@ -358,8 +358,12 @@ def _main(cfg: DictConfig) -> None:
         except Exception as exc:            # the sweep goes on; main() reports it at the end
             import traceback
 
-            _say(f"{job} failed: {type(exc).__name__}: {exc}", error=True)
+            logs = [h.baseFilename for h in _job_log_handlers()]
+            where = f" (traceback in {logs[0]})" if logs else ""
+            _say(f"{job} failed: {type(exc).__name__}: {exc}{where}", error=True)
             _to_job_log(traceback.format_exc(), logging.ERROR)
+            if not logs:        # no job log to hold it: the console gets the traceback
+                traceback.print_exc()
             FAILED.append((num, overrides, exc))
             return
         scalars = {k: v for k, v in summary["metrics"].items()

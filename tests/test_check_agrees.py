@@ -144,6 +144,7 @@ def test_a_failing_job_does_not_stop_the_sweep_and_every_job_logs(tmp_path):
                          timeout=300, cwd=ROOT)
     assert out.returncode == 1, out.stderr[-2000:]
     assert "job 1/2 failed: RuntimeError: boom in job 1" in out.stderr
+    assert f"(traceback in {tmp_path / '0' / 'sweep.log'})" in out.stderr   # where to look
     assert "1 job(s) did not finish" in out.stderr and "job 2/2 done" in out.stdout
     assert json.loads((tmp_path / "1" / "summary.json").read_text())["seed"] == 1
     log0 = (tmp_path / "0" / "sweep.log").read_text()
