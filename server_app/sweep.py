@@ -224,16 +224,29 @@ def grid_problems(config: DictConfig, config_name: str | None = None
     (:func:`checked_job`), before any runs: ``(jobs, [(job number, overrides, why)])``."""
     from hydra import compose
 
+    from fedclust.results import OutputDirError, check_folder
+
     jobs = grid_jobs(config)
     problems: list[tuple[int, str, str]] = []
     outputs: dict[str, list[int]] = {}
+    sweep_dir = Path(str(config.hydra.sweep.dir))    # as the launcher resolves it
     for num, overrides in enumerate(jobs):
         given = override_keys(overrides)
-        # the job's own folder is made by Hydra when it starts (new): nothing to check there
+        # without app.output-dir a job writes to its Hydra folder, hydra.sweep.dir/<subdir>:
+        # checked below as the run will check it (a sweep run again into the same folder)
         extra = [] if "output-dir" in given else ["app.output-dir="]
         try:
-            cfg = compose(config_name=config_name or "config", overrides=[*overrides, *extra])
+            cfg = compose(config_name=config_name or "config", return_hydra_config=True,
+                          overrides=[*overrides, *extra, f"hydra.job.num={num}"])
             _, run_config, _ = checked_job(cfg, given)
+            if "output-dir" not in given:
+                folder = sweep_dir / str(cfg.hydra.sweep.subdir)
+                try:
+                    check_folder(folder, bool(run_config.get("overwrite")))
+                except OutputDirError as exc:
+                    raise OutputDirError(f"{exc} (this job's folder under hydra.sweep.dir: "
+                                         f"pass another hydra.sweep.dir, or app.overwrite="
+                                         f"true to replace an earlier sweep's results)") from None
         except bad_input_errors() as exc:
             problems.append((num, " ".join(overrides), " ".join(str(exc).split())))
             continue

@@ -210,3 +210,23 @@ def test_check_and_an_emdcfl_run_take_its_site_files(tmp_path):
     np.savez(tmp_path / "sites" / "c1.npz", x=np.zeros((3, 28, 28)))     # not a client split
     cfg["output-dir"] = str(tmp_path / "run2")
     assert not check_verdict(cfg, 2) and not run_verdict(cfg, 2)
+
+
+def test_a_sweep_into_a_folder_that_holds_its_job_folders_is_checked_up_front(tmp_path):
+    """Run again into the same ``hydra.sweep.dir``, a grid's job folders are not new: the
+    grid check gives each the verdict its run would give, before any job — refused when a
+    folder holds what fedclust did not write, accepted with overwrite=true over an earlier
+    run's results."""
+    earlier_run(tmp_path / "sw" / "0")
+    (tmp_path / "sw" / "1").mkdir()
+    (tmp_path / "sw" / "1" / "notes.txt").write_text("mine")
+    args = ("-m", "app.seed=0,1", "app.num-clients=2", "app.plots=false",
+            f"hydra.sweep.dir={tmp_path / 'sw'}")
+    out = sweep(*args)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "2 of 2 job(s) of this grid would be refused; no job was run" in out.stderr
+    assert f"'{tmp_path / 'sw' / '1'}' is not empty" in out.stderr
+    (tmp_path / "sw" / "1" / "notes.txt").unlink()
+    out = sweep(*args, "app.overwrite=true")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads((tmp_path / "sw" / "1" / "summary.json").read_text())["seed"] == 1
