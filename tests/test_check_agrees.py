@@ -173,8 +173,9 @@ def pixel_sites(tmp_path: Path, labels) -> dict:
             "output-dir": str(tmp_path / "run")}
 
 
-@pytest.mark.parametrize(("labels", "expected"), [([0, 1, 2], True), (["a", "b"], False)],
-                         ids=["class numbers", "text labels"])
+@pytest.mark.parametrize(("labels", "expected"), [
+    pytest.param([0, 1, 2], True, marks=pytest.mark.slow), (["a", "b"], False)],
+    ids=["class numbers", "text labels"])
 def test_check_and_a_fedcref_run_read_site_files_alike(tmp_path, labels, expected):
     """FedCRef's nodes read a site file through its pixel door (values in [0, 255], labels
     that are class numbers, the label column not a pixel): ``check`` gives the verdict the
@@ -188,6 +189,7 @@ def test_check_and_a_fedcref_run_read_site_files_alike(tmp_path, labels, expecte
         assert summary["metrics"]["eval_nodes"] == 2
 
 
+@pytest.mark.slow
 def test_check_and_an_emdcfl_run_take_its_site_files(tmp_path):
     """EMD-CFL's ``dataset="files"``: one labelled ``.npz`` per client (x_train, y_train, x_val,
     y_val, x_test, y_test of 28×28 grey images), read by ``check`` through the door its
