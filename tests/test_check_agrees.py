@@ -214,6 +214,7 @@ def test_check_and_an_emdcfl_run_take_its_site_files(tmp_path):
     assert not check_verdict(cfg, 2) and not run_verdict(cfg, 2)
 
 
+@pytest.mark.slow
 def test_a_sweep_into_a_folder_that_holds_its_job_folders_is_checked_up_front(tmp_path):
     """Run again into the same ``hydra.sweep.dir``, a grid's job folders are not new: the
     grid check gives each the verdict its run would give, before any job — refused when a
