@@ -103,3 +103,15 @@ def test_deploy_processes_runs_the_compose_twin_script(monkeypatch):
                       "fcm.max-rounds=1"]]
     monkeypatch.setattr(deploy, "PROCESSES_SCRIPT", ROOT / "no-such-script.sh")
     assert deploy.main(["processes", "--demo"]) == 2
+
+
+def test_report_help_names_every_paper_table(capsys):
+    """``fedclust report --help`` leads to ``--table`` and names every table it takes."""
+    from fedclust.experiments.__main__ import TABLES
+
+    with pytest.raises(SystemExit):
+        main(["report", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "fedclust report --table NAME FOLDER" in text
+    for name in [*TABLES, "emdcfl", "emdcfl-eps"]:
+        assert f" {name}," in text or f" {name};" in text, name
