@@ -396,11 +396,13 @@ def plot_report(report: Report, path: Path) -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="fedclust report", description=__doc__.split("\n\n")[0],
-        epilog="Example: fedclust report ~/fedclust-runs/sweeps/2026-01-01_12-00-00 "
-               "--by fcm.fraction --metric eval_ari objective. A paper's table, with the "
-               "paper's numbers beside ours: fedclust report --table NAME FOLDER ... "
-               "(NAME: fcm-table1, fedfcm-table1, fedfcm-table3, fedfcm-bank, "
-               "fedcref-figure4, emdcfl, emdcfl-eps; docs/results.md).")
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Example:\n  fedclust report ~/fedclust-runs/sweeps/2026-01-01_12-00-00 "
+               "--by fcm.fraction --metric eval_ari objective\n\n"
+               "A paper's table, with the paper's numbers beside ours (docs/results.md):\n"
+               "  fedclust report --table NAME FOLDER ...\n"
+               "  NAME: fcm-table1, fedfcm-table1, fedfcm-table3, fedfcm-bank, "
+               "fedcref-figure4, emdcfl, emdcfl-eps.")
     parser.add_argument("folder", help="a run folder, a sweep folder or any folder of runs")
     parser.add_argument("--by", nargs="+", default=None, metavar="KEY",
                         help="run-config keys to group by (default: those that differ)")

@@ -114,4 +114,4 @@ def test_report_help_names_every_paper_table(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "fedclust report --table NAME FOLDER" in text
     for name in [*TABLES, "emdcfl", "emdcfl-eps"]:
-        assert f" {name}," in text or f" {name};" in text, name
+        assert f" {name}," in text or f" {name}." in text, name
