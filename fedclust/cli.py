@@ -211,6 +211,13 @@ def check_main(argv: Sequence[str]) -> int:
         return 2
     given = ", ".join(f"{k}={cfg[k]!r}" for k in run_config if k in cfg) or "all defaults"
     print(f"run config OK: method={cfg['method']!r} dataset={cfg['dataset']!r} ({given})")
+    if cfg["dataset"] == "files" and not cfg["num-clients"] and not args.no_data:
+        from fedclust.data.sites import site_files
+
+        n = len(site_files(cfg["data-dir"]))     # the node count the run will ask for
+        print(f"dataset='files': {n} site files, one simulated client each: flwr run needs "
+              f"--federation-config \"num-supernodes={n}\" (its default federation has 2 "
+              f"nodes); fedclust sweep makes {n}")
     return 0
 
 

@@ -96,7 +96,10 @@ def test_the_readme_check_example_after_the_quick_start(tmp_path, capsys):
     (tmp_path / "sites" / "fedclust-results" / "site0.csv" / "1").mkdir(parents=True)
     assert check_main(["--run-config", f'fcm.n-clusters=3 dataset="files" data-dir="'
                        f'{tmp_path / "sites"}" files.label-column="diagnosis"']) == 0
-    assert "run config OK" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "run config OK" in out
+    assert '3 site files, one simulated client each: flwr run needs --federation-config ' \
+           '"num-supernodes=3"' in out      # the count the run will check
     assert run_verdict(cfg, 3)
 
 
