@@ -171,7 +171,9 @@ def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any] 
         record = {"dataset": "arrays", "source": "one array per client"}
     record.setdefault("rows", [int(len(c)) if not isinstance(c, Mapping) else
                                int(len(c.get("x_train", ()))) for c in clients])
-    if classes is not None:     # class k's label: read class numbers back (EMD-CFL's predict)
+    if classes is not None and emdcfl:
+        # the training targets' names: what the classes EMD-CFL's models predict mean (FedCRef's
+        # labels serve the evaluation only: they stay in memory, RunResult.classes)
         record["classes"] = list(classes)
     with tempfile.TemporaryDirectory(prefix="fedclust-simulate-") as tmp:
         nodes = []
