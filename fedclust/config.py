@@ -218,8 +218,8 @@ def extra_message(what: str, missing: Iterable[str], extra: str, packages: Itera
     return (f"{what} needs {names}, which {'is' if ',' not in names else 'are'} not installed "
             f"where it runs. Fix: pip install 'fedclust[{extra}]' (adds "
             f"{', '.join(packages)}; for torch with CUDA, install torch from "
-            f"download.pytorch.org first, see the README), or run a method of the core install: "
-            f"method=\"exact-fcm\" or \"fedfcm\"")
+            f"download.pytorch.org first: fedclust's docs/install.md), or run a method of the "
+            f"core install: method=\"exact-fcm\" or \"fedfcm\"")
 
 
 def _load_keys(path: str) -> list[Key]:
