@@ -99,20 +99,37 @@ def embed_pairs(s: EMDCFLSettings, data: ClientSplit, own: Weights, peers: Seque
     from fedclust.emdcfl.model import embed, embed_many
     from fedclust.emdcfl.privacy import PairContext
 
-    spec, solver, cap = s.spec, s.solver, s.max_samples
+    spec = s.spec
     e_train = embed(spec, own, data.x_train, device=device)
     # own val under every model (own first): images converted once, no module per peer
     e_vals = embed_many(spec, chain([own], models), data.x_val, device=device)
-    e_val = e_vals[0]
-    src, tgt, reference = {}, {}, {}
-    for peer, e_peer in zip(peers, e_vals[1:]):
-        pair = PairContext(private, me_in_pair, in_pair(peer), pubs[peer], spec.embed_dim,
+
+    def pair(peer: int) -> PairContext:
+        return PairContext(private, me_in_pair, in_pair(peer), pubs[peer], spec.embed_dim,
                            s.proj_ratio, s.projection)
-        src[str(peer)] = pair.project(e_train, cap)        # W(train_me, ·) source cloud
-        own_val = pair.project(e_val, cap)                 # never sent
-        tgt[str(peer)] = pair.project(e_peer, cap)         # val_me under peer's model
-        reference[str(peer)] = reference_distance(src[str(peer)], own_val, solver)
+
+    src, tgt, own_val = pair_clouds(s, peers, e_train, e_vals[0], e_vals[1:], pair)
+    reference = {str(peer): reference_distance(src[str(peer)], own_val[str(peer)], s.solver)
+                 for peer in peers}
     return src, tgt, reference
+
+
+def pair_clouds(s: EMDCFLSettings, peers: Sequence[int], e_train: NDArray, e_val: NDArray,
+                e_peers: Iterable[NDArray], pair: Callable[[int], Any]
+                ) -> tuple[dict[str, NDArray], dict[str, NDArray], dict[str, NDArray]]:
+    """The projected clouds of :func:`embed_pairs` from a client's embeddings: per peer ``o``
+    (``pair(o)``: the pair's :class:`~fedclust.emdcfl.privacy.PairContext`) the ``src`` and
+    ``tgt`` clouds it sends and the own-model val cloud its reference is solved against
+    (``own_val``, never sent). ``e_peers``: its val embeddings under each peer's model, in
+    the order of ``peers``."""
+    cap = s.max_samples
+    src, tgt, own_val = {}, {}, {}
+    for peer, e_peer in zip(peers, e_peers):
+        ctx = pair(peer)
+        src[str(peer)] = ctx.project(e_train, cap)        # W(train_me, ·) source cloud
+        own_val[str(peer)] = ctx.project(e_val, cap)      # never sent
+        tgt[str(peer)] = ctx.project(e_peer, cap)         # val_me under peer's model
+    return src, tgt, own_val
 
 
 def ifca(s: EMDCFLSettings, data: ClientSplit, models: Sequence[Weights], rnd: int, seed: int,

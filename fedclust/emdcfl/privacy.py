@@ -33,18 +33,35 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from numpy.typing import NDArray
 
 from fedclust.data.sites import is_simulated  # re-exported: the one rule for every method
+
+try:
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric.x25519 import (
+        X25519PrivateKey,
+        X25519PublicKey,
+    )
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+except ImportError:      # a bare machine: the plain-Python X25519/HKDF (same bytes, simulated
+    HKDF = None          # keys only; see fedclust.emdcfl.x25519)
 
 PURPOSE = "projection"
 
 
 def generate_keypair() -> tuple[bytes, bytes]:
-    """A fresh X25519 key pair as raw bytes ``(private 32 B, public 32 B)``."""
+    """A fresh X25519 key pair as raw bytes ``(private 32 B, public 32 B)``.
+
+    Raises
+    ------
+    ImportError
+        ``cryptography`` is not installed (a deployed node's secret keys need its
+        constant-time implementation).
+    """
+    if HKDF is None:
+        raise ImportError("a deployed EMD-CFL node's fresh X25519 keys need the 'cryptography' "
+                          "package (pip install 'cryptography>=42'; fedclust depends on it)")
     return _raw_pair(X25519PrivateKey.generate())
 
 
@@ -56,6 +73,15 @@ def _raw_pair(key: X25519PrivateKey) -> tuple[bytes, bytes]:
     return private, public
 
 
+def _hkdf(ikm: bytes, info: bytes) -> bytes:
+    """HKDF-SHA256 of ``ikm`` to 32 bytes, no salt."""
+    if HKDF is None:
+        from fedclust.emdcfl.x25519 import hkdf_sha256
+
+        return hkdf_sha256(ikm, 32, info)
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(ikm)
+
+
 def simulated_keypair(seed: int, partition: int) -> tuple[bytes, bytes]:
     """The X25519 key pair of simulated partition ``partition`` in a run with ``seed``.
 
@@ -64,8 +90,11 @@ def simulated_keypair(seed: int, partition: int) -> tuple[bytes, bytes]:
     run seed; only for simulated nodes (see :func:`node_keypair`).
     """
     ikm = f"fedclust-emdcfl|seed={int(seed)}|partition={int(partition)}".encode()
-    raw = HKDF(algorithm=hashes.SHA256(), length=32, salt=None,
-               info=b"fedclust-emdcfl|simulated-x25519-key").derive(ikm)
+    raw = _hkdf(ikm, b"fedclust-emdcfl|simulated-x25519-key")
+    if HKDF is None:
+        from fedclust.emdcfl.x25519 import public_key
+
+        return raw, public_key(raw)
     return _raw_pair(X25519PrivateKey.from_private_bytes(raw))
 
 
@@ -88,6 +117,10 @@ def key_id(public: bytes) -> int:
 
 def shared_secret(private: bytes, peer_public: bytes) -> bytes:
     """X25519 Diffie–Hellman shared secret (32 B); equal for both members of a pair."""
+    if HKDF is None:
+        from fedclust.emdcfl.x25519 import x25519
+
+        return x25519(bytes(private), bytes(peer_public))
     return X25519PrivateKey.from_private_bytes(private).exchange(
         X25519PublicKey.from_public_bytes(peer_public))
 
@@ -95,8 +128,7 @@ def shared_secret(private: bytes, peer_public: bytes) -> bytes:
 def pair_seed(secret: bytes, id_a: int, id_b: int, purpose: str = PURPOSE) -> bytes:
     """HKDF-SHA256(secret, info = sorted ids + purpose) → 32-byte pair seed."""
     lo, hi = sorted((int(id_a), int(id_b)))
-    info = f"fedclust-emdcfl|{lo}|{hi}|{purpose}".encode()
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(secret)
+    return _hkdf(secret, f"fedclust-emdcfl|{lo}|{hi}|{purpose}".encode())
 
 
 def pair_generators(seed: bytes) -> dict[str, np.random.Generator]:
@@ -150,8 +182,13 @@ class PairContext:
     """What one client derives for its pair with ``peer``: ``R`` and its own subsample rng."""
 
     def __init__(self, private: bytes, own_id: int, peer_id: int, peer_public: bytes,
-                 dim: int, ratio: float, kind: str = "gaussian") -> None:
-        seed = pair_seed(shared_secret(private, peer_public), own_id, peer_id)
+                 dim: int, ratio: float, kind: str = "gaussian",
+                 secret: bytes | None = None) -> None:
+        # ``secret``: the pair's shared secret when the caller already has it (an in-memory
+        # simulation computes it once per pair, not once per member)
+        if secret is None:
+            secret = shared_secret(private, peer_public)
+        seed = pair_seed(secret, own_id, peer_id)
         gens = pair_generators(seed)
         self.R = projection_matrix(gens["projection"], dim, ratio, kind)
         self.rng = gens["sub-a"] if int(own_id) < int(peer_id) else gens["sub-b"]
