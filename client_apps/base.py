@@ -20,7 +20,7 @@ import hashlib
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
@@ -173,17 +173,23 @@ def error_mod(msg: Message, context: Context, call_next) -> Message:
     try:
         return call_next(msg, context)
     except Exception as exc:
-        exc = _missing_extra(exc, msg)
-        name = type(exc).__name__
-        LOG.error("action %s failed on this node", msg.metadata.message_type, exc_info=True)
-        detail = getattr(exc, "detail", None)
-        if isinstance(detail, str) and detail != str(exc):
-            # the reply names no path and no content; the operator needs both
-            LOG.warning("%s on this node: %s", name, detail)
-        reason = (f"{name}: {exc}" if name in PUBLIC_ERRORS else
-                  f"{name} in {msg.metadata.message_type} (details in this node's log)")
-        return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason),
-                       reply_to=msg)
+        return error_reply(msg, exc)
+
+
+def error_reply(msg: Message, exc: Exception) -> Message:
+    """The error reply of :func:`error_mod` to ``msg`` for ``exc`` (logged here)."""
+    exc = _missing_extra(exc, msg)
+    name = type(exc).__name__
+    LOG.error("action %s failed on this node", msg.metadata.message_type,
+              exc_info=(type(exc), exc, exc.__traceback__))
+    detail = getattr(exc, "detail", None)
+    if isinstance(detail, str) and detail != str(exc):
+        # the reply names no path and no content; the operator needs both
+        LOG.warning("%s on this node: %s", name, detail)
+    reason = (f"{name}: {exc}" if name in PUBLIC_ERRORS else
+              f"{name} in {msg.metadata.message_type} (details in this node's log)")
+    return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason),
+                   reply_to=msg)
 
 
 def _missing_extra(exc: Exception, msg: Message) -> Exception:
@@ -205,6 +211,69 @@ def _missing_extra(exc: Exception, msg: Message) -> Exception:
 
 
 app = ClientApp(mods=[error_mod, engine_mod])
+
+#: A node's answer in a batch: its reply, or the exception its part raised.
+Answer = Message | Exception
+#: message type -> handler of several nodes' messages of one phase at once (:func:`batched`)
+BATCHED: dict[str, Callable[[list[tuple[Message, Context]]], list[Answer]]] = {}
+
+
+def batched(message_type: str) -> Callable[[Callable[..., list[Answer]]],
+                                          Callable[..., list[Answer]]]:
+    """Register the batched form of the handler of ``message_type`` (e.g.
+    ``"train.emdcfl_local"``): it takes ``(message, context)`` of several nodes, each as the
+    handler would see it (after the mods), and returns every node's answer, in order. It
+    computes what the handler computes for each node; only the layout on the device differs
+    (one computation for all). Only an in-process engine serving many nodes calls it
+    (:func:`serve_batch`)."""
+    def register(fn: Callable[..., list[Answer]]) -> Callable[..., list[Answer]]:
+        BATCHED[message_type] = fn
+        return fn
+
+    return register
+
+
+def serve_batch(client_app: ClientApp, items: list[tuple[Message, Context]]
+                ) -> list[Message] | None:
+    """One phase's messages (one type) to several nodes of this process, answered together.
+
+    Each message goes through this app's mods (its run config, its node config, an error
+    reply of its own when that fails), then the batched handler answers all of them at once;
+    a node whose part raises gets the error reply :func:`error_mod` would give. Returns None
+    (answer each message on its own instead) when ``client_app`` is not fedclust's app, the
+    message type has no batched handler, or the batched handler itself fails.
+    """
+    if client_app is not app or len(items) < 2:
+        return None
+    kind = items[0][0].metadata.message_type
+    handler = BATCHED.get(kind)
+    if handler is None or any(m.metadata.message_type != kind for m, _ in items):
+        return None
+    replies: list[Message | None] = [None] * len(items)
+    ready: list[tuple[int, Message, Context]] = []
+    for k, (msg, context) in enumerate(items):
+        seen: list[Context] = []
+
+        def capture(m: Message, c: Context, seen: list[Context] = seen) -> Message:
+            seen.append(Context(run_id=c.run_id, node_id=c.node_id, node_config=c.node_config,
+                                state=c.state, run_config=c.run_config))
+            return m
+
+        reply = error_mod(msg, context, lambda m, c, capture=capture: engine_mod(m, c, capture))
+        if seen:
+            ready.append((k, msg, seen[0]))
+        else:
+            replies[k] = reply
+    if ready:
+        try:
+            answers = handler([(m, c) for _, m, c in ready])
+        except Exception:
+            LOG.warning("batched %s failed; answering each message on its own", kind,
+                        exc_info=True)
+            return None
+        for (k, msg, _), answer in zip(ready, answers, strict=True):
+            replies[k] = answer if isinstance(answer, Message) else error_reply(msg, answer)
+    return None if any(r is None for r in replies) else list(replies)  # type: ignore[arg-type]
 
 
 @app.query("fedclust_node")

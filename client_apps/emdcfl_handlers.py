@@ -41,9 +41,10 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
 from flwr.app import ConfigRecord, Context, Message
 
-from client_apps.base import app
+from client_apps.base import app, batched
 from client_apps.common import run_config
 from client_apps.data import node_data_path
 from client_apps.evaluation import allows_evaluation
@@ -250,3 +251,160 @@ def group_handler(msg: Message, context: Context) -> Message:
         raise RuntimeError("ground truth is only available with evaluate=true on a node that "
                            "allows evaluation (node config allow-evaluation=true)")
     return Message(wire.group_reply(client_data(context, cfg).cluster), reply_to=msg)
+
+
+# ---------------------------------------------------------------------------------------------
+# batched forms: an in-process engine answers one phase of many nodes at once
+# (client_apps.base.serve_batch); each computes what the handler above computes per node.
+
+def _batching() -> Any:
+    from fedclust.emdcfl import batched
+
+    return batched.DEFAULT
+
+
+def _decoded(record: Any, cache: dict[int, Any]) -> Any:
+    """A model record's weights, decoded once per batch (the in-process engine shares one
+    record among every message that carries the same model)."""
+    key = id(record)
+    if key not in cache:
+        cache[key] = wire.read_model(record)
+    return cache[key]
+
+
+def _grouped(items: list[tuple[Message, Context]], read: Any) -> tuple[dict, list]:
+    """``read(msg, context)`` of each node, grouped by its settings and device (and what
+    ``read`` returns first); a node whose part raises gets its exception as its answer."""
+    answers: list[Any] = [None] * len(items)
+    groups: dict[tuple, list] = {}
+    for k, (msg, context) in enumerate(items):
+        try:
+            s, cfg = _settings(context)
+            key, job = read(msg, context, s, cfg)
+            groups.setdefault((s, _device(s, context, cfg), key), []).append((k, cfg, job))
+        except Exception as exc:
+            answers[k] = exc
+    return groups, answers
+
+
+@batched("train.emdcfl_local")
+def train_local_batch(items: list[tuple[Message, Context]]) -> list[Any]:
+    from fedclust.emdcfl.batched import train_many
+
+    def read(msg: Message, context: Context, s: Any, cfg: dict[str, Any]) -> tuple:
+        start, rnd, keygen = wire.read_train(msg.content)
+        return rnd, (client_data(context, cfg), start, _train_seed(cfg, context, rnd), keygen)
+
+    groups, answers = _grouped(items, read)
+    for (s, device, rnd), jobs in groups.items():
+        new, losses = train_many(s, [j[0] for _, _, j in jobs], [j[1] for _, _, j in jobs],
+                                 rnd, [j[2] for _, _, j in jobs], device, _batching())
+        for (k, cfg, (data, _, _, keygen)), weights, loss in zip(jobs, new, losses,
+                                                                 strict=True):
+            msg, context = items[k]
+            try:
+                pub = _ensure_keys(context, cfg) if keygen else None
+                answers[k] = Message(wire.train_reply(weights, len(data.y_train), loss, pub),
+                                     reply_to=msg)
+            except Exception as exc:
+                answers[k] = exc
+    return answers
+
+
+@batched("train.emdcfl_ifca")
+def ifca_batch(items: list[tuple[Message, Context]]) -> list[Any]:
+    from fedclust.emdcfl.batched import ifca_many
+
+    cache: dict[int, Any] = {}
+
+    def read(msg: Message, context: Context, s: Any, cfg: dict[str, Any]) -> tuple:
+        conf = msg.content.config_records["config"]
+        records = tuple(msg.content.array_records[f"c:{j}"] for j in range(int(conf["k"])))
+        return (int(conf["round"]), tuple(id(r) for r in records)), (
+            client_data(context, cfg), _train_seed(cfg, context, int(conf["round"])),
+            records)
+
+    groups, answers = _grouped(items, read)
+    for (s, device, (rnd, _)), jobs in groups.items():
+        models = [_decoded(r, cache) for r in jobs[0][2][2]]
+        got = ifca_many(s, [j[0] for _, _, j in jobs], models, rnd, [j[1] for _, _, j in jobs],
+                        device, _batching())
+        for (k, _, _), (weights, loss, n, choice, losses) in zip(jobs, got,
+                                                                           strict=True):
+            answers[k] = Message(wire.ifca_reply(weights, n, loss, choice, losses),
+                                 reply_to=items[k][0])
+    return answers
+
+
+@batched("query.emdcfl_embed")
+def embed_batch(items: list[tuple[Message, Context]]) -> list[Any]:
+    from fedclust.emdcfl.batched import EmbedJob, SecretCache, embed_jobs
+    from fedclust.emdcfl.privacy import key_id
+
+    cache: dict[int, Any] = {}
+    secrets = SecretCache()
+
+    def read(msg: Message, context: Context, s: Any, cfg: dict[str, Any]) -> tuple:
+        me = int(context.node_id)
+        rd = msg.content
+        ids = rd.array_records["peers"]["ids"].numpy().astype(np.uint64)
+        pubs = rd.array_records["peers"]["pub"].numpy().astype(np.uint8)
+        pub_of = {int(i): p.tobytes() for i, p in zip(ids.tolist(), pubs, strict=True)}
+        peers = [int(i) for i in ids.tolist() if int(i) != me]
+        if KEY_STATE not in context.state.config_records:
+            raise RuntimeError("no X25519 key pair: train.emdcfl_local with keygen must come "
+                               "first")
+        keys = context.state.config_records[KEY_STATE]
+        private, public = bytes(keys["private"]), bytes(keys["public"])
+        simulated = _is_simulated(context, cfg)
+        me_in_pair = key_id(public) if simulated else me
+
+        def pair(peer: int) -> Any:
+            return secrets.pair(private, public, me_in_pair, pub_of[peer],
+                                key_id(pub_of[peer]) if simulated else peer, s)
+
+        job = EmbedJob(client_data(context, cfg), _decoded(rd.array_records[f"m:{me}"], cache),
+                       peers, [_decoded(rd.array_records[f"m:{p}"], cache) for p in peers],
+                       pair)
+        return None, job
+
+    groups, answers = _grouped(items, read)
+    for (s, device, _), jobs in groups.items():
+        got = embed_jobs(s, [j for _, _, j in jobs], device, _batching())
+        for (k, _, _), (src, tgt, reference) in zip(jobs, got, strict=True):
+            answers[k] = Message(wire.embed_reply(src, tgt, reference), reply_to=items[k][0])
+    return answers
+
+
+@batched("evaluate.emdcfl_eval")
+def eval_batch(items: list[tuple[Message, Context]]) -> list[Any]:
+    from fedclust.emdcfl.batched import test_many
+
+    def read(msg: Message, context: Context, s: Any, cfg: dict[str, Any]) -> tuple:
+        return None, (client_data(context, cfg), wire.read_final(msg.content),
+                      allows_evaluation(context, cfg))
+
+    groups, answers = _grouped(items, read)
+    for (s, device, _), jobs in groups.items():
+        data = [j[0] for _, _, j in jobs]
+        tests = test_many(s, data, [j[1] for _, _, j in jobs], device, _batching())
+        bd = [n for n, (_, _, j) in enumerate(jobs)
+              if j[2] and j[0].x_test_bd is not None and j[0].set_id == 0]
+        bd_acc = dict(zip(bd, (r[1] for r in test_many(
+            s, [data[n] for n in bd], [jobs[n][2][1] for n in bd], device, _batching(),
+            "x_test_bd")), strict=True))
+        for n, ((k, cfg, (d, weights, allowed)), result) in enumerate(zip(jobs, tests,
+                                                                          strict=True)):
+            msg, context = items[k]
+            try:
+                keep_owner_results(msg, context, cfg, s, d, weights, result)
+                evaluation = None
+                if allowed:
+                    evaluation = {"test-loss": result[0], "test-acc": result[1],
+                                  "cluster": d.cluster, "set": d.set_id}
+                    if n in bd_acc:
+                        evaluation["backdoor-acc"] = bd_acc[n]
+                answers[k] = Message(wire.final_reply(len(d.y_test), evaluation), reply_to=msg)
+            except Exception as exc:
+                answers[k] = exc
+    return answers

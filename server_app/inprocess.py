@@ -6,6 +6,13 @@ Used by the tests (fast server-loop tests), by ``fedclust.simulate`` and by ``fe
 Messages are passed to ``client_app(message, context)`` exactly as Flower's engines do, minus
 serialisation. ``drop`` makes chosen nodes fail (no reply) from a given phase on, to test that
 server loops survive dropouts; ``inspect`` sees every reply (privacy tests).
+
+Every node lives in this process, so one phase's messages (one ``send_and_receive``) can be
+answered together: where fedclust's ClientApp has a batched form of the phase's handler
+(:func:`client_apps.base.batched`: EMD-CFL's training, IFCA, embedding and evaluation,
+FedCRef's local and community training), all nodes' answers are computed as one batched
+computation on the method's device, and each node still gets its own reply, checked by the
+server like any other (``batch=False``: one message after another).
 """
 
 from __future__ import annotations
@@ -38,16 +45,19 @@ class InProcessGrid(Grid):
     keep_sent : bool, default False
         Keep every instruction in ``sent`` (for tests that inspect them). Off by default: a
         long run relays gigabytes of models, and keeping them all grows memory without bound.
+    batch : bool, default True
+        Answer a phase's messages together where the ClientApp has a batched handler
+        (module docstring).
     """
 
     def __init__(self, client_app: ClientApp, num_nodes: int, run_config: Mapping[str, Any],
                  node_configs: list[Mapping[str, Any]] | None = None,
                  drop: Callable[[int, Message], bool] | None = None,
                  inspect: Callable[[Message, Message], None] | None = None,
-                 keep_sent: bool = False) -> None:
+                 keep_sent: bool = False, batch: bool = True) -> None:
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
         self.client_app, self.drop, self.inspect = client_app, drop, inspect
-        self.keep_sent = keep_sent
+        self.keep_sent, self.batch = keep_sent, batch
         self._replies: dict[str, Message] = {}
         self._ids = itertools.count(1)     # message ids, unique within this grid
         self.sent: list[Message] = []
@@ -72,7 +82,7 @@ class InProcessGrid(Grid):
         return list(self.contexts)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
-        ids = []
+        ids, todo = [], []
         for msg in messages:
             mid = f"{next(self._ids):032x}"
             msg.metadata.__dict__["_message_id"] = mid
@@ -82,10 +92,21 @@ class InProcessGrid(Grid):
             nid = msg.metadata.dst_node_id
             if self.drop is not None and self.drop(nid, msg):
                 continue
-            try:
-                rep = self.client_app(msg, self.contexts[nid])
-            except Exception as exc:  # the engines turn handler exceptions into error replies
-                rep = Message(Error(code=0, reason=repr(exc)), reply_to=msg)
+            todo.append((mid, msg))
+        replies = None
+        if self.batch and len(todo) > 1:
+            from client_apps.base import serve_batch
+
+            replies = serve_batch(self.client_app,
+                                  [(m, self.contexts[m.metadata.dst_node_id]) for _, m in todo])
+        for k, (mid, msg) in enumerate(todo):
+            if replies is not None:
+                rep = replies[k]
+            else:
+                try:
+                    rep = self.client_app(msg, self.contexts[msg.metadata.dst_node_id])
+                except Exception as exc:  # the engines turn handler exceptions into error replies
+                    rep = Message(Error(code=0, reason=repr(exc)), reply_to=msg)
             if self.inspect is not None:
                 self.inspect(msg, rep)
             self._replies[mid] = rep

@@ -96,6 +96,10 @@ class Batching:
         return self.stack if self.stack is not None else str(device).startswith("cuda")
 
 
+#: what the in-process engine's batched handlers use
+DEFAULT = Batching()
+
+
 # ------------------------------------------------------------------------------ arithmetic
 
 @contextlib.contextmanager
@@ -418,6 +422,59 @@ def evaluate_stacked(models: Sequence[Weights], sets: Sequence[Sequence[tuple[An
     return out
 
 
+def ifca_many(s: EMDCFLSettings, data: Sequence[ClientSplit], models: Sequence[Weights],
+              rnd: int, seeds: Sequence[int], device: str, batching: Batching,
+              tensor: Callable[[ClientSplit, str], Any] | None = None
+              ) -> list[tuple[Weights, float, int, int, list[float]]]:
+    """IFCA's client step (:func:`fedclust.emdcfl.client.ifca`) for several clients: the
+    validation loss of every cluster model on every client (stacked: one pass per model over
+    all validation splits), each client's choice, then :func:`train_many`."""
+    if not batching.stacked(device):
+        return [client.ifca(s, d, models, rnd, seed, device)
+                for d, seed in zip(data, seeds, strict=True)]
+    conv = tensor or (lambda d, part: _tensor(getattr(d, part), device))
+    sets = [[(conv(d, "x_val"), _labels(d.y_val, device)) for d in data] for _ in models]
+    val = np.array([[v[0] for v in row] for row in evaluate_stacked(
+        models, sets, device, batching.chunk, batching.precision)])     # (k, clients)
+    choice = [int(np.argmin(val[:, j])) for j in range(len(data))]
+    new, loss = train_many(s, data, [models[c] for c in choice], rnd, seeds, device, batching)
+    return [(w, ls, len(d.y_train), c, val[:, j].tolist())
+            for j, (d, w, ls, c) in enumerate(zip(data, new, loss, choice, strict=True))]
+
+
+def test_many(s: EMDCFLSettings, data: Sequence[ClientSplit], weights: Sequence[Weights],
+              device: str, batching: Batching, part: str = "x_test",
+              tensor: Callable[[ClientSplit, str], Any] | None = None
+              ) -> list[tuple[float, float]]:
+    """``(loss, accuracy)`` of ``weights[i]`` on client ``i``'s split ``part`` (``x_test``,
+    or ``x_test_bd``, with ``y_test``): :func:`fedclust.emdcfl.client.test`, stacked as one
+    pass per distinct model (the same object) over its clients' sets."""
+    from fedclust.emdcfl.model import evaluate
+
+    if not batching.stacked(device):
+        return [evaluate(s.spec, w, getattr(d, part), d.y_test, device=device)
+                for d, w in zip(data, weights, strict=True)]
+    conv = tensor or (lambda d, p: _tensor(getattr(d, p), device))
+    groups: dict[int, list[int]] = {}
+    for i, w in enumerate(weights):
+        groups.setdefault(id(w), []).append(i)
+    order = list(groups.values())
+    rows = evaluate_stacked([weights[g[0]] for g in order],
+                            [[(conv(data[i], part), _labels(data[i].y_test, device)) for i in g]
+                             for g in order], device, batching.chunk, batching.precision)
+    out: list[tuple[float, float]] = [(float("nan"), float("nan"))] * len(data)
+    for g, row in zip(order, rows, strict=True):
+        for i, r in zip(g, row, strict=True):
+            out[i] = r
+    return out
+
+
+def _labels(y: NDArray, device: str) -> Any:
+    import torch
+
+    return torch.from_numpy(np.asarray(y, dtype=np.int64)).to(device)
+
+
 @dataclass
 class EmbedJob:
     """One client's part of the embedding exchange (:func:`fedclust.emdcfl.client.embed_pairs`
@@ -541,6 +598,7 @@ class BatchedClients(InMemoryClients):
                         "evaluate": 0.0}
         self._secrets = SecretCache()
         self._tensors: dict[tuple[int, str], Any] = {}
+        self._index = {id(d): i for i, d in enumerate(self.data)}
 
     @classmethod
     def simulated(cls, s: EMDCFLSettings, n: int, batching: Batching | None = None
@@ -559,15 +617,6 @@ class BatchedClients(InMemoryClients):
             self._tensors[key] = _tensor(getattr(self.data[i], part), self.device)
         return self._tensors[key]
 
-    def _labels(self, i: int, part: str) -> Any:
-        import torch
-
-        key = (i, f"y:{part}")
-        if key not in self._tensors:
-            self._tensors[key] = torch.from_numpy(
-                np.asarray(getattr(self.data[i], part), dtype=np.int64)).to(self.device)
-        return self._tensors[key]
-
     def train(self, rnd: int, models: Mapping[int, Weights], keygen: bool) -> Trained:
         t0, out = time.perf_counter(), Trained()
         ids = sorted(models)
@@ -583,24 +632,17 @@ class BatchedClients(InMemoryClients):
         return out
 
     def ifca(self, rnd: int, models: Sequence[Weights]) -> Trained:
-        if not self.stacked:
-            return super().ifca(rnd, models)
         t0, out = time.perf_counter(), Trained()
-        sets = [[(self._on_device(i, "x_val"), self._labels(i, "y_val")) for i in self.ids]
-                for _ in models]
-        val = evaluate_stacked(models, sets, self.device, self.batching.chunk,
-                               self.batching.precision)
-        losses = np.array([[v[0] for v in row] for row in val])          # (k, clients)
-        choice = {i: int(np.argmin(losses[:, j])) for j, i in enumerate(self.ids)}
-        new, loss = train_many(self.s, self.data, [models[choice[i]] for i in self.ids], rnd,
-                               [self._seed(i, rnd) for i in self.ids], self.device,
-                               self.batching)
-        for i, w, ls in zip(self.ids, new, loss, strict=True):
-            out.models[i], out.losses[i] = w, ls
-            out.counts[i], out.choices[i] = len(self.data[i].y_train), choice[i]
+        got = ifca_many(self.s, self.data, models, rnd, [self._seed(i, rnd) for i in self.ids],
+                        self.device, self.batching, self._tensor)
+        for i, (w, loss, n, choice, _) in zip(self.ids, got, strict=True):
+            out.models[i], out.losses[i], out.counts[i], out.choices[i] = w, loss, n, choice
         out.seconds = time.perf_counter() - t0
         self.seconds["train"] += out.seconds
         return out
+
+    def _tensor(self, d: ClientSplit, part: str) -> Any:
+        return self._on_device(self._index[id(d)], part)
 
     def embed(self, rnd: int, members: list[int], models: Mapping[int, Weights],
               pubs: Mapping[int, bytes]) -> Clouds:
@@ -613,44 +655,25 @@ class BatchedClients(InMemoryClients):
                 self.data[c], models[c], peers, [models[o] for o in peers],
                 lambda o, private=private, public=public: self._secrets.pair(
                     private, public, key_id(public), pubs[o], key_id(pubs[o]), self.s)))
-        index = {id(d): i for i, d in enumerate(self.data)}
-        got = embed_jobs(self.s, jobs, self.device, self.batching,
-                         lambda d, part: self._on_device(index[id(d)], part), self.seconds)
+        got = embed_jobs(self.s, jobs, self.device, self.batching, self._tensor, self.seconds)
         for c, (src, tgt, reference) in zip(members, got, strict=True):
             out.replies[c] = {"src": src, "tgt": tgt, "reference": reference}
         out.seconds = time.perf_counter() - t0
         return out
 
     def final(self, models: Mapping[int, Weights], found: Mapping[int, int]) -> Final:
-        if not self.stacked:
-            t0 = time.perf_counter()
-            out = super().final(models, found)
-            self.seconds["evaluate"] += time.perf_counter() - t0
-            return out
         t0, out = time.perf_counter(), Final(answered=len(models))
         ids = sorted(models)
-        groups: dict[int, list[int]] = {}        # the clients of each distinct model
-        for i in ids:
-            groups.setdefault(id(models[i]), []).append(i)
-        order = list(groups.values())
-        tests = evaluate_stacked(
-            [models[g[0]] for g in order],
-            [[(self._on_device(i, "x_test"), self._labels(i, "y_test")) for i in g]
-             for g in order], self.device, self.batching.chunk, self.batching.precision)
-        result = {i: r for g, rs in zip(order, tests, strict=True)
-                  for i, r in zip(g, rs, strict=True)}
-        bd = [[i for i in g if self._backdoor(i)] for g in order]
-        bd_acc: dict[int, float] = {}
-        if self.s.evaluate and any(bd):
-            rows = evaluate_stacked(
-                [models[g[0]] for g, b in zip(order, bd, strict=True) if b],
-                [[(self._on_device(i, "x_test_bd"), self._labels(i, "y_test")) for i in b]
-                 for b in bd if b], self.device, self.batching.chunk, self.batching.precision)
-            bd_acc = {i: r[1] for b, rs in zip([b for b in bd if b], rows, strict=True)
-                      for i, r in zip(b, rs, strict=True)}
+        data = [self.data[i] for i in ids]
+        tests = test_many(self.s, data, [models[i] for i in ids], self.device, self.batching,
+                          tensor=self._tensor)
         if self.s.evaluate:
-            for i in ids:
-                out.evaluations[i] = Evaluation(result[i][1], int(self.data[i].cluster),
+            bd = [i for i in ids if self._backdoor(i)]
+            bd_acc = dict(zip(bd, (r[1] for r in test_many(
+                self.s, [self.data[i] for i in bd], [models[i] for i in bd], self.device,
+                self.batching, "x_test_bd", self._tensor)), strict=True))
+            for i, (_, acc) in zip(ids, tests, strict=True):
+                out.evaluations[i] = Evaluation(acc, int(self.data[i].cluster),
                                                 len(self.data[i].y_test), bd_acc.get(i))
         out.seconds = time.perf_counter() - t0
         self.seconds["evaluate"] += out.seconds
