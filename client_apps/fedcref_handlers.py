@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord
 
-from client_apps.base import app
+from client_apps.base import app, batched
 from client_apps.common import LazyModule, reply, run_config, run_settings
 from client_apps.evaluation import ALLOW_KEY, allows_evaluation, is_simulated
 from fedclust.config import ConfigError
@@ -209,6 +209,7 @@ def _setup(msg: Message, context: Context, with_cache: bool = False
     message."""
     cfg = run_config(context)
     s = run_settings(context, ClientSettings.from_config)
+    s.torch_device()    # fedcref.device=cuda without a GPU: an error reply naming the key
     torch.set_num_threads(s.torch_threads)
     x, y, k = _data(context, cfg, s)
     key = node_key(context, x)
@@ -324,11 +325,30 @@ def _keep_owner_results(msg: Message, context: Context, s: ClientSettings,
 @app.train("fedcref_local")
 def fedcref_local(msg: Message, context: Context) -> Message:
     """Algorithm 1 lines 6–8: (re)train one autoencoder per local cluster if active."""
+    begun = _local_begin(msg, context)
+    plan, device = begun[-2], begun[-1]
+    return _local_end(msg, context, begun,
+                      [c.run(device) for c in plan.calls] if plan is not None else [])
+
+
+def _local_begin(msg: Message, context: Context) -> tuple:
+    """The local phase up to its training: the node's state and, when it retrains, the plan
+    (:func:`fedclust.fedcref.client.plan_local`)."""
     _, s, x, y, st, conf, key = _setup(msg, context)
+    plan = None
+    if bool(conf.get("active", True)) or not ae.n_models(st.models):
+        plan = core.plan_local(st, x, s, _client_seed(conf, key))
+    return s, x, y, st, conf, key, plan, s.torch_device()
+
+
+def _local_end(msg: Message, context: Context, begun: tuple, trained: list) -> Message:
+    """The local phase after its training (``trained``: the plan's models): state, owner
+    results, reply."""
+    s, x, y, st, conf, key, plan, device = begun
     models, clusters = None, None
     seconds = 0.0
-    if bool(conf.get("active", True)) or not ae.n_models(st.models):
-        info = core.train_local(st, x, s, _client_seed(conf, key))
+    if plan is not None:
+        info = core.finish_local(st, x, plan, trained, device)
         seconds = info["seconds"]
         models = ae.to_numpy(st.models) if ae.n_models(st.models) else None
         clusters = st.model_clusters
@@ -356,7 +376,7 @@ def fedcref_assoc(msg: Message, context: Context) -> Message:
     new = ({k: ae.from_numpy(v) for k, v
             in fw.keyed_models(msg.content.array_records["models"]).items()}
            if "models" in msg.content.array_records else {})
-    acc, missing, seconds = core.associate(st, x, keys, new, s)
+    acc, missing, seconds = core.associate(st, x, keys, new, s, s.torch_device())
     _save_state(context, st, with_cache=True)
     if missing:
         return Message(fw.missing_reply([keys.index(k) for k in missing], seconds), reply_to=msg)
@@ -366,12 +386,25 @@ def fedcref_assoc(msg: Message, context: Context) -> Message:
 @app.train("fedcref_comm")
 def fedcref_comm(msg: Message, context: Context) -> Message:
     """Algorithm 1 line 22: one FedAvg round of every community this client is in, together."""
+    begun = _comm_begin(msg, context)
+    return _comm_end(msg, context, begun, begun[-2].run(begun[-1]))
+
+
+def _comm_begin(msg: Message, context: Context) -> tuple:
+    """A community round up to its training: the training call
+    (:func:`fedclust.fedcref.client.community_call`) of the node's communities."""
     _, s, x, _, st, conf, key = _setup(msg, context)
     t0 = time.perf_counter()
-    params = _received(msg)
     ids, members = fw.read_members(conf)
-    out, counts = core.train_communities(x, st.labels, params, members, s,
-                                         _client_seed(conf, key))
+    call, counts = core.community_call(x, st.labels, _received(msg), members, s,
+                                       _client_seed(conf, key))
+    return s, x, st, ids, members, counts, t0, call, s.torch_device()
+
+
+def _comm_end(msg: Message, context: Context, begun: tuple, out: Any) -> Message:
+    """A community round after its training (``out``: the trained models): owner results,
+    reply."""
+    s, x, st, ids, members, counts, t0, _, _ = begun
     own = _owner_state(context, st.k)
     before = own["community"].copy()
     for g, qs in zip(ids, members, strict=True):
@@ -409,7 +442,7 @@ def fedcref_refine(msg: Message, context: Context) -> Message:
                      dtype=np.int64)
     members = [[int(q) for q in qs] for qs in parts] or [[] for _ in ids]
     mode = s.refine
-    outcome = core.refine(st, x, comm, mode, members, s.margin, s.beta, ids)
+    outcome = core.refine(st, x, comm, mode, members, s.margin, s.beta, ids, s.torch_device())
     _save_state(context, st)
     own = _owner_state(context, st.k)
     refined = bool(len(st.model_clusters)) or bool(ae.n_models(comm))   # else: no candidates
@@ -425,3 +458,48 @@ def fedcref_refine(msg: Message, context: Context) -> Message:
     return Message(fw.refine_reply(outcome.agreement, outcome.community_share,
                                    outcome.confirmed if mode == "covered" else None,
                                    _eval(st, y, s), time.perf_counter() - t0), reply_to=msg)
+
+
+# ---------------------------------------------------------------------------------------------
+# batched forms: an in-process engine answers one phase of many nodes at once
+# (client_apps.base.serve_batch): every node's training calls run as one stacked training
+# (fedclust.fedcref.autoencoder.train_calls), each node's state and reply as above.
+
+def _batch(items: list[tuple[Message, Context]], begin: Any, end: Any,
+           calls: Any) -> list[Any]:
+    from fedclust.fedcref import batched as fb
+
+    answers: list[Any] = [None] * len(items)
+    begun: dict[int, tuple] = {}
+    for k, (msg, context) in enumerate(items):
+        try:
+            begun[k] = begin(msg, context)
+        except Exception as exc:
+            answers[k] = exc
+    by_device: dict[str, list[int]] = {}
+    for k, b in begun.items():
+        by_device.setdefault(b[-1], []).append(k)
+    for device, ks in by_device.items():
+        todo = [calls(begun[k]) for k in ks]
+        trained = ae.train_calls([c for cs in todo for c in cs], device,
+                                 merge=fb.merged(device))
+        for k, cs in zip(ks, todo, strict=True):
+            mine, trained = trained[:len(cs)], trained[len(cs):]
+            msg, context = items[k]
+            try:
+                answers[k] = end(msg, context, begun[k], mine)
+            except Exception as exc:
+                answers[k] = exc
+    return answers
+
+
+@batched("train.fedcref_local")
+def fedcref_local_batch(items: list[tuple[Message, Context]]) -> list[Any]:
+    return _batch(items, _local_begin, _local_end,
+                  lambda b: b[-2].calls if b[-2] is not None else [])
+
+
+@batched("train.fedcref_comm")
+def fedcref_comm_batch(items: list[tuple[Message, Context]]) -> list[Any]:
+    return _batch(items, _comm_begin, lambda m, c, b, out: _comm_end(m, c, b, out[0]),
+                  lambda b: [b[-2]])

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fedclust.emdcfl.data import DATASETS, PALETTES, ROTATIONS
-from fedclust.schema import ConfigError, Key, require
+from fedclust.schema import Key, require
 
 if TYPE_CHECKING:
     from fedclust.emdcfl.excess import Solver
@@ -246,36 +246,23 @@ def check(cfg: dict[str, Any]) -> None:
 
 def check_cuda() -> None:
     """Raise a :class:`ConfigError` when ``emdcfl.device="cuda"`` but torch sees no GPU."""
-    import torch
+    from fedclust.device import check_cuda as check
 
-    if not torch.cuda.is_available():
-        raise ConfigError(
-            "run config 'emdcfl.device' = 'cuda' is invalid (torch.cuda.is_available() is "
-            f"False: torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'}). "
-            "Allowed: 'cpu', or 'cuda' on a machine with a CUDA GPU and a CUDA build of torch, "
-            "or 'auto' (cuda when available, else cpu). Fix: pass emdcfl.device=\"auto\" or "
-            "emdcfl.device=\"cpu\", or install a CUDA build of torch.")
+    check("emdcfl.device")
 
 
 def resolve_device(name: str) -> str:
-    """Torch device of ``emdcfl.device``: ``auto`` → ``cuda`` if available, else ``cpu``.
+    """Torch device of ``emdcfl.device``: ``auto`` → ``cuda`` if available, else ``cpu``
+    (:func:`fedclust.device.resolve_device`).
 
     Raises
     ------
     ConfigError
         ``cuda`` requested but not available.
     """
-    if name == "cpu":
-        return "cpu"
-    if name == "cuda":
-        check_cuda()
-        return "cuda"
-    if name != "auto":
-        raise ConfigError(f"run config 'emdcfl.device' = {name!r} is invalid. Allowed: "
-                          f"{', '.join(map(repr, DEVICES))}. Fix: pass emdcfl.device=\"cpu\".")
-    import torch
+    from fedclust.device import resolve_device as resolve
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return resolve(name, "emdcfl.device")
 
 
 def num_groups(cfg: dict[str, Any]) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -114,21 +115,31 @@ class TrainInfo:
     steps: int                       # stacked optimizer steps taken
 
 
-def train(params: Params, datasets: Sequence[NDArray[np.float32]], epochs: int,
-          batch_size: int = 128, lr: float = 1e-3, patience: int = 0, seed: int = 0,
-          ) -> tuple[Params, TrainInfo]:
+def train(params: Params, datasets: Sequence[NDArray[np.float32]],
+          epochs: int | Sequence[int], batch_size: int = 128, lr: float = 1e-3,
+          patience: int = 0, seed: int = 0, streams: Sequence[tuple[int, int]] | None = None,
+          device: str = "cpu") -> tuple[Params, TrainInfo]:
     """Train M stacked autoencoders, model m on ``datasets[m]`` only (MSE, Adam).
 
     Each epoch model m visits a fresh permutation of its own samples in ⌈n_m / B⌉ mini-batches
-    (model m's shuffling stream depends only on ``seed`` and m).
+    (model m's shuffling stream depends only on ``seed`` and m, or on ``streams[m]``).
     Early stopping (``patience > 0``, Keras ``EarlyStopping(monitor="loss")``): a model whose
     epoch loss has not improved for ``patience`` epochs stops and keeps its current weights.
 
     Parameters
     ----------
-    params : stacked parameters (modified copies are returned; inputs untouched)
+    params : stacked parameters (modified copies are returned, on the CPU; inputs untouched)
     datasets : M arrays ``(n_m, d)`` in [0, 1]
-    epochs, batch_size, lr, patience, seed
+    epochs : int, or one per model
+    batch_size, lr, patience, seed
+    streams : M pairs ``(seed, index)``, optional
+        Model m's shuffling stream is ``default_rng([seed, index])`` (default ``(seed, m)``):
+        models of several clients trained together keep the streams each client's own call
+        would give them, so the result is each client's own training.
+    device : str
+        Torch device of the training. Every step runs on it without waiting for the host:
+        the batches and step masks of an epoch go over once, the losses come back once per
+        epoch (with early stopping) or once at the end.
 
     Returns
     -------
@@ -136,24 +147,31 @@ def train(params: Params, datasets: Sequence[NDArray[np.float32]], epochs: int,
     """
     m_count = n_models(params)
     assert len(datasets) == m_count, "one dataset per stacked model"
-    params = [p.detach().clone().requires_grad_(True) for p in params]
+    dev = torch.device(device)
+    params = [p.detach().to(dev).clone().requires_grad_(True) for p in params]
     m1 = [torch.zeros_like(p) for p in params]
     m2 = [torch.zeros_like(p) for p in params]
-    t_step = torch.zeros(m_count)
+    t_step = torch.zeros(m_count, device=dev)
     beta1, beta2, eps = 0.9, 0.999, 1e-7   # Keras Adam defaults
     sizes = np.array([len(d) for d in datasets], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    xcat = torch.as_tensor(np.concatenate([np.asarray(d, dtype=np.float32) for d in datasets]))
-    rngs = [np.random.default_rng([int(seed) & 0xFFFF_FFFF, m]) for m in range(m_count)]
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    xcat = torch.as_tensor(np.concatenate([np.asarray(d, dtype=np.float32)
+                                           for d in datasets])).to(dev)
+    if streams is None:
+        streams = [(int(seed), m) for m in range(m_count)]
+    rngs = [np.random.default_rng([int(s) & 0xFFFF_FFFF, int(j)]) for s, j in streams]
+    limit = np.broadcast_to(np.asarray(epochs, dtype=np.int64), (m_count,))
     bsz = int(batch_size)
     steps_m = np.maximum(1, -(-sizes // bsz))
     best = np.full(m_count, np.inf)
     wait = np.zeros(m_count, dtype=np.int64)
-    running = np.ones(m_count, dtype=bool) & (sizes > 0)
+    running = (sizes > 0) & (limit > 0)
     ran = np.zeros(m_count, dtype=np.int64)
     last = np.full(m_count, np.nan)
+    pending: list[tuple[Any, NDArray[np.bool_]]] = []   # epoch losses not read back yet
     n_steps = 0
-    for _epoch in range(int(epochs)):
+    for epoch in range(int(limit.max(initial=0))):
+        running &= limit > epoch
         if not running.any():
             break
         s_max = int(steps_m[running].max())
@@ -163,24 +181,25 @@ def train(params: Params, datasets: Sequence[NDArray[np.float32]], epochs: int,
             perm = rngs[m].permutation(sizes[m]) + offsets[m]
             idx[m, :sizes[m]] = perm
             wts[m, :sizes[m]] = 1.0
-        idx_t, wts_t = torch.as_tensor(idx), torch.as_tensor(wts)
-        ep_loss = np.zeros(m_count)
-        for s in range(s_max):
+        # which models step: a model with no samples left in this step, or stopped, does not
+        steps_on = (wts.reshape(m_count, s_max, bsz).sum(2) > 0) & running[:, None]
+        n_on = int(steps_on.any(0).sum())       # steps with a model on (a prefix)
+        idx_t, wts_t = torch.as_tensor(idx).to(dev), torch.as_tensor(wts).to(dev)
+        on_t = torch.as_tensor(steps_on.T.astype(np.float32)).to(dev)   # (s_max, M)
+        ep_loss = torch.zeros(m_count, dtype=torch.float64, device=dev)
+        for s in range(n_on):
             sl = slice(s * bsz, (s + 1) * bsz)
             w = wts_t[:, sl]
             cnt = w.sum(1)
-            active = (cnt > 0) & torch.as_tensor(running)
-            if not bool(active.any()):
-                break
+            a = on_t[s]
             xb = xcat[idx_t[:, sl]]
             rec = forward(params, xb)
             per_sample = ((rec - xb) ** 2).mean(2)                     # (M, B)
             per_model = (per_sample * w).sum(1) / cnt.clamp(min=1)      # (M,)
-            loss = per_model[active].sum()
+            loss = (per_model * a).sum()
             grads = torch.autograd.grad(loss, params)
-            ep_loss += (per_sample.detach() * w).sum(1).double().numpy()
+            ep_loss += (per_sample.detach() * w).sum(1).double()
             with torch.no_grad():
-                a = active.float()
                 t_step += a
                 tt = t_step.clamp(min=1)
                 c1 = (1 - beta1 ** tt)
@@ -193,36 +212,97 @@ def train(params: Params, datasets: Sequence[NDArray[np.float32]], epochs: int,
                     step = lr * (mm / c1.view(shape)) / ((vv / c2.view(shape)).sqrt() + eps)
                     p.sub_(af * step)
             n_steps += 1
-        ep_loss = ep_loss / np.maximum(sizes, 1)
-        for m in np.flatnonzero(running):
-            ran[m] += 1
-            last[m] = ep_loss[m]
-            if ep_loss[m] < best[m]:
-                best[m], wait[m] = ep_loss[m], 0
+        ran[running] += 1
+        pending.append((ep_loss, running.copy()))
+        if patience > 0:
+            _epoch_ends(pending, sizes, last, best, wait, running, patience)
+    _epoch_ends(pending, sizes, last, best, wait, running, patience)
+    out = [p.detach().cpu() for p in params]
+    return out, TrainInfo(ran, last, n_steps)
+
+
+def _epoch_ends(pending: list[tuple[Any, NDArray[np.bool_]]], sizes: NDArray[np.int64],
+                last: NDArray[np.float64], best: NDArray[np.float64], wait: NDArray[np.int64],
+                running: NDArray[np.bool_], patience: int) -> None:
+    """Read back the epoch losses of ``pending`` (in order) and apply early stopping."""
+    for ep_loss, ran in pending:
+        loss = ep_loss.cpu().numpy() / np.maximum(sizes, 1)
+        for m in np.flatnonzero(ran):
+            last[m] = loss[m]
+            if loss[m] < best[m]:
+                best[m], wait[m] = loss[m], 0
             else:
                 wait[m] += 1
                 if patience > 0 and wait[m] >= patience:
                     running[m] = False
-    out = [p.detach() for p in params]
-    return out, TrainInfo(ran, last, n_steps)
+    pending.clear()
+
+
+@dataclass
+class TrainCall:
+    """One :func:`train` call, to run alone or together with others (:func:`train_calls`)."""
+
+    params: Params
+    datasets: list[NDArray[np.float32]]
+    epochs: int
+    batch_size: int
+    lr: float
+    patience: int
+    seed: int
+
+    def run(self, device: str = "cpu") -> Params:
+        return train(self.params, self.datasets, self.epochs, self.batch_size, self.lr,
+                     self.patience, self.seed, device=device)[0]
+
+
+def train_calls(calls: Sequence[TrainCall], device: str = "cpu", merge: bool = True
+                ) -> list[Params]:
+    """Every call's trained models. With ``merge``, the calls with the same batch size,
+    learning rate and patience run as one stacked :func:`train`, each model keeping the
+    shuffling stream and epochs its own call gives it, so that every model trains as in its
+    own call (one computation for several clients' models, e.g. on a GPU)."""
+    out: list[Params | None] = [None] * len(calls)
+    if not merge:
+        return [c.run(device) for c in calls]
+    groups: dict[tuple[int, float, int], list[int]] = {}
+    for i, c in enumerate(calls):
+        if n_models(c.params):
+            groups.setdefault((c.batch_size, c.lr, c.patience), []).append(i)
+        else:
+            out[i] = list(c.params)
+    for (batch, lr, patience), members in groups.items():
+        parts = [calls[i] for i in members]
+        streams = [(c.seed, j) for c in parts for j in range(n_models(c.params))]
+        epochs = [c.epochs for c in parts for _ in range(n_models(c.params))]
+        trained, _ = train(concat([c.params for c in parts]),
+                           [d for c in parts for d in c.datasets], epochs, batch, lr,
+                           patience, streams=streams, device=device)
+        start = 0
+        for i, c in zip(members, parts, strict=True):
+            stop = start + n_models(c.params)
+            out[i] = [p[start:stop].clone() for p in trained]
+            start = stop
+    return [o if o is not None else [] for o in out]
 
 
 @torch.no_grad()
-def errors(params: Params, x: NDArray[np.float32] | torch.Tensor, max_elems: int = 1 << 24
-           ) -> NDArray[np.float32]:
+def errors(params: Params, x: NDArray[np.float32] | torch.Tensor, max_elems: int = 1 << 24,
+           device: str = "cpu") -> NDArray[np.float32]:
     """Per-sample reconstruction error of every stacked model on every sample: ``(M, N)``.
 
     One forward pass per model over all samples (each layer one GEMM ``addmm`` over the whole
     batch, activations in place); samples are processed in chunks so that a reconstruction
     never exceeds ``max_elems`` floats. (Measured on this machine, this beats a single batched
     ``bmm`` over all models, which has to copy the permuted first-layer output: see
-    bench/bench_fedcref_ae.py.)
+    bench/bench_fedcref_ae.py.) On ``device`` (the errors come back to the host once).
     """
-    xt = torch.as_tensor(np.asarray(x, dtype=np.float32))
+    dev = torch.device(device)
+    xt = torch.as_tensor(np.asarray(x, dtype=np.float32)).to(dev)
     m_count, (n, d) = n_models(params), xt.shape
-    out = torch.empty((m_count, n), dtype=torch.float32)
+    out = torch.empty((m_count, n), dtype=torch.float32, device=dev)
     if m_count == 0 or n == 0:
-        return out.numpy()
+        return out.cpu().numpy()
+    params = [p.to(dev) for p in params]
     n_chunk = max(1, min(n, max_elems // max(d, 1)))
     n_layers = len(params) // 2
     for m in range(m_count):
@@ -237,4 +317,4 @@ def errors(params: Params, x: NDArray[np.float32] | torch.Tensor, max_elems: int
                     torch.relu_(h)
             h.sub_(xb).square_()
             out[m, n0:n0 + xb.shape[0]] = h.mean(1)
-    return out.numpy()
+    return out.cpu().numpy()

@@ -123,21 +123,30 @@ class ClientState:
 USED_OWN, USED_COMMUNITY = 0, 1
 
 
-def own_error_matrix(state: ClientState, x: NDArray) -> NDArray[np.float32]:
+def own_error_matrix(state: ClientState, x: NDArray, device: str = "cpu"
+                     ) -> NDArray[np.float32]:
     """(K, n) errors of the client's own cluster models (NaN for clusters without a model)."""
     out = np.full((state.k, len(x)), np.nan, dtype=np.float32)
     if ae.n_models(state.models):
-        out[state.model_clusters] = ae.errors(state.models, x)
+        out[state.model_clusters] = ae.errors(state.models, x, device=device)
     return out
 
 
-def train_local(state: ClientState, x: NDArray, s: ClientSettings, seed: int) -> dict:
-    """Algorithm 1 lines 6–8: one fresh autoencoder per local cluster, trained together.
+@dataclass
+class LocalPlan:
+    """What :func:`train_local` trains: the clusters that get a model and the training calls
+    (fresh models, and warm-started ones), ``rows[c]`` the clusters of call ``c``."""
 
-    With ``fedcref.warm-start`` (and a rule that holds out no samples: a warm model has seen
-    the samples a new hold-out would take), a cluster that had a model starts from it and
-    trains ``warm-epochs`` epochs; the others start fresh as in the paper.
-    """
+    clusters: NDArray[np.int64]
+    sizes: NDArray[np.int64]
+    calls: list[ae.TrainCall]
+    rows: list[list[int]]
+    t0: float
+    init: ae.Params        # the fresh models (the client's models when no cluster has one)
+
+
+def plan_local(state: ClientState, x: NDArray, s: ClientSettings, seed: int) -> LocalPlan:
+    """The first half of :func:`train_local`: the models to train (sets the hold-out)."""
     t0 = time.perf_counter()
     sizes = np.bincount(state.labels, minlength=state.k)
     clusters = np.flatnonzero(sizes >= s.min_cluster_size)
@@ -153,23 +162,47 @@ def train_local(state: ClientState, x: NDArray, s: ClientSettings, seed: int) ->
     previous = {int(q): r for r, q in enumerate(state.model_clusters)}
     warm = [previous.get(int(q)) if s.warm_start and state.held_out is None
             else None for q in clusters]
+    plan = LocalPlan(clusters.astype(np.int64), sizes, [], [], t0, params)
     if len(clusters):
         data = [x[(state.labels == q) & train_on] for q in clusters]
         fresh = [j for j, r in enumerate(warm) if r is None]
         again = [j for j, r in enumerate(warm) if r is not None]
-        parts: dict[int, ae.Params] = {}
         for rows, start, epochs in (
                 (fresh, ae.select(params, fresh), s.ae_epochs),
                 (again, ae.select(state.models, [warm[j] for j in again]), s.warm_epochs)):
             if rows:
-                trained, _ = ae.train(start, [data[j] for j in rows], epochs, s.batch_size,
-                                      s.lr, s.ae_patience, seed)
-                parts.update({j: ae.select(trained, [i]) for i, j in enumerate(rows)})
-        params = ae.concat([parts[j] for j in range(len(clusters))])
-    state.models, state.model_clusters = params, clusters.astype(np.int64)
+                plan.calls.append(ae.TrainCall(start, [data[j] for j in rows], epochs,
+                                               s.batch_size, s.lr, s.ae_patience, seed))
+                plan.rows.append(rows)
+    return plan
+
+
+def finish_local(state: ClientState, x: NDArray, plan: LocalPlan, trained: list[ae.Params],
+                 device: str = "cpu") -> dict:
+    """The second half of :func:`train_local`: the trained models (one per call of the
+    plan) become the client's cluster models."""
+    params = plan.init
+    if len(plan.clusters):
+        parts: dict[int, ae.Params] = {}
+        for rows, models in zip(plan.rows, trained, strict=True):
+            parts.update({j: ae.select(models, [i]) for i, j in enumerate(rows)})
+        params = ae.concat([parts[j] for j in range(len(plan.clusters))])
+    state.models, state.model_clusters = params, plan.clusters
     state.version += 1
-    state.own_errors = own_error_matrix(state, x)
-    return {"seconds": time.perf_counter() - t0, "sizes": sizes}
+    state.own_errors = own_error_matrix(state, x, device)
+    return {"seconds": time.perf_counter() - plan.t0, "sizes": plan.sizes}
+
+
+def train_local(state: ClientState, x: NDArray, s: ClientSettings, seed: int,
+                device: str = "cpu") -> dict:
+    """Algorithm 1 lines 6–8: one fresh autoencoder per local cluster, trained together.
+
+    With ``fedcref.warm-start`` (and a rule that holds out no samples: a warm model has seen
+    the samples a new hold-out would take), a cluster that had a model starts from it and
+    trains ``warm-epochs`` epochs; the others start fresh as in the paper.
+    """
+    plan = plan_local(state, x, s, seed)
+    return finish_local(state, x, plan, [c.run(device) for c in plan.calls], device)
 
 
 def hold_out(labels: NDArray[np.int64], share: float, seed: int) -> NDArray[np.bool_]:
@@ -204,7 +237,8 @@ def drop_emptied(state: ClientState, s: ClientSettings) -> bool:
 
 
 def associate(state: ClientState, x: NDArray, keys: list[str], new_models: dict[str, ae.Params],
-              s: ClientSettings) -> tuple[NDArray[np.bool_], list[str], float]:
+              s: ClientSettings, device: str = "cpu"
+              ) -> tuple[NDArray[np.bool_], list[str], float]:
     """Algorithm 1 lines 10–15, client side.
 
     Evaluates every newly received model once on all local samples (cached by key), drops
@@ -215,7 +249,7 @@ def associate(state: ClientState, x: NDArray, keys: list[str], new_models: dict[
     t0 = time.perf_counter()
     if new_models:
         names = list(new_models)
-        errs = ae.errors(ae.concat([new_models[k] for k in names]), x)
+        errs = ae.errors(ae.concat([new_models[k] for k in names]), x, device=device)
         for i, k in enumerate(names):
             state.cache[k] = errs[i]
     current = set(keys)
@@ -226,7 +260,7 @@ def associate(state: ClientState, x: NDArray, keys: list[str], new_models: dict[
     if missing:
         return np.zeros((state.k, 0), dtype=bool), missing, time.perf_counter() - t0
     if state.own_errors is None:
-        state.own_errors = own_error_matrix(state, x)
+        state.own_errors = own_error_matrix(state, x, device)
     foreign = (np.stack([state.cache[k] for k in keys]) if keys
                else np.zeros((0, len(x)), dtype=np.float32))
     groups = (np.array([int(str(k).split(":")[0]) for k in keys], dtype=np.int64)
@@ -245,16 +279,24 @@ def associate(state: ClientState, x: NDArray, keys: list[str], new_models: dict[
 
 
 def train_communities(x: NDArray, labels: NDArray, params: ae.Params,
-                      members: list[NDArray[np.int64]], s: ClientSettings, seed: int
-                      ) -> tuple[ae.Params, NDArray[np.int64]]:
+                      members: list[NDArray[np.int64]], s: ClientSettings, seed: int,
+                      device: str = "cpu") -> tuple[ae.Params, NDArray[np.int64]]:
     """One FedAvg round for all the communities this client takes part in (one message).
 
     ``members[g]`` lists the local clusters in community g (usually one); the community model
     is trained on their union. Returns the updated models and the sample counts (FedAvg weights).
     """
+    call, counts = community_call(x, labels, params, members, s, seed)
+    return call.run(device), counts
+
+
+def community_call(x: NDArray, labels: NDArray, params: ae.Params,
+                   members: list[NDArray[np.int64]], s: ClientSettings, seed: int
+                   ) -> tuple[ae.TrainCall, NDArray[np.int64]]:
+    """:func:`train_communities`'s training call and sample counts, to run with others."""
     data = [x[np.isin(labels, m)] for m in members]
-    out, _ = ae.train(params, data, s.fl_local_epochs, s.batch_size, s.lr, 0, seed)
-    return out, np.array([len(d) for d in data], dtype=np.int64)
+    return (ae.TrainCall(params, data, s.fl_local_epochs, s.batch_size, s.lr, 0, seed),
+            np.array([len(d) for d in data], dtype=np.int64))
 
 
 REFINE_MODES = ("paper", "gated", "covered")
@@ -262,7 +304,8 @@ REFINE_MODES = ("paper", "gated", "covered")
 
 def refine(state: ClientState, x: NDArray, community_models: ae.Params, mode: str = "paper",
            members: list[list[int]] | None = None, epsilon: float = 0.15,
-           beta: float = 0.05, ids: NDArray[np.int64] | None = None) -> RefineOutcome:
+           beta: float = 0.05, ids: NDArray[np.int64] | None = None, device: str = "cpu"
+           ) -> RefineOutcome:
     """Algorithm 2 with the client's own models and community models; returns ACC between
     the previous and the new labeling (eq. 4, the stability test) and what the client found.
 
@@ -297,11 +340,13 @@ def refine(state: ClientState, x: NDArray, community_models: ae.Params, mode: st
     """
     if mode not in REFINE_MODES:
         raise ValueError(f"refine mode must be one of {REFINE_MODES}, got {mode!r}")
-    own = state.own_errors if state.own_errors is not None else own_error_matrix(state, x)
+    own = (state.own_errors if state.own_errors is not None
+           else own_error_matrix(state, x, device))
     n_own = len(state.model_clusters)
     rows = [own[state.model_clusters]] if n_own else []
     n_com = ae.n_models(community_models)
-    com = ae.errors(community_models, x) if n_com else np.zeros((0, len(x)), np.float32)
+    com = (ae.errors(community_models, x, device=device) if n_com
+           else np.zeros((0, len(x)), np.float32))
     if n_com:
         rows.append(com)
     outcome = RefineOutcome(agreement=1.0, confirmed=np.zeros(n_com, dtype=bool))

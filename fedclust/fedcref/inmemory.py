@@ -58,6 +58,7 @@ class InMemoryClients:
                                         k=int(kk[i])) for i in self.order]
         self.n = len(xs)
         self.evaluated: list[set[str]] = [set() for _ in range(self.n)]
+        self.device = self.s.torch_device()
 
     def _seed(self, i: int, seed: int) -> int:
         return core.derive_seed(seed, self.keys[i])
@@ -68,13 +69,24 @@ class InMemoryClients:
         st = self.states[i]
         return core.class_histograms(st.labels, self.ys[i], st.k, int(self.ys[i].max()) + 1)
 
+    def _run(self, calls: list[ae.TrainCall]) -> list[ae.Params]:
+        """The trained models of every training call of a phase (here one after another)."""
+        return [c.run(self.device) for c in calls]
+
     def local(self, t: int, active: Collection[int], seed: int) -> dict[int, LocalReply]:
+        train = [i for i, st in enumerate(self.states)
+                 if i in active or not ae.n_models(st.models)]
+        plans = {i: core.plan_local(self.states[i], self.xs[i], self.s, self._seed(i, seed))
+                 for i in train}
+        trained = self._run([c for i in train for c in plans[i].calls])
+        for i in train:
+            n = len(plans[i].calls)
+            core.finish_local(self.states[i], self.xs[i], plans[i], trained[:n], self.device)
+            trained = trained[n:]
         out = {}
         for i, st in enumerate(self.states):
             reply = LocalReply(k=st.k, version=st.version)
-            if i in active or not ae.n_models(st.models):
-                core.train_local(st, self.xs[i], self.s, self._seed(i, seed))
-                reply.version = st.version
+            if i in plans:
                 sent = wire.roundtrip(ae.to_numpy(st.models), self.s.wire)
                 reply.models = {int(q): {k: v[j:j + 1] for k, v in sent.items()}
                                 for j, q in enumerate(st.model_clusters)}
@@ -96,7 +108,8 @@ class InMemoryClients:
             new = {key: ae.from_numpy(models[node][1]) for key, node in zip(keys, foreign,
                                                                             strict=True)
                    if key not in self.states[i].cache}
-            acc, missing, _ = core.associate(self.states[i], self.xs[i], keys, new, self.s)
+            acc, missing, _ = core.associate(self.states[i], self.xs[i], keys, new, self.s,
+                                             self.device)
             assert not missing
             out[i] = acc
         return out
@@ -104,17 +117,21 @@ class InMemoryClients:
     def community_round(self, t: int, rnd: int, params: ae.Params,
                         members: dict[int, list[tuple[int, list[int]]]], seed: int
                         ) -> dict[int, list[Contribution]]:
-        out = {}
-        for i in sorted(members):
-            gs = [g for g, _ in members[i]]
-            mine = self._travel([p[gs] for p in params])
-            trained, counts = core.train_communities(
+        order = sorted(members)
+        calls, counts = [], []
+        for i in order:
+            mine = self._travel([p[[g for g, _ in members[i]]] for p in params])
+            call, n = core.community_call(
                 self.xs[i], self.states[i].labels, mine,
                 [np.asarray(qs, dtype=np.int64) for _, qs in members[i]], self.s,
                 self._seed(i, seed))
+            calls.append(call)
+            counts.append(n)
+        out = {}
+        for i, trained, n in zip(order, self._run(calls), counts, strict=True):
             trained = self._travel(trained)
-            out[i] = [Contribution(g, [p[j:j + 1] for p in trained], float(counts[j]))
-                      for j, g in enumerate(gs)]
+            out[i] = [Contribution(g, [p[j:j + 1] for p in trained], float(n[j]))
+                      for j, (g, _) in enumerate(members[i])]
         return out
 
     def _travel(self, params: ae.Params) -> ae.Params:
@@ -128,7 +145,7 @@ class InMemoryClients:
             models, mine, ids = core.refine_inputs(params, members.get(i, []), self.s.refine)
             models = self._travel(models) if ae.n_models(models) else models
             r = core.refine(self.states[i], self.xs[i], models, self.s.refine, mine,
-                            self.s.margin, self.s.beta, ids)
+                            self.s.margin, self.s.beta, ids, self.device)
             covered = self.s.refine == "covered"
             out[i] = RefineReply(r.agreement, self._hist(i),
                                  [bool(b) for b in r.confirmed] if covered else None,

@@ -153,6 +153,9 @@ KEYS: list[Key] = [
     Key("fedcref.min-cluster-size", int, 5, "clusters smaller than this get no model", low=1),
     Key("fedcref.torch-threads", int, 1, "torch threads per client process (1 is fastest on a "
         "busy 2-core machine)", low=1),
+    Key("fedcref.device", str, "cpu", "torch device of the clients' autoencoder training and "
+        "reconstruction errors: cpu, cuda, or auto (cuda if torch.cuda.is_available()); "
+        "checked on each node", choices=("cpu", "cuda", "auto")),
 ]
 
 
@@ -388,6 +391,9 @@ class ClientSettings:
         Send the evaluation histograms where allowed (``evaluate``).
     seed : int
         The run's seed (``seed``).
+    device : str
+        ``"cpu"``, ``"cuda"`` or ``"auto"`` (``fedcref.device``; resolved where the client
+        runs: :meth:`torch_device`).
     """
 
     system: SystemSettings
@@ -424,11 +430,25 @@ class ClientSettings:
     torch_threads: int
     evaluate: bool
     seed: int
+    device: str = "cpu"
 
     @property
     def hidden(self) -> list[int]:
         """The encoder layer sizes as a list."""
         return list(self.ae_hidden)
+
+    def torch_device(self) -> str:
+        """The torch device of ``fedcref.device`` on this machine.
+
+        Raises
+        ------
+        fedclust.schema.ConfigError
+            ``cuda`` asked for and torch sees no GPU (on a node: an error reply naming the
+            key).
+        """
+        from fedclust.device import resolve_device
+
+        return resolve_device(self.device, "fedcref.device")
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> ClientSettings:
@@ -458,4 +478,5 @@ class ClientSettings:
                    assoc_best_per_client=bool(cfg["fedcref.assoc-best-per-client"]),
                    refine=str(cfg["fedcref.refine"]), wire=str(cfg["fedcref.wire"]),
                    torch_threads=int(cfg["fedcref.torch-threads"]),
-                   evaluate=bool(cfg["evaluate"]), seed=int(cfg["seed"]))
+                   evaluate=bool(cfg["evaluate"]), seed=int(cfg["seed"]),
+                   device=str(cfg["fedcref.device"]))
