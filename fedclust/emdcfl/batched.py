@@ -52,8 +52,8 @@ from fedclust.emdcfl.keys import EMDCFLSettings
 from fedclust.emdcfl.privacy import PairContext, key_id, shared_secret
 
 LOG = logging.getLogger("fedclust")
-CONVS = ("auto", "grouped", "loop")
-PRECISIONS = ("fp32", "tf32", "bf16")
+CONVS = ("auto", "grouped", "unfold", "loop")
+PRECISIONS = ("tf32", "fp32", "bf16")
 
 
 @dataclass(frozen=True)
@@ -65,22 +65,24 @@ class Batching:
     stack : bool or None
         Stacked kernels (one computation for all clients) or the per-client kernels one
         client after another; None: stacked on CUDA, per client on the CPU.
-    conv : {"auto", "grouped", "loop"}
-        Stacked training's convolutions: one grouped convolution for all clients, or one
-        convolution per client inside the same step (fewer FLOP-efficient kernels, no grouped
-        kernel); ``auto`` times both on the first minibatch on CUDA and keeps the faster
-        (``grouped`` on the CPU).
-    precision : {"fp32", "tf32", "bf16"}
-        Stacked arithmetic: float32 with PyTorch's defaults (cuDNN may use TF32 for
-        convolutions, as the per-client path does), TF32 for matrix products too, or bf16
-        autocast (float32 weights, optimiser and loss).
+    conv : {"auto", "grouped", "unfold", "loop"}
+        Stacked training's convolutions: one grouped convolution for all clients; the second
+        convolution as an unfold and a batched matrix product; or one convolution per client
+        inside the same step. ``auto`` times the three on the first minibatch on CUDA and
+        keeps the fastest (``grouped`` on the CPU).
+    precision : {"tf32", "fp32", "bf16"}
+        Stacked arithmetic on CUDA: float32 data with TF32 tensor cores for convolutions
+        (PyTorch's default for cuDNN, which the per-client path uses) and matrix products;
+        full float32 (TF32 off: the accuracy reference); or bf16 autocast of the forward pass
+        (float32 weights, optimiser and loss). Embedding and evaluation use ``tf32`` for
+        ``bf16``.
     chunk : int
         Images per forward pass of stacked embedding and evaluation.
     """
 
     stack: bool | None = None
     conv: str = "auto"
-    precision: str = "fp32"
+    precision: str = "tf32"
     chunk: int = 4096
 
     def __post_init__(self) -> None:
@@ -104,18 +106,18 @@ DEFAULT = Batching()
 
 @contextlib.contextmanager
 def arithmetic(device: str, precision: str) -> Iterator[None]:
-    """The stacked kernels' numerics on ``device``: TF32 matrix products for ``tf32``, and on
-    CUDA cuDNN's autotuner (the fastest kernels for the stacked shapes, not the deterministic
-    ones a single simulated client asks for); restored on exit."""
+    """The stacked kernels' numerics on ``device``: TF32 on (``tf32``, ``bf16``) or off
+    (``fp32``) for convolutions and matrix products, and on CUDA cuDNN's autotuner (the
+    fastest kernels for the stacked shapes, not the deterministic ones a single simulated
+    client asks for); restored on exit."""
     import torch
 
     cuda = str(device).startswith("cuda")
     saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
              torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
     try:
-        if precision == "tf32":
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
+        torch.backends.cuda.matmul.allow_tf32 = precision != "fp32"
+        torch.backends.cudnn.allow_tf32 = precision != "fp32"
         if cuda:
             torch.backends.cudnn.benchmark = True
             torch.backends.cudnn.deterministic = False
@@ -148,15 +150,37 @@ def _forward_grouped(p: list[Any], x: Any, n: int) -> Any:
     client axis) on ``x`` = ``(B, n·C, H, W)``, client ``i``'s images in channels
     ``i·C … i·C + C − 1``: grouped convolutions, batched linear layers. The layer order is
     :class:`~fedclust.emdcfl.model.CNN`'s."""
-    import torch
     from torch.nn import functional as F
 
     h = F.relu(F.conv2d(x, p[0].flatten(0, 1), p[1].flatten(), padding=1, groups=n))
-    h = F.conv2d(h, p[2].flatten(0, 1), p[3].flatten(), padding=1, groups=n)
+    return _head(p, F.conv2d(h, p[2].flatten(0, 1), p[3].flatten(), padding=1, groups=n), n)
+
+
+def _head(p: list[Any], h: Any, n: int) -> Any:
+    """From the second convolution's output ``(B, n·c2, H, W)`` to the logits: max-pool,
+    ReLU, the two linear layers as batched matrix products."""
+    import torch
+    from torch.nn import functional as F
+
     h = F.relu(F.max_pool2d(h, 2))
     h = h.reshape(h.shape[0], n, -1).transpose(0, 1)            # (n, B, features)
     h = F.relu(torch.baddbmm(p[5].unsqueeze(1), h, p[4].transpose(1, 2)))
     return torch.baddbmm(p[7].unsqueeze(1), h, p[6].transpose(1, 2))
+
+
+def _forward_unfold(p: list[Any], x: Any, n: int) -> Any:
+    """:func:`_forward_grouped` with the second convolution as an unfold and one batched
+    matrix product per client (cuBLAS instead of a grouped convolution kernel)."""
+    import torch
+    from torch.nn import functional as F
+
+    h = F.relu(F.conv2d(x, p[0].flatten(0, 1), p[1].flatten(), padding=1, groups=n))
+    b, _, rows, cols = h.shape
+    c2, c1 = p[2].shape[1], p[2].shape[2]
+    patches = F.unfold(h, 3, padding=1).view(b, n, c1 * 9, rows * cols)
+    out = torch.einsum("nok,bnkp->bnop", p[2].reshape(n, c2, c1 * 9), patches)
+    out = out + p[3].view(1, n, c2, 1)
+    return _head(p, out.reshape(b, n * c2, rows, cols), n)
 
 
 def _forward_loop(p: list[Any], x: Any, n: int) -> Any:
@@ -175,8 +199,8 @@ def _forward_loop(p: list[Any], x: Any, n: int) -> Any:
     return torch.stack(out)
 
 
-FORWARD: dict[str, Callable[[list[Any], Any, int], Any]] = {"grouped": _forward_grouped,
-                                                            "loop": _forward_loop}
+FORWARD: dict[str, Callable[[list[Any], Any, int], Any]] = {
+    "grouped": _forward_grouped, "unfold": _forward_unfold, "loop": _forward_loop}
 _CHOSEN: dict[tuple[Any, ...], str] = {}     # conv="auto": the faster per shape and device
 
 
@@ -222,7 +246,7 @@ def _plan(sizes: Sequence[int], epochs: int, batch_size: int, seeds: Sequence[in
 def train_stacked(spec: Any, starts: Sequence[Weights], xs: Sequence[NDArray],
                   ys: Sequence[NDArray], epochs: int, lr: float, batch_size: int,
                   seeds: Sequence[int], device: str = "cpu", conv: str = "auto",
-                  precision: str = "fp32", momentum: float = 0.9, weight_decay: float = 1e-6
+                  precision: str = "tf32", momentum: float = 0.9, weight_decay: float = 1e-6
                   ) -> tuple[list[Weights], list[float]]:
     """:func:`~fedclust.emdcfl.model.train_local` for ``n`` clients as one computation (see
     the module docstring): client ``i`` trains ``starts[i]`` on ``(xs[i], ys[i])`` with the
@@ -307,32 +331,39 @@ def _sgd(params: list[Any], grads: list[Any], bufs: list[Any], lr: float, moment
 
 def _conv(conv: str, spec: Any, n: int, big: int, device: str, precision: str,
           trial: Callable[[Callable[..., Any]], Any]) -> str:
-    """The convolution layout: ``conv``, or for ``auto`` on CUDA the faster of the two for
-    one step on the first minibatch (``trial(forward)``: forward and backward; timed after a
-    warm-up, remembered per shape)."""
+    """The convolution layout: ``conv``, or for ``auto`` on CUDA the fastest
+    (:func:`tune`, remembered per shape; ``grouped`` on the CPU)."""
     if conv != "auto":
         return conv
     if not str(device).startswith("cuda"):
         return "grouped"
     key = (spec, n, big, str(device), precision)
     if key not in _CHOSEN:
-        times = {}
-        for name, forward in FORWARD.items():
-            try:
-                for _ in range(2):
-                    trial(forward)
-                _sync(device)
-                t0 = time.perf_counter()
-                for _ in range(3):
-                    trial(forward)
-                _sync(device)
-                times[name] = time.perf_counter() - t0
-            except RuntimeError as exc:          # e.g. no kernel for this layout
-                LOG.warning("emdcfl batched training: conv=%s failed (%s)", name, exc)
-        _CHOSEN[key] = min(times, key=times.__getitem__) if times else "grouped"
-        LOG.info("emdcfl batched training: conv=%s (3 steps: %s)", _CHOSEN[key],
+        _CHOSEN[key], times = tune(device, trial)
+        LOG.info("emdcfl batched training: conv=%s (seconds per 3 steps: %s)", _CHOSEN[key],
                  {k: round(v, 4) for k, v in times.items()})
     return _CHOSEN[key]
+
+
+def tune(device: str, trial: Callable[[Callable[..., Any]], Any], steps: int = 3
+         ) -> tuple[str, dict[str, float]]:
+    """The fastest layout of :data:`FORWARD` for one training step (``trial(forward)``:
+    forward and backward on the first minibatch), timed over ``steps`` after two warm-up
+    steps; a layout that fails is left out. Returns it and every layout's seconds."""
+    times = {}
+    for name, forward in FORWARD.items():
+        try:
+            for _ in range(2):
+                trial(forward)
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                trial(forward)
+            _sync(device)
+            times[name] = time.perf_counter() - t0
+        except RuntimeError as exc:          # e.g. no kernel for this layout, out of memory
+            LOG.warning("emdcfl batched training: conv=%s failed (%s)", name, exc)
+    return (min(times, key=times.__getitem__) if times else "grouped"), times
 
 
 def train_many(s: EMDCFLSettings, data: Sequence[ClientSplit], starts: Sequence[Weights],
@@ -370,7 +401,7 @@ def _chunks(weights: Weights, x: Any, chunk: int, head: bool, device: str) -> It
 
 
 def embed_stacked(spec: Any, models: Sequence[Weights], images: Sequence[Sequence[Any]],
-                  device: str, chunk: int = 4096, precision: str = "fp32"
+                  device: str, chunk: int = 4096, precision: str = "tf32"
                   ) -> list[list[NDArray[np.float32]]]:
     """Embeddings of ``images[k]`` (a list of image tensors already on ``device``, as
     :func:`fedclust.emdcfl.model.to_tensor` makes them) under ``models[k]``: per model one
@@ -378,7 +409,7 @@ def embed_stacked(spec: Any, models: Sequence[Weights], images: Sequence[Sequenc
     import torch
 
     out = []
-    with torch.no_grad(), arithmetic(device, "tf32" if precision == "tf32" else "fp32"):
+    with torch.no_grad(), arithmetic(device, "fp32" if precision == "fp32" else "tf32"):
         for weights, xs in zip(models, images, strict=True):
             sizes = [len(x) for x in xs]
             if not sum(sizes):
@@ -391,7 +422,7 @@ def embed_stacked(spec: Any, models: Sequence[Weights], images: Sequence[Sequenc
 
 
 def evaluate_stacked(models: Sequence[Weights], sets: Sequence[Sequence[tuple[Any, Any]]],
-                     device: str, chunk: int = 4096, precision: str = "fp32"
+                     device: str, chunk: int = 4096, precision: str = "tf32"
                      ) -> list[list[tuple[float, float]]]:
     """``(mean cross-entropy, accuracy)`` (:func:`fedclust.emdcfl.model.evaluate`) of
     ``models[k]`` on each ``(x, y)`` of ``sets[k]`` (tensors on ``device``): one pass per
@@ -400,7 +431,7 @@ def evaluate_stacked(models: Sequence[Weights], sets: Sequence[Sequence[tuple[An
     from torch.nn import functional as F
 
     out = []
-    with torch.no_grad(), arithmetic(device, "tf32" if precision == "tf32" else "fp32"):
+    with torch.no_grad(), arithmetic(device, "fp32" if precision == "fp32" else "tf32"):
         for weights, pairs in zip(models, sets, strict=True):
             sizes = [len(y) for _, y in pairs]
             if not sum(sizes):

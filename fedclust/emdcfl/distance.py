@@ -84,13 +84,11 @@ def wasserstein(p: NDArray, q: NDArray, metric: str = "cosine", solver: str = "e
     EMDError
         If the solver reports non-convergence.
     """
-    import ot
-
     p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
     if len(p) == 0 or len(q) == 0:
         raise ValueError("empty point cloud")
     a, b = np.full(len(p), 1.0 / len(p)), np.full(len(q), 1.0 / len(q))
-    m = ot.dist(p, q, metric=metric)
+    m = ground_cost(p, q, metric)
     if metric == "cosine":
         m = np.nan_to_num(m, nan=1.0)          # all-zero embeddings (dead ReLUs): distance 1
     # every ground cost is >= 0; 1 - cos and the expanded squared norms round to -1e-16 on
@@ -103,6 +101,8 @@ def wasserstein(p: NDArray, q: NDArray, metric: str = "cosine", solver: str = "e
 
         rows, cols = linear_sum_assignment(m)
         return float(m[rows, cols].sum() / len(p))
+    import ot  # the network simplex and Sinkhorn: POT
+
     if solver == "emd":
         cost, log = ot.emd2(a, b, m, numItermax=int(num_itermax), log=True)
         if log.get("warning") is not None or int(log.get("result_code", 1)) != 1:
@@ -130,6 +130,29 @@ def wasserstein(p: NDArray, q: NDArray, metric: str = "cosine", solver: str = "e
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         return float((plan * m).sum())
     raise ValueError(f"unknown solver {solver!r}")
+
+
+def ground_cost(p: NDArray, q: NDArray, metric: str) -> NDArray[np.float64]:
+    """``ot.dist(p, q, metric)`` for the three metrics of ``emdcfl.metric``: POT's own
+    formulas (the same numpy operations, so the same numbers), also where POT is not installed
+    (an equal-size exact solve then needs only SciPy)."""
+    if metric == "cosine":
+        np1 = np.sqrt(np.einsum("ij,ij->i", p, p))
+        np2 = np.sqrt(np.einsum("ij,ij->i", q, q))
+        return 1.0 - (np.dot(p, q.T) / np1[:, None] / np2[None, :])
+    if metric in ("euclidean", "sqeuclidean"):
+        c = -2 * np.dot(p, q.T)
+        c += np.einsum("ij,ij->i", p, p)[:, None]
+        c += np.einsum("ij,ij->i", q, q)[None, :]
+        c = np.maximum(c, 0)
+        if metric == "euclidean":
+            c = np.sqrt(c)
+        if p is q:          # POT: a cloud against itself has an exact zero diagonal
+            c = c * (1 - np.eye(len(p)))
+        return c
+    import ot
+
+    return ot.dist(p, q, metric=metric)
 
 
 def equal_size(p: NDArray, q: NDArray, seed: int = 0) -> tuple[NDArray, NDArray]:
