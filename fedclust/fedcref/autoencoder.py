@@ -118,7 +118,7 @@ class TrainInfo:
 def train(params: Params, datasets: Sequence[NDArray[np.float32]],
           epochs: int | Sequence[int], batch_size: int = 128, lr: float = 1e-3,
           patience: int = 0, seed: int = 0, streams: Sequence[tuple[int, int]] | None = None,
-          device: str = "cpu") -> tuple[Params, TrainInfo]:
+          device: str = "cpu", fused: bool | None = None) -> tuple[Params, TrainInfo]:
     """Train M stacked autoencoders, model m on ``datasets[m]`` only (MSE, Adam).
 
     Each epoch model m visits a fresh permutation of its own samples in ⌈n_m / B⌉ mini-batches
@@ -140,6 +140,8 @@ def train(params: Params, datasets: Sequence[NDArray[np.float32]],
         Torch device of the training. Every step runs on it without waiting for the host:
         the batches and step masks of an epoch go over once, the losses come back once per
         epoch (with early stopping) or once at the end.
+    fused : bool, optional
+        One parameter buffer for all layers (default: on CUDA); the same numbers either way.
 
     Returns
     -------
@@ -148,11 +150,8 @@ def train(params: Params, datasets: Sequence[NDArray[np.float32]],
     m_count = n_models(params)
     assert len(datasets) == m_count, "one dataset per stacked model"
     dev = torch.device(device)
-    params = [p.detach().to(dev).clone().requires_grad_(True) for p in params]
-    m1 = [torch.zeros_like(p) for p in params]
-    m2 = [torch.zeros_like(p) for p in params]
+    opt = _Adam(params, dev, fused if fused is not None else dev.type == "cuda")
     t_step = torch.zeros(m_count, device=dev)
-    beta1, beta2, eps = 0.9, 0.999, 1e-7   # Keras Adam defaults
     sizes = np.array([len(d) for d in datasets], dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     xcat = torch.as_tensor(np.concatenate([np.asarray(d, dtype=np.float32)
@@ -193,32 +192,83 @@ def train(params: Params, datasets: Sequence[NDArray[np.float32]],
             cnt = w.sum(1)
             a = on_t[s]
             xb = xcat[idx_t[:, sl]]
-            rec = forward(params, xb)
+            layers = opt.layers()
+            rec = forward(layers, xb)
             per_sample = ((rec - xb) ** 2).mean(2)                     # (M, B)
             per_model = (per_sample * w).sum(1) / cnt.clamp(min=1)      # (M,)
             loss = (per_model * a).sum()
-            grads = torch.autograd.grad(loss, params)
+            grads = torch.autograd.grad(loss, layers)
             ep_loss += (per_sample.detach() * w).sum(1).double()
             with torch.no_grad():
                 t_step += a
                 tt = t_step.clamp(min=1)
-                c1 = (1 - beta1 ** tt)
-                c2 = (1 - beta2 ** tt)
-                for p, g, mm, vv in zip(params, grads, m1, m2, strict=False):
-                    shape = (m_count,) + (1,) * (p.dim() - 1)
-                    af = a.view(shape)
-                    mm.mul_(1 - af * (1 - beta1)).add_(af * (1 - beta1) * g)
-                    vv.mul_(1 - af * (1 - beta2)).add_(af * (1 - beta2) * g * g)
-                    step = lr * (mm / c1.view(shape)) / ((vv / c2.view(shape)).sqrt() + eps)
-                    p.sub_(af * step)
+                opt.step(list(grads), a, 1 - _Adam.beta1 ** tt, 1 - _Adam.beta2 ** tt, lr)
             n_steps += 1
         ran[running] += 1
         pending.append((ep_loss, running.copy()))
         if patience > 0:
             _epoch_ends(pending, sizes, last, best, wait, running, patience)
     _epoch_ends(pending, sizes, last, best, wait, running, patience)
-    out = [p.detach().cpu() for p in params]
-    return out, TrainInfo(ran, last, n_steps)
+    return opt.result(), TrainInfo(ran, last, n_steps)
+
+
+class _Adam:
+    """The stacked models' parameters and Adam state (Keras defaults), per-model steps.
+
+    ``fused``: every model's parameters in one ``(M, P)`` buffer with the layers as views of
+    it, so a step is a few whole-buffer operations whatever the number of layers (a GPU runs
+    them without waiting on launches); else one tensor per layer (faster on the CPU, where
+    the strided views cost copies). Both apply the same arithmetic to every element."""
+
+    beta1, beta2, eps = 0.9, 0.999, 1e-7
+
+    def __init__(self, params: Params, dev: torch.device, fused: bool) -> None:
+        self.fused, self.m = fused, n_models(params)
+        self.shapes = [tuple(p.shape) for p in params]
+        if fused:
+            widths = [int(np.prod(s[1:], dtype=np.int64)) for s in self.shapes]
+            self.cuts = np.concatenate([[0], np.cumsum(widths)]).astype(int).tolist()
+            self.flat = torch.cat([p.detach().reshape(self.m, -1) for p in params], 1).to(dev)
+            self.m1, self.m2 = torch.zeros_like(self.flat), torch.zeros_like(self.flat)
+        else:
+            self.params = [p.detach().to(dev).clone().requires_grad_(True) for p in params]
+            self.m1s = [torch.zeros_like(p) for p in self.params]
+            self.m2s = [torch.zeros_like(p) for p in self.params]
+
+    def layers(self) -> Params:
+        """The parameters to differentiate this step."""
+        if not self.fused:
+            return self.params
+        return [self.flat[:, self.cuts[j]:self.cuts[j + 1]].view(s).detach()
+                .requires_grad_(True) for j, s in enumerate(self.shapes)]
+
+    def step(self, grads: Params, a: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor,
+             lr: float) -> None:
+        """One Adam step of the models that ``a`` (M,) marks; ``c1``, ``c2`` (M,): the bias
+        corrections."""
+        b1, b2, eps = self.beta1, self.beta2, self.eps
+        if self.fused:
+            g = torch.cat([gr.reshape(self.m, -1) for gr in grads], 1)
+            af, c1, c2 = a.view(-1, 1), c1.view(-1, 1), c2.view(-1, 1)
+            self.m1.mul_(1 - af * (1 - b1)).add_(af * (1 - b1) * g)
+            self.m2.mul_(1 - af * (1 - b2)).add_(af * (1 - b2) * g * g)
+            self.flat.sub_(af * (lr * (self.m1 / c1) / ((self.m2 / c2).sqrt() + eps)))
+            return
+        for p, g, mm, vv in zip(self.params, grads, self.m1s, self.m2s, strict=True):
+            shape = (self.m,) + (1,) * (p.dim() - 1)
+            af = a.view(shape)
+            mm.mul_(1 - af * (1 - b1)).add_(af * (1 - b1) * g)
+            vv.mul_(1 - af * (1 - b2)).add_(af * (1 - b2) * g * g)
+            step = lr * (mm / c1.view(shape)) / ((vv / c2.view(shape)).sqrt() + eps)
+            p.sub_(af * step)
+
+    def result(self) -> Params:
+        """The trained parameters, on the CPU."""
+        if not self.fused:
+            return [p.detach().cpu() for p in self.params]
+        flat = self.flat.cpu()
+        return [flat[:, self.cuts[j]:self.cuts[j + 1]].reshape(s).clone()
+                for j, s in enumerate(self.shapes)]
 
 
 def _epoch_ends(pending: list[tuple[Any, NDArray[np.bool_]]], sizes: NDArray[np.int64],
