@@ -366,6 +366,44 @@ def tune(device: str, trial: Callable[[Callable[..., Any]], Any], steps: int = 3
     return (min(times, key=times.__getitem__) if times else "grouped"), times
 
 
+def time_step(spec: Any, n: int, batch_size: int, device: str, conv: str = "grouped",
+              precision: str = "tf32", steps: int = 10, warmup: int = 3) -> float:
+    """Seconds per stacked training step (forward, backward, SGD update) of ``n`` clients
+    with ``batch_size`` random images each, for one layout and precision: the benchmark
+    behind ``bench/gpu_check.py``'s comparison of the layouts."""
+    import torch
+    from torch.nn import functional as F
+
+    from fedclust.emdcfl.model import init_weights
+
+    w = init_weights(spec, 0)
+    params = [torch.from_numpy(np.stack([a] * n)).to(device).requires_grad_(True) for a in w]
+    bufs = [torch.zeros_like(p) for p in params]
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(batch_size, n * spec.in_channels, spec.size, spec.size, generator=gen)
+    x = x.to(device).contiguous(memory_format=torch.channels_last)
+    y = torch.randint(0, spec.num_classes, (n, batch_size), generator=gen).to(device)
+    forward = FORWARD[conv]
+    with arithmetic(device, precision):
+        def step() -> None:
+            with _autocast(device, precision):
+                logits = forward(params, x, n)
+            loss = F.cross_entropy(logits.float().reshape(n * batch_size, -1),
+                                   y.reshape(-1), reduction="none").view(n, -1).mean(1).sum()
+            grads = torch.autograd.grad(loss, params)
+            with torch.no_grad():
+                _sgd(params, list(grads), bufs, 0.01, 0.9, 1e-6, None)
+
+        for _ in range(warmup):
+            step()
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        _sync(device)
+    return (time.perf_counter() - t0) / max(steps, 1)
+
+
 def train_many(s: EMDCFLSettings, data: Sequence[ClientSplit], starts: Sequence[Weights],
                rnd: int, seeds: Sequence[int], device: str, batching: Batching
                ) -> tuple[list[Weights], list[float]]:
