@@ -265,10 +265,10 @@ def fedcref_run(a: argparse.Namespace, extra: dict[str, Any], system: dict[str, 
     from fedclust.fedcref import algorithm
     from fedclust.fedcref.batched import BatchedClients
 
-    torch.set_num_threads(threads)
     cfg = _fedcref_config(a, extra, device)
     clients = BatchedClients(system["xs"], system["starts"], cfg, ys=system["ys"],
                              stack=stack)
+    torch.set_num_threads(threads)        # after the clients (which set fedcref.torch-threads)
     log: list[dict[str, float]] = [{}]
     deadline = time.perf_counter() + seconds
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)

@@ -41,7 +41,9 @@ class InMemoryClients:
     ys : true classes of each client, for the ``eval`` histograms only (optional)
 
     Clients are numbered in the order of their identity key (:func:`core.client_key`), as
-    the strategy numbers nodes; ``order[i]`` is the position in ``xs`` of client ``i``.
+    the strategy numbers nodes; ``order[i]`` is the position in ``xs`` of client ``i``. They
+    compute on ``fedcref.device`` with ``fedcref.torch-threads`` torch threads (set for the
+    process, as a node sets it).
     """
 
     def __init__(self, xs: Sequence[NDArray], starts: Sequence[NDArray],
@@ -59,6 +61,9 @@ class InMemoryClients:
         self.n = len(xs)
         self.evaluated: list[set[str]] = [set() for _ in range(self.n)]
         self.device = self.s.torch_device()
+        import torch
+
+        torch.set_num_threads(self.s.torch_threads)     # as every node does (the handlers)
 
     def _seed(self, i: int, seed: int) -> int:
         return core.derive_seed(seed, self.keys[i])
