@@ -20,8 +20,8 @@ part, and a compact table ends the output:
    training, embedding (forward passes, pair projections, the clients' reference EMDs), the
    server's EMD matrix, evaluation; ARI and test accuracy. Precision ``--precision``.
 4. ``fedcref_gpu``: FedCRef on MNIST, 25 clients × 500 samples per cluster (the method's
-   defaults, dirty start), up to ``--fedcref-iterations`` iterations, clients batched on the
-   device.
+   defaults, dirty start), up to ``--fedcref-iterations`` iterations or ``--gpu-seconds``,
+   clients batched on the device.
 5. ``fedcref_cpu``: the same system on the CPU (torch threads = ``--cpu-threads``, every
    client's training merged into one computation: the fastest CPU layout with many cores),
    for at most ``--cpu-seconds``; the ratio is taken over the phases both runs completed.
@@ -391,6 +391,8 @@ def main() -> int:
                     help="EMD worker processes (default: every core)")
     ap.add_argument("--cpu-threads", type=int, default=os.cpu_count() or 1,
                     help="torch threads of the FedCRef CPU run")
+    ap.add_argument("--gpu-seconds", type=float, default=120.0,
+                    help="at most this long for the FedCRef run on --device")
     ap.add_argument("--cpu-seconds", type=float, default=150.0,
                     help="at most this long for the FedCRef CPU run")
     ap.add_argument("--precision", default="tf32", choices=("tf32", "fp32", "bf16"))
@@ -433,7 +435,8 @@ def main() -> int:
     gpu = cpu = None
     if system is not None and "fedcref_gpu" in todo:
         gpu = check.part("fedcref_gpu", fedcref_run, a, fc_extra, system, a.device,
-                         os.cpu_count() or 1, None, max(check.left() - 60, 10), need=20)
+                         os.cpu_count() or 1, None,
+                         min(a.gpu_seconds, max(check.left() - 60, 10)), need=20)
     if system is not None and "fedcref_cpu" in todo:
         cpu = check.part("fedcref_cpu", fedcref_run, a, fc_extra, system, "cpu",
                          a.cpu_threads, True, min(a.cpu_seconds, max(check.left() - 40, 10)),

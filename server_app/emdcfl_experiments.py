@@ -46,7 +46,8 @@ SMALL: dict[str, Any] = {
 PAPER: dict[str, Any] = {
     **CPU, "emdcfl.samples": 5420, "emdcfl.test-samples": 250, "emdcfl.rounds": 10,
     "emdcfl.local-epochs": 10, "emdcfl.lr": 0.01, "emdcfl.batch-size": 64,
-    "emdcfl.conv1": 64, "emdcfl.conv2": 128, "emdcfl.workers": 2,
+    "emdcfl.conv1": 64, "emdcfl.conv2": 128,
+    "emdcfl.workers": 16,           # EMD processes, at most the machine's cores
     "emdcfl.device": "auto",        # CUDA when torch sees a GPU, else the CPU
     # 12.5 MiB per model: 8 peers + own = 113 MiB per embedding message instead of 514 MiB
     "emdcfl.embed-batch": 8,

@@ -12,6 +12,9 @@ settings. For tests, benchmarks and notebooks::
 
     clients = inmemory.InMemoryClients.simulated(s, 8)
     metrics = loop.run(clients, s, MemoryRecord())
+
+:class:`fedclust.emdcfl.batched.BatchedClients` is the same with every client of a phase
+computed together (stacked on CUDA).
 """
 
 from __future__ import annotations
