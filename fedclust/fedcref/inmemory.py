@@ -92,7 +92,7 @@ class InMemoryClients:
         for i, st in enumerate(self.states):
             reply = LocalReply(k=st.k, version=st.version)
             if i in plans:
-                sent = wire.roundtrip(ae.to_numpy(st.models), self.s.wire)
+                sent = ae.to_numpy(wire.roundtrip_params(st.models, self.s.wire))
                 reply.models = {int(q): {k: v[j:j + 1] for k, v in sent.items()}
                                 for j, q in enumerate(st.model_clusters)}
                 reply.modelled = [int(q) for q in st.model_clusters]
@@ -141,7 +141,7 @@ class InMemoryClients:
 
     def _travel(self, params: ae.Params) -> ae.Params:
         """``params`` as a message in the run's wire format delivers them."""
-        return ae.from_numpy(wire.roundtrip(ae.to_numpy(params), self.s.wire))
+        return wire.roundtrip_params(params, self.s.wire)
 
     def refine(self, t: int, targets: list[int], params: ae.Params,
                members: dict[int, list[tuple[int, list[int]]]]) -> dict[int, RefineReply]:

@@ -19,6 +19,8 @@ travel) follows the same trajectory as a Flower run.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numpy.typing import NDArray
 
@@ -66,6 +68,28 @@ def roundtrip(named: dict[str, NDArray], fmt: str) -> dict[str, NDArray[np.float
     """What the receiver of ``named`` gets: ``decode(encode(named, fmt))``."""
     return decode(encode(named, fmt)) if fmt != "float32" else {
         k: np.asarray(v, dtype=np.float32) for k, v in named.items()}
+
+
+def roundtrip_params(params: list[Any], fmt: str) -> list[Any]:
+    """:func:`roundtrip` of stacked torch parameters ``[W0, b0, W1, b1, …]``, computed with
+    torch where they are (the same operations, so the same numbers as the numpy path, in
+    one pass per tensor, on every torch thread or on the GPU)."""
+    import torch
+
+    if fmt == "float32":
+        return [p.float() for p in params]
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown wire format {fmt!r}; allowed: {', '.join(FORMATS)}")
+    out = []
+    for i, p in enumerate(params):
+        p = p.detach().float()
+        if fmt == "int8" and i % 2 == 0 and p.dim() == 3:
+            scale = p.abs().amax(dim=1, keepdim=True) / 127.0
+            scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+            out.append(torch.clamp(torch.round(p / scale), -127, 127) * scale)
+        else:
+            out.append(p.half().float())
+    return out
 
 
 def problem(arrays: dict[str, NDArray]) -> str | None:
