@@ -11,7 +11,9 @@ the way the arithmetic is laid out on the device changes.
 are stacked (every parameter gets a leading client axis) and one SGD step trains all of them
 at once. A step gathers every client's next minibatch (``B`` images each) into one
 ``(B, N·C, H, W)`` tensor; the convolutions are grouped convolutions (``groups = N``: client
-``i``'s channels only meet client ``i``'s filters), the linear layers batched matrix products.
+``i``'s channels only meet client ``i``'s filters), the linear layers batched matrix products
+(:class:`Batching`: on CUDA the fastest of three convolution layouts, timed on the first
+minibatch, with TF32 tensor cores by default).
 The loss is the sum of the clients' mean losses, so each client's gradient is exactly its own;
 momentum SGD updates every client's parameters and momentum buffer with multi-tensor ops. The
 minibatch orders of all epochs are drawn up front on the host (the same ``torch.randperm``
@@ -426,6 +428,19 @@ def _tensor(x: NDArray, device: str) -> Any:
     return to_tensor(x).to(device)
 
 
+def _converter(device: str) -> Callable[[ClientSplit, str], Any]:
+    """``(data, part) -> device tensor``, each split converted once per call site."""
+    done: dict[tuple[int, str], Any] = {}
+
+    def conv(d: ClientSplit, part: str) -> Any:
+        key = (id(d), part)
+        if key not in done:
+            done[key] = _tensor(getattr(d, part), device)
+        return done[key]
+
+    return conv
+
+
 def _chunks(weights: Weights, x: Any, chunk: int, head: bool, device: str) -> Iterator[Any]:
     """The embeddings (``head`` False) or logits of ``x`` under one model, chunk by chunk."""
     from torch.nn import functional as F
@@ -501,7 +516,7 @@ def ifca_many(s: EMDCFLSettings, data: Sequence[ClientSplit], models: Sequence[W
     if not batching.stacked(device):
         return [client.ifca(s, d, models, rnd, seed, device)
                 for d, seed in zip(data, seeds, strict=True)]
-    conv = tensor or (lambda d, part: _tensor(getattr(d, part), device))
+    conv = tensor or _converter(device)
     sets = [[(conv(d, "x_val"), _labels(d.y_val, device)) for d in data] for _ in models]
     val = np.array([[v[0] for v in row] for row in evaluate_stacked(
         models, sets, device, batching.chunk, batching.precision)])     # (k, clients)
@@ -523,7 +538,7 @@ def test_many(s: EMDCFLSettings, data: Sequence[ClientSplit], weights: Sequence[
     if not batching.stacked(device):
         return [evaluate(s.spec, w, getattr(d, part), d.y_test, device=device)
                 for d, w in zip(data, weights, strict=True)]
-    conv = tensor or (lambda d, p: _tensor(getattr(d, p), device))
+    conv = tensor or _converter(device)
     groups: dict[int, list[int]] = {}
     for i, w in enumerate(weights):
         groups.setdefault(id(w), []).append(i)
@@ -574,7 +589,7 @@ def embed_jobs(s: EMDCFLSettings, jobs: Sequence[EmbedJob], device: str, batchin
     e_train: list[NDArray] = [np.zeros(0)] * len(jobs)
     e_val: list[list[NDArray]] = [[] for _ in jobs]       # own model first, then the peers'
     if batching.stacked(device):
-        conv = tensor or (lambda d, part: _tensor(getattr(d, part), device))
+        conv = tensor or _converter(device)
         models: dict[int, Weights] = {}
         wants: dict[int, list[tuple[int, int]]] = {}      # model -> (job, -1 train | slot)
         for j, job in enumerate(jobs):
