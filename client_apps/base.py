@@ -233,6 +233,13 @@ def batched(message_type: str) -> Callable[[Callable[..., list[Answer]]],
     return register
 
 
+def batchable(client_app: ClientApp, messages: list[Message]) -> bool:
+    """Whether :func:`serve_batch` may answer ``messages`` together: fedclust's app, one
+    message type, and a batched handler for it."""
+    kinds = {m.metadata.message_type for m in messages}
+    return client_app is app and len(kinds) == 1 and kinds.pop() in BATCHED
+
+
 def serve_batch(client_app: ClientApp, items: list[tuple[Message, Context]]
                 ) -> list[Message] | None:
     """One phase's messages (one type) to several nodes of this process, answered together.
@@ -243,12 +250,10 @@ def serve_batch(client_app: ClientApp, items: list[tuple[Message, Context]]
     (answer each message on its own instead) when ``client_app`` is not fedclust's app, the
     message type has no batched handler, or the batched handler itself fails.
     """
-    if client_app is not app or len(items) < 2:
+    if len(items) < 2 or not batchable(client_app, [m for m, _ in items]):
         return None
     kind = items[0][0].metadata.message_type
-    handler = BATCHED.get(kind)
-    if handler is None or any(m.metadata.message_type != kind for m, _ in items):
-        return None
+    handler = BATCHED[kind]
     replies: list[Message | None] = [None] * len(items)
     ready: list[tuple[int, Message, Context]] = []
     for k, (msg, context) in enumerate(items):
