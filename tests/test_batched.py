@@ -329,8 +329,8 @@ def test_ground_costs_are_pots_without_pot():
 
 @pytest.mark.slow
 def test_gpu_check_script_runs_every_part_on_the_cpu(tmp_path):
-    """bench/gpu_check.py with tiny sizes on the CPU: every part runs and lands in the JSON
-    (the integrator runs it once on a GPU)."""
+    """bench/gpu_check.py with tiny sizes on the CPU, without flwr, cryptography and POT (as
+    on the GPU machine): every part runs and lands in the JSON."""
     from tests.test_fedcref_e2e import planted
 
     data = planted(tmp_path / "data", n_classes=10, per_class=300)    # mnist-train.npz
@@ -341,11 +341,20 @@ def test_gpu_check_script_runs_every_part_on_the_cpu(tmp_path):
     np.savez_compressed(data / "mnist" / "mnist-train.npz",
                         x=np.kron(x["x"], np.ones((4, 4), np.uint8))[:, :28, :28], y=x["y"])
     out = tmp_path / "check.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--data-dir", str(data),
-         "--device", "cpu", "--tiny", "--out", str(out), "--workers", "1",
-         "--cpu-threads", "1", "--bench-steps", "1", "--fedcref-iterations", "1",
-         "--budget", "300"], capture_output=True, text=True, timeout=600)
+    args = [str(ROOT / "bench" / "gpu_check.py"), "--data-dir", str(data), "--device", "cpu",
+            "--tiny", "--out", str(out), "--workers", "1", "--cpu-threads", "1",
+            "--bench-steps", "1", "--fedcref-iterations", "1", "--budget", "300"]
+    # as on the GPU machine: no flwr, no cryptography, no POT (nor Hydra)
+    bare = ("import importlib.abc, runpy, sys\n"
+            "class Bare(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] in ('flwr', 'cryptography', 'ot', 'hydra'):\n"
+            "            raise ModuleNotFoundError(name)\n"
+            "sys.meta_path.insert(0, Bare())\n"
+            f"sys.argv = {args!r}\n"
+            "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-c", bare], capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
     r = json.loads(out.read_text())
     assert not r["errors"]
@@ -354,3 +363,4 @@ def test_gpu_check_script_runs_every_part_on_the_cpu(tmp_path):
     assert r["parts"]["emdcfl"]["train_s"] > 0 and "ari" in r["parts"]["emdcfl"]
     assert r["fedcref_ratio"]["phases_compared"] >= 4
     assert "FedCRef CPU/GPU" in proc.stdout
+    assert r["parts"]["env"]["cryptography"] is None and r["parts"]["env"]["ot"] is None
