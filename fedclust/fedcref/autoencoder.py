@@ -336,35 +336,42 @@ def train_calls(calls: Sequence[TrainCall], device: str = "cpu", merge: bool = T
 
 
 @torch.no_grad()
-def errors(params: Params, x: NDArray[np.float32] | torch.Tensor, max_elems: int = 1 << 24,
-           device: str = "cpu") -> NDArray[np.float32]:
+def errors(params: Params | Sequence[Params], x: NDArray[np.float32] | torch.Tensor,
+           max_elems: int = 1 << 24, device: str = "cpu") -> NDArray[np.float32]:
     """Per-sample reconstruction error of every stacked model on every sample: ``(M, N)``.
 
     One forward pass per model over all samples (each layer one GEMM ``addmm`` over the whole
     batch, activations in place); samples are processed in chunks so that a reconstruction
     never exceeds ``max_elems`` floats. (Measured on this machine, this beats a single batched
     ``bmm`` over all models, which has to copy the permuted first-layer output: see
-    bench/bench_fedcref_ae.py.) On ``device`` (the errors come back to the host once).
+    bench/bench_fedcref_ae.py.) ``params`` may also be a sequence of stacks, taken as their
+    concatenation (without copying them into one). On ``device`` (the errors come back to
+    the host once).
     """
+    stacks = ([params] if not params or isinstance(params[0], torch.Tensor)
+              else [s for s in params if s])
     dev = torch.device(device)
     xt = torch.as_tensor(np.asarray(x, dtype=np.float32)).to(dev)
-    m_count, (n, d) = n_models(params), xt.shape
+    m_count, (n, d) = sum(n_models(s) for s in stacks), xt.shape
     out = torch.empty((m_count, n), dtype=torch.float32, device=dev)
     if m_count == 0 or n == 0:
         return out.cpu().numpy()
-    params = [p.to(dev) for p in params]
     n_chunk = max(1, min(n, max_elems // max(d, 1)))
-    n_layers = len(params) // 2
-    for m in range(m_count):
-        for n0 in range(0, n, n_chunk):
-            xb = xt[n0:n0 + n_chunk]
-            h = xb
-            for layer in range(n_layers):
-                h = torch.addmm(params[2 * layer + 1][m], h, params[2 * layer][m])
-                if layer == n_layers - 1:
-                    torch.sigmoid_(h)
-                else:
-                    torch.relu_(h)
-            h.sub_(xb).square_()
-            out[m, n0:n0 + xb.shape[0]] = h.mean(1)
+    row = 0
+    for stack in stacks:
+        stack = [p.to(dev) for p in stack]
+        n_layers = len(stack) // 2
+        for m in range(n_models(stack)):
+            for n0 in range(0, n, n_chunk):
+                xb = xt[n0:n0 + n_chunk]
+                h = xb
+                for layer in range(n_layers):
+                    h = torch.addmm(stack[2 * layer + 1][m], h, stack[2 * layer][m])
+                    if layer == n_layers - 1:
+                        torch.sigmoid_(h)
+                    else:
+                        torch.relu_(h)
+                h.sub_(xb).square_()
+                out[row, n0:n0 + xb.shape[0]] = h.mean(1)
+            row += 1
     return out.cpu().numpy()

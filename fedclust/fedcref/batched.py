@@ -18,9 +18,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from numpy.typing import NDArray
 
 from fedclust.fedcref import autoencoder as ae
+from fedclust.fedcref.algorithm import Model, Node
 from fedclust.fedcref.inmemory import InMemoryClients
 from fedclust.fedcref.keys import ClientSettings
 
@@ -59,6 +61,19 @@ class BatchedClients(InMemoryClients):
     @property
     def stacked(self) -> bool:
         return self.stack if self.stack is not None else self.device.startswith("cuda")
+
+    def associate(self, t: int, models: Mapping[Node, tuple[int, Model]], asked: list[int],
+                  only: Mapping[int, list[Node]] | None = None) -> dict[int, NDArray[np.bool_]]:
+        """:meth:`InMemoryClients.associate` with every relayed model decoded and moved to
+        the device once for all clients."""
+        on_device: dict[Node, ae.Params] = {}
+
+        def model(node: Node) -> ae.Params:
+            if node not in on_device:
+                on_device[node] = [p.to(self.device) for p in ae.from_numpy(models[node][1])]
+            return on_device[node]
+
+        return self._associate(t, models, asked, only, model)
 
     def _run(self, calls: list[ae.TrainCall]) -> list[ae.Params]:
         import time

@@ -249,7 +249,7 @@ def associate(state: ClientState, x: NDArray, keys: list[str], new_models: dict[
     t0 = time.perf_counter()
     if new_models:
         names = list(new_models)
-        errs = ae.errors(ae.concat([new_models[k] for k in names]), x, device=device)
+        errs = ae.errors([new_models[k] for k in names], x, device=device)
         for i, k in enumerate(names):
             state.cache[k] = errs[i]
     current = set(keys)

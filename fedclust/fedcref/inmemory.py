@@ -8,7 +8,7 @@ Flower run on the same data and start. For tests and probes of the algorithm.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -106,12 +106,18 @@ class InMemoryClients:
 
     def associate(self, t: int, models: Mapping[Node, tuple[int, Model]], asked: list[int],
                   only: Mapping[int, list[Node]] | None = None) -> dict[int, NDArray[np.bool_]]:
+        return self._associate(t, models, asked, only,
+                               lambda node: ae.from_numpy(models[node][1]))
+
+    def _associate(self, t: int, models: Mapping[Node, tuple[int, Model]], asked: list[int],
+                   only: Mapping[int, list[Node]] | None,
+                   model: Callable[[Node], ae.Params]) -> dict[int, NDArray[np.bool_]]:
+        """:meth:`associate` with ``model(node)``: the relayed model as a client decodes it."""
         out = {}
         for i in asked:
             foreign = foreign_nodes(models, i, only)
             keys = [f"{c}:{q}:{models[(c, q)][0]}" for c, q in foreign]
-            new = {key: ae.from_numpy(models[node][1]) for key, node in zip(keys, foreign,
-                                                                            strict=True)
+            new = {key: model(node) for key, node in zip(keys, foreign, strict=True)
                    if key not in self.states[i].cache}
             acc, missing, _ = core.associate(self.states[i], self.xs[i], keys, new, self.s,
                                              self.device)
