@@ -28,6 +28,16 @@ def data_dir() -> Path:
     return path
 
 
+@pytest.fixture
+def task_identity():
+    """What a running ServerApp sets before it builds a ``Message``: without it Flower raises
+    ``TaskIdentity.run_id is not set``, and a test would pass or fail by which test of its
+    worker ran an in-process grid first."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+
+
 class _Collect(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)

@@ -147,7 +147,7 @@ def test_a_node_that_lost_the_config_is_sent_it_again_and_the_run_is_unchanged(t
     assert summary["metrics"]["objective"] == ref["metrics"]["objective"]
 
 
-def test_a_node_keeps_the_config_in_its_state_when_its_process_is_new():
+def test_a_node_keeps_the_config_in_its_state_when_its_process_is_new(task_identity):
     """Deployment starts a ClientApp process per message: the config comes from the node's
     context.state, which outlives it; a message naming an unknown config is refused."""
     values = {"method": "exact-fcm", "fcm.m": 1.7}
