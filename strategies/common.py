@@ -126,6 +126,9 @@ def config_answered(ok: Iterable[int], failed: Iterable[int]) -> None:
 class Exchange:
     """Outcome of one phase: replies by node id, and failures by node id with the reason.
 
+    ``replies`` is in node-id order (:func:`send_and_collect`), never in order of arrival, so
+    that what a server computes from it does not depend on which node answered first.
+
     ``excluded`` holds the failures whose reply arrived but failed a check (a subset of
     ``failed``, same reasons): the nodes that sent something implausible rather than nothing.
     """
@@ -408,7 +411,9 @@ def send_and_collect(
         answers = [(n, r) for n, r in answers if n not in lost] + again
         unmatched += more
         out.bytes_sent += sum(record_nbytes(payloads[n]) for n in lost)
-    for nid, reply in answers:
+    # by node id, whatever the order of arrival: every server loop iterates ``replies`` (sums,
+    # averages), and a float sum depends on the order of its terms
+    for nid, reply in sorted(answers, key=lambda a: a[0]):
         if reply.has_error():
             out.failed[nid] = f"error reply: {reply.error.reason}"
             continue
