@@ -27,6 +27,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 
 from strategies.wire.records import array_record, to_array, to_numpy  # noqa: F401
+from strategies.wire.replies import node_text
 
 LOG = logging.getLogger("fedclust")
 
@@ -260,7 +261,7 @@ def check_each(ex: Exchange, check: Callable[[int, RecordDict], str | None], pha
         try:
             problem = check(nid, ex.replies[nid])
         except Exception as exc:  # a reply malformed beyond what the check anticipated
-            problem = f"check raised {type(exc).__name__}: {exc}"
+            problem = f"check raised {type(exc).__name__}: {node_text(exc)}"
         reject(ex, nid, problem, phase)
 
 
@@ -415,12 +416,12 @@ def send_and_collect(
     # averages), and a float sum depends on the order of its terms
     for nid, reply in sorted(answers, key=lambda a: a[0]):
         if reply.has_error():
-            out.failed[nid] = f"error reply: {reply.error.reason}"
+            out.failed[nid] = f"error reply: {node_text(reply.error.reason)}"
             continue
         try:
             problem = validate(reply.content) if validate is not None else None
         except Exception as exc:  # a reply malformed beyond what the validator anticipated
-            problem = f"validator raised {type(exc).__name__}: {exc}"
+            problem = f"validator raised {type(exc).__name__}: {node_text(exc)}"
         if problem:
             _exclude(out, nid, problem, group_id)
             continue
@@ -458,7 +459,7 @@ def _exchange(grid: Grid, payloads: Mapping[int, RecordDict], message_type: str,
         nid = by_msg.get(reply.metadata.reply_to_message_id)
         if nid is None:
             if reply.has_error():
-                unmatched.append(reply.error.reason)
+                unmatched.append(node_text(reply.error.reason))
             continue
         answers.append((nid, reply))
     ok = {nid for nid, reply in answers if not reply.has_error()}

@@ -85,7 +85,7 @@ def test_a_phase_without_any_client_stops_with_the_phase_and_every_reason(tmp_pa
 
     with pytest.raises(RuntimeError, match=r"phase 'embed-0': no client left") as err:
         _run(tmp_path, crash)
-    assert all(f"node {n}: error reply: simulated crash" in str(err.value)
+    assert all(f'node {n}: error reply: "simulated crash"' in str(err.value)
                for n in (1000, 1001, 1002, 1003))
 
 

@@ -68,10 +68,10 @@ class LateGrid(InProcessGrid):
 
 
 CASES = {
-    ("exact-fcm", "error"): "error reply: simulated ClientApp crash",
+    ("exact-fcm", "error"): 'error reply: "simulated ClientApp crash"',
     ("exact-fcm", "shape"): "rejected reply: 'sums.U' has shape",
     ("exact-fcm", "nan"): "rejected reply: 'sums.U' has NaN values",
-    ("fedfcm", "error"): "error reply: simulated ClientApp crash",
+    ("fedfcm", "error"): 'error reply: "simulated ClientApp crash"',
     ("fedfcm", "shape"): "rejected reply: 'local.k2' has shape",
 }
 PHASE = {"exact-fcm": "query.fcm_sums", "fedfcm": "train.fedfcm_local"}
@@ -142,7 +142,7 @@ def test_error_reply_with_superlink_sender_id_is_attributed_to_the_destination(t
     cfg = {**CFG["exact-fcm"], "num-clients": 4, "seed": 1}
     grid = WrongSender(client_app, 4, cfg, keep_sent=True)
     summary, history = _run(tmp_path, "exact-fcm", grid)
-    assert all(h["dropped_nodes"].get(str(BAD), "").startswith("error reply: Node Unavailable")
+    assert all(h["dropped_nodes"].get(str(BAD), "").startswith('error reply: "Node Unavailable')
                for h in history)
     assert "1" not in history[0]["dropped_nodes"]
 

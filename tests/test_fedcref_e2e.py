@@ -316,7 +316,7 @@ def test_inactive_clients_train_communities_but_do_not_refine(data_root: Path,
     ("query.fedcref_assoc", "shape", "rejected reply: 'accept' has shape"),
     ("train.fedcref_comm", "nan", "rejected reply: 'models."),
     ("train.fedcref_comm", "shape", "rejected reply: 'models.W0' has shape"),
-    ("train.fedcref_refine", "error", "error reply: simulated ClientApp crash"),
+    ("train.fedcref_refine", "error", 'error reply: "simulated ClientApp crash"'),
 ])
 def test_bad_reply_is_rejected_in_every_phase(data_root: Path, tmp_path: Path, phase: str,
                                               kind: str, reason: str) -> None:

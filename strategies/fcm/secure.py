@@ -52,6 +52,7 @@ from strategies.common import (
 )
 from strategies.fcm.family import FamilyClients
 from strategies.wire import fcm as wire
+from strategies.wire.replies import node_text
 
 LOG = logging.getLogger("fedclust")
 
@@ -181,29 +182,59 @@ def secure_final(grid: Grid, node_ids: list[int], centers: np.ndarray, sc: Scali
     return j, (table if eval_rows > 0 else None), ex, n, rows
 
 
+class SecureAggregationFailed(RuntimeError):
+    """A SecAgg+ round summed nothing and its recovery failed: the run stops."""
+
+
+#: SecAgg+'s stages in protocol order (:func:`_culprits`)
+STAGE_ORDER = ("setup", "share_keys", "collect_masked_vectors", "unmask")
+
+
 def _secure_round(grid: Grid, node_ids: list[int], centers: np.ndarray, sc: Scaling,
                   timeout: float, rnd: int, fit_config: dict[str, Any], length: int
                   ) -> tuple[np.ndarray | None, Exchange, int]:
-    """Drive one SecAgg+ round; return ``(Σ of the clients' vectors or None, exchange, n)``.
+    """Drive one SecAgg+ round; return ``(Σ of the clients' vectors, exchange, n)``.
 
-    ``None`` means nothing was summed (fewer than 2 clients, or the protocol halted).
-    ``length``: the size of every client's vector; a reply of the wrong form (a masked vector
-    of another size, or a stage reply without what the stage returns) is refused before it
-    reaches the workflow, and the node counts as dropped. SecAgg+ recovers from a node dropped
-    after it shared its key shares; one dropped before (in the setup or share-keys stage)
-    leaves the others unable to unmask, so the round halts. It is then run once more without
-    the nodes whose replies were refused.
+    ``None`` means nothing was summed: fewer than 2 clients (the caller refuses that before
+    any round). ``length``: the size of every client's vector; a reply of the wrong form (a
+    masked vector of another size, or a stage reply without what the stage returns) is
+    refused before it reaches the workflow, and the node counts as dropped. SecAgg+ recovers
+    from a node dropped after it shared its key shares; one dropped before (in the setup or
+    share-keys stage), or stale or forged shares, leave the others unable to unmask, so the
+    round halts. It is then run once more without the nodes that failed first (those refused
+    or silent in the earliest stage in which any node failed).
+
+    Raises
+    ------
+    SecureAggregationFailed
+        The round halted and its second try failed too, or could not be made (no node to
+        leave out, or fewer than 2 left): a recovery that fails stops the run, never a round
+        that silently contributes nothing.
     """
-    total, ex, n = _secure_round_once(grid, node_ids, centers, sc, timeout, rnd, fit_config,
-                                      length)
-    rest = [nid for nid in node_ids if nid not in ex.excluded]
-    if total is not None or not ex.excluded or len(rest) < 2:
+    total, ex, n, first, halted = _secure_round_once(grid, node_ids, centers, sc, timeout,
+                                                     rnd, fit_config, length)
+    if total is not None:
         return total, ex, n
-    LOG.warning("[round-%s] secure aggregation again without the excluded node(s) %s",
-                rnd, sorted(ex.excluded))
-    total, again, n = _secure_round_once(grid, rest, centers, sc, timeout, rnd, fit_config,
-                                         length)
-    again.failed.update(ex.excluded)
+    label = "final" if wire.is_final(fit_config) else f"round-{rnd}"
+    culprits = _culprits(first) | set(ex.excluded)
+    rest = [nid for nid in node_ids if nid not in culprits]
+    if not culprits or len(rest) < 2:
+        raise SecureAggregationFailed(_failure_message(
+            label, ex, halted, "no second try was possible: " + (
+                "no node failed before the protocol broke, so none can be left out"
+                if not culprits else f"only {len(rest)} node(s) would remain, and SecAgg+ "
+                                     f"needs 2")))
+    LOG.warning("[%s] secure aggregation halted; again without the node(s) that failed "
+                "first: %s", label, "; ".join(f"{node_name(c)}: {ex.failed.get(c, '?')}"
+                                              for c in sorted(culprits)))
+    total, again, n, _, halted = _secure_round_once(grid, rest, centers, sc, timeout, rnd,
+                                                    fit_config, length)
+    if total is None:
+        left_out = ", ".join(node_name(c) for c in sorted(culprits))
+        raise SecureAggregationFailed(_failure_message(
+            label, again, halted, f"the second try without {left_out} halted too"))
+    for nid in culprits:
+        again.failed[nid] = ex.failed.get(nid, "secure aggregation halted")
     again.excluded.update(ex.excluded)
     again.bytes_sent += ex.bytes_sent
     again.bytes_received += ex.bytes_received
@@ -211,10 +242,33 @@ def _secure_round(grid: Grid, node_ids: list[int], centers: np.ndarray, sc: Scal
     return total, again, n
 
 
+def _culprits(first: dict[int, str]) -> set[int]:
+    """The nodes that failed in the earliest stage in which any node failed (``first``: node →
+    the stage of its first failure)."""
+    if not first:
+        return set()
+    earliest = min(first.values(), key=lambda st: STAGE_ORDER.index(st)
+                   if st in STAGE_ORDER else len(STAGE_ORDER))
+    return {nid for nid, st in first.items() if st == earliest}
+
+
+def _failure_message(label: str, ex: Exchange, halted: str, why: str) -> str:
+    reasons = "; ".join(f"{node_name(n)}: {r}" for n, r in sorted(ex.failed.items())) or \
+        "no node named a reason"
+    return (f"exact FCM with SecAgg+: the secure aggregation of phase '{label}' summed nothing "
+            f"({halted}; {reasons}), and {why}. The run stops rather than go on without this "
+            f"phase's sums. Fix: check the named nodes (their logs, their fedclust version; "
+            f"stale or forged SecAgg+ replies break the protocol for every node), raise run config "
+            f"'timeout' if they are only slow, or run once with fcm.secure-aggregation=false, "
+            f"whose per-node checks name a node that sends bad values.")
+
+
 def _secure_round_once(grid: Grid, node_ids: list[int], centers: np.ndarray, sc: Scaling,
                        timeout: float, rnd: int, fit_config: dict[str, Any], length: int
-                       ) -> tuple[np.ndarray | None, Exchange, int]:
-    """One run of the SecAgg+ workflow over ``node_ids`` (:func:`_secure_round`)."""
+                       ) -> tuple[np.ndarray | None, Exchange, int, dict[int, str], str]:
+    """One run of the SecAgg+ workflow over ``node_ids`` (:func:`_secure_round`); the last
+    items map each node that failed to the stage of its first failure, and say why the round
+    halted ("" when it did not)."""
     from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
     from flwr.server import LegacyContext, ServerConfig
     from flwr.server.compat.grid_client_proxy import GridClientProxy
@@ -230,7 +284,7 @@ def _secure_round_once(grid: Grid, node_ids: list[int], centers: np.ndarray, sc:
     if len(nodes) < 2:
         ex.failed.update({n: "secure aggregation needs at least 2 clients" for n in nodes})
         ex.seconds = time.perf_counter() - t0
-        return None, ex, 0
+        return None, ex, 0, {}, "fewer than 2 clients"
     seen: dict[str, Any] = {}
 
     class _RoundStrategy(FedAvg):
@@ -246,7 +300,7 @@ def _secure_round_once(grid: Grid, node_ids: list[int], centers: np.ndarray, sc:
         def aggregate_fit(self, server_round, results, failures):  # noqa: D102
             seen["n"] = len(results)
             seen["contributors"] = sorted(p.node_id for p, _ in results)
-            seen["failures"] = [str(e) for e in failures]
+            seen["failures"] = [node_text(e) for e in failures]
             return super().aggregate_fit(server_round, results, failures)
 
     strategy = _RoundStrategy(
@@ -269,7 +323,11 @@ def _secure_round_once(grid: Grid, node_ids: list[int], centers: np.ndarray, sc:
     # there (centers, shift, scale), and read the summed vector back from the same record.
     lctx.state.array_records[MAIN_PARAMS_RECORD] = _params_record(params)
     counting = _CountingGrid(grid, length)
-    workflow(counting, lctx)
+    try:
+        workflow(counting, lctx)
+    except Exception as exc:  # Flower's workflow on replies it cannot use (e.g. stale shares)
+        seen.pop("n", None)
+        seen["failures"] = [f"SecAgg+ workflow: {type(exc).__name__} {node_text(exc)}"]
     ex.bytes_sent, ex.bytes_received = counting.bytes_sent, counting.bytes_received
     after = lctx.state.array_records[MAIN_PARAMS_RECORD]
     n = int(seen.get("n", 0))
@@ -281,16 +339,16 @@ def _secure_round_once(grid: Grid, node_ids: list[int], centers: np.ndarray, sc:
         if nid not in contributors and nid not in ex.failed:
             ex.failed[nid] = counting.why.get(nid, "dropped out of secure aggregation")
     if n == 0 or "n" not in seen:
-        LOG.warning("[%s] secure aggregation halted; nothing summed (%s)", label,
-                    seen.get("failures"))
+        halted = "; ".join(seen.get("failures") or []) or "the protocol halted"
+        LOG.warning("[%s] secure aggregation halted; nothing summed (%s)", label, halted)
         ex.failed.update({nid: ex.failed.get(nid, "secure aggregation halted") for nid in nodes})
         ex.seconds = time.perf_counter() - t0
-        return None, ex, 0
+        return None, ex, 0, dict(counting.first_stage), halted
     mean_vec = parameters_to_ndarrays(_to_parameters(after))[0]
     for nid, why in ex.failed.items():
         LOG.warning("[%s] node %s dropped: %s", label, nid, why)
     ex.seconds = time.perf_counter() - t0
-    return np.asarray(mean_vec, dtype=np.float64) * n, ex, n
+    return np.asarray(mean_vec, dtype=np.float64) * n, ex, n, dict(counting.first_stage), ""
 
 
 MAX_SECURE_CLIENTS = MOD // QUANT - 1   # the modular sum of n values < 2^22 must stay < 2^32
@@ -352,6 +410,7 @@ class _CountingGrid:
         self.why: dict[int, str] = {}
         self.rejected: dict[int, str] = {}
         self.seen: set[int] = set()     # every node sent a message in this secure round
+        self.first_stage: dict[int, str] = {}   # node -> the stage it first failed in
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._grid, name)
@@ -382,7 +441,8 @@ class _CountingGrid:
                 # SuperLink-made error replies carry src_node_id 1: never pass them on to the
                 # workflow (it keys state by src_node_id); record the reason by destination.
                 if nid is not None:
-                    self.why[nid] = f"error reply: {r.error.reason}"
+                    self.why[nid] = f"error reply: {node_text(r.error.reason)}"
+                    self.first_stage.setdefault(nid, stages.get(nid) or "")
                     answered.add(nid)
                 continue
             if nid is not None:
@@ -396,12 +456,14 @@ class _CountingGrid:
             if problem:
                 # kept from the sum: SecAgg+ treats the node as dropped and removes its masks
                 self.rejected[nid] = problem
+                self.first_stage.setdefault(nid, stages.get(nid) or "")
                 continue
             clean.append(r)
         for m in messages:
             nid = m.metadata.dst_node_id
             if nid not in answered:
                 self.why.setdefault(nid, f"no reply within {timeout}s (secure aggregation)")
+                self.first_stage.setdefault(nid, stages.get(nid) or "")
         ok = {by_msg.get(r.metadata.reply_to_message_id) for r in replies if not r.has_error()}
         config_answered(ok - {None}, set(by_msg.values()) - ok)
         return clean

@@ -26,7 +26,10 @@ happens to a rejected reply (the node is excluded from the phase, named in the l
 
 from __future__ import annotations
 
+import json
 import math
+import re
+import unicodedata
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -236,6 +239,29 @@ def total_problem(name: str, total: float, low: float, high: float, why: str,
         return None
     span = f"{low:.6g}" if low == high else f"[{low:.6g}, {high:.6g}]"
     return f"'{name}' totals {total:.6g}, expected {span} ({why})"
+
+
+#: the most characters of a node's own text (an error reason) that are logged or stored
+NODE_TEXT_LIMIT = 300
+_ESCAPES = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])")
+
+
+def node_text(text: object, limit: int = NODE_TEXT_LIMIT) -> str:
+    """Text a node sent (an error reason, a label), as the server may log or store it: quoted,
+    terminal escape sequences removed, every other control or format character (newline,
+    carriage return, bidirectional overrides …) a blank, cut to ``limit`` characters.
+
+    A node's words then stay one quoted field of the server's line: it cannot start a line of
+    its own (forging, say, a ``fedclust INFO done …`` line), colour the terminal, or fill the
+    log. Every reason a node gives enters the server through this function
+    (:func:`strategies.common.send_and_collect` and the SecAgg+ driver).
+    """
+    raw = _ESCAPES.sub("", str(text))
+    clean = " ".join("".join(ch if unicodedata.category(ch)[0] != "C" else " "
+                             for ch in raw).split())
+    if len(clean) > limit:
+        clean = f"{clean[:limit]}… ({len(clean) - limit} more characters)"
+    return json.dumps(clean, ensure_ascii=False)
 
 
 def _kind_name(kind: str) -> str:
