@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -284,23 +285,10 @@ def engine_clients(grid: Grid, cfg: Mapping[str, object]) -> int:
     if not first:
         raise RuntimeError(f"no node connected within timeout={timeout:g}s (run config "
                            "'timeout'): start the SuperNodes, or raise timeout, and run again")
-    # up to 3 nodes: one node's word about the engine is not trusted on its own
+    # up to 3 nodes, more on a tie: one node's word about the engine is not trusted on its own
     ex = send_and_collect(grid, first[:3], RecordDict(), "query.fedclust_node", "engine",
                           timeout, validate=_node_info_ok)
-    if not ex.replies:
-        raise RuntimeError(f"node {first[0]} did not say what the engine gave it: "
-                           f"{ex.failed[first[0]]}")
-    said = {nid: int(r.metric_records["metrics"]["num-partitions"])
-            for nid, r in ex.replies.items()}
-    connected = len(first)
-    # a simulation engine registers all its nodes at the start: its node count is what the
-    # grid lists; a deployed node says 0. Any other count is a node's error or lie.
-    trusted = [v for v in said.values() if v in (0, connected)]
-    parts = trusted[0] if trusted else max(set(said.values()), key=list(said.values()).count)
-    for nid, v in said.items():
-        reject(ex, nid, None if v == parts else
-               f"it says the engine has num-partitions={v} nodes, but {connected} are "
-               f"connected and the other nodes say {parts}", "engine")
+    parts = _engine_majority(grid, ex, first, timeout)
     n = int(cfg["num-clients"])  # type: ignore[call-overload]
     if parts == 0:
         return n
@@ -314,6 +302,59 @@ def engine_clients(grid: Grid, cfg: Mapping[str, object]) -> int:
             f"(every node is one of num-partitions={parts} partitions). Allowed: num-clients=0 "
             f"(as many clients as the engine has) or {parts}. Fix: pass --federation-config "
             f"'num-supernodes={n}' to flwr run, or num-clients=0")
+    return parts
+
+
+def _engine_majority(grid: Grid, ex: Exchange, connected: list[int], timeout: float) -> int:
+    """The engine's node count the majority of the asked nodes reports (0: deployment).
+
+    A simulation engine registers all its nodes at the start, so an honest simulated node
+    says ``num-partitions`` = the connected nodes, and a deployed node says 0: any other
+    answer is outside the possible range and excludes its sender. Of the possible answers,
+    the majority decides and the minority is excluded; on a tie every connected node is
+    asked, and a tie that remains stops the run (which nodes are right cannot be told).
+    """
+    from fedclust.config import ConfigError
+
+    possible = (0, len(connected))
+    asked = list(ex.replies) + list(ex.failed)
+    while True:
+        said = {nid: int(r.metric_records["metrics"]["num-partitions"])
+                for nid, r in ex.replies.items()}
+        for nid, v in said.items():
+            reject(ex, nid, None if v in possible else
+                   f"it says the engine has num-partitions={v} nodes, but {len(connected)} are "
+                   f"connected (possible answers: {len(connected)} in simulation, 0 in "
+                   f"deployment)", "engine")
+        votes = Counter(v for nid, v in said.items() if nid in ex.replies).most_common()
+        tied = len(votes) > 1 and votes[0][1] == votes[1][1]
+        more = [n for n in connected if n not in asked]
+        if not tied or not more:
+            break
+        extra = send_and_collect(grid, more, RecordDict(), "query.fedclust_node", "engine",
+                                 timeout, validate=_node_info_ok)
+        asked += more
+        ex.replies.update(extra.replies)
+        ex.failed.update(extra.failed)
+        ex.excluded.update(extra.excluded)
+    if not votes:
+        raise RuntimeError(
+            f"no node said what the engine gave it: "
+            f"{'; '.join(f'{node_name(n)}: {w}' for n, w in sorted(ex.failed.items()))}. "
+            f"Fix: check the nodes' logs and fedclust versions, then run again")
+    if tied:
+        raise ConfigError(
+            f"the nodes disagree about the engine with no majority: "
+            f"{', '.join(f'{c} say num-partitions={v}' for v, c in votes)} ({len(connected)} "
+            f"connected). Allowed: every node of a simulation says {len(connected)}, every "
+            f"deployed node 0. Fix: check the nodes that answer otherwise (their fedclust "
+            f"version, their node config), or remove them from the federation")
+    parts = votes[0][0]
+    for nid, v in said.items():
+        if nid in ex.replies:
+            reject(ex, nid, None if v == parts else
+                   f"it says the engine has num-partitions={v} nodes, but {len(connected)} "
+                   f"are connected and the majority of the nodes asked say {parts}", "engine")
     return parts
 
 

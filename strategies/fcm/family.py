@@ -83,19 +83,31 @@ class FamilyClients:
                 if reject(ex, nid, None if d == common else
                           f"{d} features where the other clients have {common}", "scaling"):
                     del speaking[nid]
-        # nodes whose files name their columns: the same names in the same order (a file
-        # with its columns in another order would be summed position by position)
-        named = {nid: g for nid in speaking if (g := wire.column_digest(speaking[nid]))}
-        names = Counter(named.values()).most_common()
+        # the same column names in the same order (a file with its columns in another order
+        # would be summed position by position): the majority's digest decides, and once it
+        # names columns, a node that sends none (0) fails the check like one that differs
+        digests = {nid: wire.column_digest(speaking[nid]) for nid in speaking}
+        names = Counter(g for g in digests.values() if g).most_common()
         if len(names) > 1 and names[0][1] == names[1][1]:
             raise RuntimeError(f"the clients' data files name their columns differently (or "
-                               f"in another order) with no majority ({len(named)} nodes, "
+                               f"in another order) with no majority ({len(digests)} nodes, "
                                f"{len(names)} different headers): give every node's file the "
                                f"same columns in the same order")
-        for nid, g in named.items():
-            if reject(ex, nid, None if g == names[0][0] else
-                      "its data file's feature columns differ from the other nodes' (names "
-                      "or order): reorder or rename its columns as the others'", "scaling"):
+        unnamed = sum(1 for g in digests.values() if not g)
+        majority = names[0][0] if names and names[0][1] >= unnamed else 0
+        for nid, g in digests.items():
+            if majority and g != majority:
+                why = ("its data file's feature columns differ from the other nodes' (names or "
+                       "order): reorder or rename its columns as the others'" if g else
+                       "it sent no digest of its feature column names while the majority's "
+                       "files name their columns, so its column order cannot be checked: give "
+                       "its file the same header row as the others'")
+            elif not majority and g and names[0][0] != g:
+                why = ("its data file's feature columns differ from the other named nodes' "
+                       "(names or order): reorder or rename its columns as the others'")
+            else:
+                why = None
+            if reject(ex, nid, why, "scaling"):
                 del speaking[nid]
         require_honest(ex, "scaling", len(speaking), len(self.ids), self.cfg)
         self.excluded.update(ex.excluded)
