@@ -564,6 +564,15 @@ def _run(strategy: FedclustStrategy, nodes: list[dict[str, Any]], seed: int,
     from server_app.inprocess import InProcessGrid
 
     run_config.setdefault("num-clients", len(nodes))
+    from fedclust.config import COMMON_KEYS
+
+    count = next(k for k in COMMON_KEYS if k.name == "num-clients").parse(
+        run_config["num-clients"])
+    if count not in (0, len(nodes)):
+        raise ConfigError(f"simulate(): run_config num-clients = {count} but {len(nodes)} "
+                          f"client(s) were given. Allowed: num-clients = {len(nodes)} (or 0, "
+                          f"or leave it out). Fix: drop num-clients from run_config, or pass "
+                          f"{count} clients")
     args = {"dataset": dataset, "seed": seed, "output_dir": output_dir, "evaluate": evaluate,
             "run_config": run_config}
     grid = InProcessGrid(client_app, len(nodes), strategy.full_run_config(**args),

@@ -13,11 +13,23 @@ answered together: where fedclust's ClientApp has a batched form of the phase's 
 FedCRef's local and community training), all nodes' answers are computed as one batched
 computation on the method's device, and each node still gets its own reply, checked by the
 server like any other (``batch=False``: one message after another).
+
+Like every engine, it honours the reply ``timeout`` of :meth:`InProcessGrid.send_and_receive`:
+the handlers run in a worker thread, one message after the other in the order sent (or one
+batched computation), and each message gets ``timeout`` seconds from the start of its own
+handler (the nodes of a real engine run side by side, each with the whole timeout; a batch gets
+``timeout`` as a whole). A handler that overruns counts as no reply and the next messages are
+served by a fresh worker; its node, still inside the handler (hung), gets no further message
+answered until it returns, as a hung SuperNode would. All its nodes exist from the start
+(:attr:`InProcessGrid.complete`), so a run never waits for more nodes to connect.
 """
 
 from __future__ import annotations
 
+import contextvars
 import itertools
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -50,6 +62,9 @@ class InProcessGrid(Grid):
         (module docstring).
     """
 
+    #: every node exists from the start: nothing is gained by waiting for more to connect
+    complete = True
+
     def __init__(self, client_app: ClientApp, num_nodes: int, run_config: Mapping[str, Any],
                  node_configs: list[Mapping[str, Any]] | None = None,
                  drop: Callable[[int, Message], bool] | None = None,
@@ -61,6 +76,8 @@ class InProcessGrid(Grid):
         self._replies: dict[str, Message] = {}
         self._ids = itertools.count(1)     # message ids, unique within this grid
         self.sent: list[Message] = []
+        self.busy: set[int] = set()      # nodes whose handler still runs past a deadline
+        self._lock = threading.Lock()
         self.contexts = {}
         for i in range(num_nodes):
             node_config = dict(node_configs[i]) if node_configs else {
@@ -83,6 +100,13 @@ class InProcessGrid(Grid):
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:  # noqa: D102
         messages = list(messages)
+        ids = self._assign_ids(messages)
+        if not self._batched(messages, ids, lambda: True):
+            for mid, msg in zip(ids, messages, strict=True):
+                self._answer(mid, msg, lambda: True)
+        return ids
+
+    def _assign_ids(self, messages: list[Message]) -> list[str]:
         ids = []
         for msg in messages:
             mid = f"{next(self._ids):032x}"
@@ -90,40 +114,118 @@ class InProcessGrid(Grid):
             if self.keep_sent:
                 self.sent.append(msg)
             ids.append(mid)
-        if self.batch and len(messages) > 1:
-            from client_apps.base import batchable, serve_batch
-
-            if batchable(self.client_app, messages):
-                todo = [(mid, m) for mid, m in zip(ids, messages, strict=True)
-                        if self.drop is None or not self.drop(m.metadata.dst_node_id, m)]
-                replies = serve_batch(self.client_app, [(m, self.contexts[
-                    m.metadata.dst_node_id]) for _, m in todo])
-                for k, (mid, msg) in enumerate(todo):
-                    self._answer(mid, msg, None if replies is None else replies[k])
-                return ids
-        for mid, msg in zip(ids, messages, strict=True):
-            # drop is asked just before the node gets its message (tests restart nodes there)
-            if self.drop is None or not self.drop(msg.metadata.dst_node_id, msg):
-                self._answer(mid, msg)
         return ids
 
-    def _answer(self, mid: str, msg: Message, reply: Message | None = None) -> None:
-        """Keep the node's reply to ``msg`` (``reply``, or the ClientApp's answer now)."""
+    def _batched(self, messages: list[Message], ids: list[str], wanted: Callable[[], bool]
+                 ) -> bool:
+        """Answer ``messages`` as one batched computation where the ClientApp has one for their
+        phase (module docstring); False when it has none (answer them one by one)."""
+        if not (self.batch and len(messages) > 1):
+            return False
+        from client_apps.base import batchable, serve_batch
+
+        if not batchable(self.client_app, messages):
+            return False
+        todo = [(mid, m) for mid, m in zip(ids, messages, strict=True)
+                if self.drop is None or not self.drop(m.metadata.dst_node_id, m)]
+        with self._lock:
+            todo = [(mid, m) for mid, m in todo if m.metadata.dst_node_id not in self.busy]
+            nodes = {m.metadata.dst_node_id for _, m in todo}
+            self.busy |= nodes
+        try:
+            replies = serve_batch(self.client_app, [(m, self.contexts[
+                m.metadata.dst_node_id]) for _, m in todo])
+        finally:
+            with self._lock:
+                self.busy -= nodes
+        for k, (mid, msg) in enumerate(todo):
+            self._answer(mid, msg, wanted, None if replies is None else replies[k], ask=False)
+        return True
+
+    def _answer(self, mid: str, msg: Message, wanted: Callable[[], bool],
+                reply: Message | None = None, ask: bool = True) -> None:
+        """Keep the node's reply to ``msg`` (``reply``, or the ClientApp's answer now) while
+        ``wanted()`` (the caller still waits for it)."""
+        nid = msg.metadata.dst_node_id
         if reply is None:
+            # drop is asked just before the node gets its message (tests restart nodes there)
+            if ask and self.drop is not None and self.drop(nid, msg):
+                return
+            with self._lock:
+                if nid in self.busy:          # still inside an earlier handler: no answer
+                    return
+                self.busy.add(nid)
             try:
-                reply = self.client_app(msg, self.contexts[msg.metadata.dst_node_id])
+                reply = self.client_app(msg, self.contexts[nid])
             except Exception as exc:  # the engines turn handler exceptions into error replies
                 reply = Message(Error(code=0, reason=repr(exc)), reply_to=msg)
+            finally:
+                with self._lock:
+                    self.busy.discard(nid)
         if self.inspect is not None:
             self.inspect(msg, reply)
-        self._replies[mid] = reply
+        if wanted():
+            with self._lock:
+                self._replies[mid] = reply
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:  # noqa: D102
-        return [self._replies.pop(i) for i in list(message_ids) if i in self._replies]
+        with self._lock:
+            return [self._replies.pop(i) for i in list(message_ids) if i in self._replies]
 
     def send_and_receive(self, messages: Iterable[Message], *,  # noqa: D102
                          timeout: float | None = None) -> Iterable[Message]:
-        return self.pull_messages(self.push_messages(messages))
+        # One worker thread serves the messages in the order sent (or as one batch). Each
+        # handler gets `timeout` seconds from its own start: one that overruns is abandoned —
+        # its node stays busy — and a fresh worker serves the messages after it.
+        messages = list(messages)
+        ids = self._assign_ids(messages)
+        cond = threading.Condition()
+        k = 0
+        while k < len(messages):
+            abandoned = threading.Event()
+            progress: dict[str, Any] = {"k": k, "t": time.monotonic(), "error": None}
+            ctx = contextvars.copy_context()    # the caller's context vars reach the handlers
+
+            def wanted(abandoned: threading.Event = abandoned) -> bool:
+                return not abandoned.is_set()
+
+            def work(first: int = k, progress: dict[str, Any] = progress,
+                     ctx: contextvars.Context = ctx, wanted: Callable[[], bool] = wanted
+                     ) -> None:
+                try:
+                    if first == 0 and ctx.run(self._batched, messages, ids, wanted):
+                        first = len(messages)
+                    for j in range(first, len(messages)):
+                        if not wanted():
+                            return
+                        with cond:
+                            progress["k"], progress["t"] = j, time.monotonic()
+                            cond.notify_all()
+                        ctx.run(self._answer, ids[j], messages[j], wanted)
+                except BaseException as exc:  # noqa: BLE001 - raised again in the caller
+                    progress["error"] = exc
+                with cond:
+                    progress["k"] = len(messages)
+                    cond.notify_all()
+
+            threading.Thread(target=work, name="fedclust-inprocess", daemon=True).start()
+            with cond:
+                while progress["k"] < len(messages):
+                    if timeout is None:
+                        cond.wait()
+                        continue
+                    left = progress["t"] + max(0.0, float(timeout)) - time.monotonic()
+                    if left <= 0:
+                        break
+                    cond.wait(left)
+                done = progress["k"] >= len(messages)
+                k = progress["k"] + 1
+            if progress["error"] is not None:
+                raise progress["error"]
+            if done:
+                break
+            abandoned.set()     # message k - 1 (or the batch) overran its timeout
+        return self.pull_messages(ids)
 
 
 def run_server(run_config: Mapping[str, Any], num_nodes: int | None = None, **grid_kwargs: Any

@@ -226,13 +226,15 @@ def wait_for_nodes(grid: Grid, n: int, timeout: float, poll: float = 0.5) -> lis
     """Block until ``n`` nodes are connected (or ``timeout``); return the sorted node ids.
 
     Returns the nodes present at the deadline if fewer than ``n`` connected, so that a run can
-    proceed with the clients it has (and record it).
+    proceed with the clients it has (and record it). A grid whose nodes all exist from the
+    start (``grid.complete``, the in-process grid) is not waited for.
     """
     deadline = time.monotonic() + timeout
+    complete = bool(getattr(grid, "complete", False))   # every node there from the start
     while True:
         ids = sorted(grid.get_node_ids())
-        if len(ids) >= n or time.monotonic() >= deadline:
-            if len(ids) < n:
+        if len(ids) >= n or complete or time.monotonic() >= deadline:
+            if len(ids) < n and not complete:
                 LOG.warning("only %d of %d nodes connected after %.0fs", len(ids), n, timeout)
             return ids
         time.sleep(poll)
@@ -393,6 +395,12 @@ def connected_clients(grid: Grid, cfg: dict[str, object]) -> list[int]:
         nodes = sorted(grid.get_node_ids())
         cfg["num-clients"] = len(nodes)
         return nodes
+    if len(nodes) < n and getattr(grid, "complete", False):
+        raise ConfigError(
+            f"run config 'num-clients' = {n} but the engine has {len(nodes)} node(s), all there "
+            f"from the start: the run would wait 'timeout' for nodes that never come. Allowed: "
+            f"num-clients=0 (every node) or {len(nodes)}. Fix: pass num-clients={len(nodes)} "
+            f"(or one client array per client to simulate())")
     shared = not own_data(cfg) and not (cfg["method"] == "emdcfl"
                                         and not cfg.get("emdcfl.preflight", True))
     if shared and len(nodes) > n:
