@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -366,6 +366,25 @@ def write_table(path: Path, header: Sequence[str], table: np.ndarray,
     rows = np.asarray(table).reshape(len(table), -1)
     return outputs.write_atomic(path, lambda fh: np.savetxt(
         fh, rows, delimiter=",", header=",".join(header), comments="", fmt=fmt))
+
+
+def coverage(method: str, figure: str, covered: Iterable[Any], of_nodes: Iterable[Any],
+             rows: int | None = None) -> dict[str, Any]:
+    """``{"nodes", "of_nodes", "missing"[, "rows"]}``: which of the run's clients a figure of the
+    summary (``figure``, e.g. ``"objective"``) rests on. Every figure computed from one phase's
+    replies says so, so that a phase that lost a node never reports the others' figure as the
+    whole; a partial figure is also logged as a warning naming the missing clients."""
+    covered, of_nodes = set(covered), sorted(set(of_nodes))
+    missing = [n for n in of_nodes if n not in covered]
+    if missing:
+        LOG.warning("%s: %s covers %d of %d nodes; not: %s (they dropped out, withheld or were "
+                    "excluded in that phase) — summary metrics.%s_coverage", method, figure,
+                    len(of_nodes) - len(missing), len(of_nodes), missing, figure)
+    out: dict[str, Any] = {"nodes": len(of_nodes) - len(missing), "of_nodes": len(of_nodes),
+                           "missing": missing}
+    if rows is not None:
+        out["rows"] = int(rows)
+    return out
 
 
 def eval_coverage(method: str, nodes: int, of_nodes: int, rows: int) -> dict[str, int]:

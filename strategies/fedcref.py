@@ -298,6 +298,9 @@ class FlowerClients:
             check_each(ex2, lambda nid, c: check(nid, c)
                        or (None if "accept" in c.array_records else "still missing models"),
                        f"assoc-{t}-resend")
+            # a re-send that fails drops its node; too few honest replies left stop the run
+            require_honest(ex2, f"assoc-{t}-resend", len(ex.replies) - len(retry)
+                           + len(ex2.replies), len(asked), self.cfg)
             self.traffic.add("cross_evaluation", ex2)
             replies.update(ex2.replies)
             failed.update(ex2.failed)

@@ -53,7 +53,7 @@ from fedclust.emdcfl.cluster import Participation, cluster_fedavg, recluster_mod
 from fedclust.emdcfl.excess import Clustering, PairClouds, cluster_clients
 from fedclust.emdcfl.keys import EMDCFLSettings
 from fedclust.metrics import adjusted_rand
-from fedclust.results import Progress, Record, eval_coverage
+from fedclust.results import Progress, Record, coverage, eval_coverage
 
 
 def pair_inputs(replies: Mapping[int, Mapping[str, Mapping[str, Any]]], order: list[int]
@@ -171,7 +171,9 @@ def finish(clients: Clients, s: EMDCFLSettings, models: Mapping[int, Weights],
     MNIST, the targets' clean and backdoor accuracy."""
     num_clusters = len(set(found.values()))
     out: dict[str, Any] = {"num_clusters": num_clusters,
-                           "clusters": [found[n] for n in sorted(found)]}
+                           "clusters": [found[n] for n in sorted(found)],
+                           "clusters_coverage": coverage("emdcfl", "clusters", found,
+                                                         clients.ids)}
     fin = clients.final(models, found)
     traffic.add(fin, "evaluation")
     if not s.evaluate:      # training is over: a client that missed its model is only named

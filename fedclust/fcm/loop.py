@@ -58,7 +58,7 @@ from fedclust.fcm.phases import (
     eval_ari,
     federate_scaling,
 )
-from fedclust.results import Progress, Record, eval_coverage
+from fedclust.results import Progress, Record, coverage, eval_coverage
 
 LOG = logging.getLogger("fedclust")
 Float = np.ndarray
@@ -268,6 +268,8 @@ def run(clients: Clients, s: FCMSettings, record: Record) -> dict[str, Any]:
     # 4. final phase: the final centers reach every client; each keeps its owner's results
     fin = clients.final(centers, sc)
     metrics["objective"] = fin.objective
+    metrics["objective_coverage"] = coverage("exact-fcm", "objective", fin.objective_clients(),
+                                             nodes)
     if fin.withheld is not None:
         metrics["objective_withheld_clients"] = fin.withheld
     if s.evaluate:

@@ -42,8 +42,8 @@ class Replies(Generic[T]):
     Attributes
     ----------
     got : dict
-        The usable statistics of every client that sent some, in the order they arrived
-        (sums over clients are taken in this order).
+        The usable statistics of every client that sent some, in client order (sums over
+        clients are taken in this order, whatever the order of arrival).
     withheld : list
         The clients that answered with the privacy guard's notice (nothing of their rows).
     failed : dict
@@ -299,6 +299,9 @@ class FinalStats:
         The evaluation tables: one per client, or the one securely summed table.
     eval_nodes, eval_rows : int
         How many clients and rows the tables rest on.
+    covered : list or None
+        The clients whose share the objective holds (None: those that sent one, ``phase.got``;
+        under SecAgg+ the round's contributors).
     """
 
     objective: float
@@ -307,6 +310,11 @@ class FinalStats:
     tables: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)
     eval_nodes: int = 0
     eval_rows: int = 0
+    covered: list[Client] | None = None
+
+    def objective_clients(self) -> list[Client]:
+        """The clients the objective covers."""
+        return sorted(self.phase.got if self.covered is None else self.covered)
 
 
 def summed_contingency(tables: Sequence[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:

@@ -57,6 +57,7 @@ from fedclust.fedcref.evaluation import majority_classes, mean_accuracy, wrong_a
 from fedclust.fedcref.health import assess
 from fedclust.fedcref.keys import Settings
 from fedclust.fedcref.stopping import StabilityStop
+from fedclust.results import coverage
 
 LOG = logging.getLogger("fedclust")
 Node = tuple[int, int]                    # (client, local cluster)
@@ -443,6 +444,7 @@ def run(clients: Clients, s: Settings,
         # 5. refinement on the active clients (lines 25-31) ---------------------------------
         by_client = community_members(groups) if len(comm_params) else {}
         replies = clients.refine(t, sorted(active), comm_params, by_client)
+        in_graph, refined, asked = {key[0] for key in graph_nodes}, set(replies), set(active)
         agreements = {}
         confirmed = unconfirmed = 0
         shares = []
@@ -490,6 +492,10 @@ def run(clients: Clients, s: Settings,
         "association": s.association,
         "health": assess(history),
     }
+    if history:     # the last iteration's figures: which clients they rest on
+        everyone = range(clients.n)
+        summary["communities_coverage"] = coverage("fedcref", "communities", in_graph, everyone)
+        summary["refine_coverage"] = coverage("fedcref", "refine", refined, asked)
     for warning in summary["health"]["warnings"]:
         LOG.warning("fedcref: %s", warning)
     if s.evaluate:

@@ -50,7 +50,7 @@ from fedclust.fcm.phases import (
 from fedclust.fedfcm import average, center_shift
 from fedclust.fedfcm.keys import FedFCMSettings
 from fedclust.fedfcm.validity import DBStatistics, choose_k, federated_fuzzy_db
-from fedclust.results import Progress, Record, eval_coverage
+from fedclust.results import Progress, Record, coverage, eval_coverage
 
 Float = np.ndarray
 #: K -> (local centers (K, F), supports (K,) or None)
@@ -168,7 +168,7 @@ def run(clients: Clients, s: FedFCMSettings, record: Record) -> dict[str, Any]:
     dropped_all |= set(ix.failed)
     if s.evaluate:
         tables = _tables(ix, ks[0])
-        coverage = eval_coverage("fedfcm", len(tables), len(nodes),
+        eval_cov = eval_coverage("fedfcm", len(tables), len(nodes),
                                  sum(int(t.sum()) for _, t in tables))
     choice = choose_k(ks, fed_db)
     for k in ks:
@@ -188,6 +188,9 @@ def run(clients: Clients, s: FedFCMSettings, record: Record) -> dict[str, Any]:
         **choice.as_dict(), "fedfuzzdb": dict(zip(map(str, ks), fed_db)),
         "rounds": {str(k): rounds_of[k] for k in ks}, "unconverged_k": sorted(active),
         "objective_best_k": fin.objective,
+        "objective_best_k_coverage": coverage("fedfcm", "objective_best_k",
+                                              fin.objective_clients(), nodes),
+        "fedfuzzdb_coverage": coverage("fedfcm", "fedfuzzdb", ix.got, nodes),
         "scaling_withheld_clients": sc.withheld,
         "averaging": s.averaging, "n_clients": len(nodes),
         "dropped_nodes": sorted(dropped_all), "bytes_sent": traffic[0],
@@ -200,7 +203,7 @@ def run(clients: Clients, s: FedFCMSettings, record: Record) -> dict[str, Any]:
     if s.evaluate:
         metrics["eval_ari"] = {str(k): v for k, v in aris.items()}
         metrics["eval_ari_best_k"] = aris[choice.best_k]
-        metrics["eval_coverage"] = coverage
+        metrics["eval_coverage"] = eval_cov
     return metrics
 
 

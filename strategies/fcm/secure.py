@@ -96,11 +96,12 @@ class SecureClients(FamilyClients):
         if n_final:
             _check_secure_total(wire.secure_final_problem(objective, table, rows, sc.box),
                                 "final", self.ids, ex)
+        covered = [n for n in self.ids if n not in ex.failed]
         if table is None:
-            return FinalStats(objective, _replies(ex))
+            return FinalStats(objective, _replies(ex), covered=covered)
         return FinalStats(objective, _replies(ex), tables=[(codes, table)],
                           eval_nodes=len(sc.eval_nodes - set(ex.failed)),
-                          eval_rows=int(round(float(table.sum()))))
+                          eval_rows=int(round(float(table.sum()))), covered=covered)
 
 
 def _replies(ex: Exchange) -> Replies:
