@@ -38,6 +38,7 @@ from strategies.common import (
     Exchange,
     check_each,
     connected_clients,
+    reject,
     require_honest,
     result_record,
     send_and_collect,
@@ -120,13 +121,19 @@ class FlowerClients:
 
     def _send(self, nodes: Sequence[int], content: RecordDict | Callable[[int], RecordDict],
               message_type: str, phase: str, check: wire.Check,
-              node_check: wire.NodeCheck | None = None, required: bool = True) -> Exchange:
-        """One exchange: send, check every reply (and, given the node, ``node_check``), stop
-        when ``required`` and no client is left or too few honest ones."""
+              node_check: wire.NodeCheck | None = None, required: bool = True,
+              across: Callable[[Mapping[int, RecordDict]], dict[int, str]] | None = None
+              ) -> Exchange:
+        """One exchange: send, check every reply (and, given the node, ``node_check``; given
+        ``across``, the replies against each other), stop when ``required`` and no client is
+        left or too few honest ones."""
         ex = send_and_collect(self.grid, nodes, content, message_type, phase, self.timeout,
                               validate=check)
         if node_check is not None:
             check_each(ex, node_check, phase)
+        if across is not None:
+            for nid, why in sorted(across(ex.replies).items()):
+                reject(ex, nid, why, phase)
         if required:
             require_replies(ex, phase)
             require_honest(ex, phase, len(ex.replies), len(nodes), self.cfg)
@@ -143,7 +150,8 @@ class FlowerClients:
         shapes = wire.shapes_of(next(iter(models.values()))) if models else []
         ex = self._send(sorted(models), lambda nid: wire.train_request(models[nid], config),
                         wire.TRAIN, f"train-{rnd}", wire.check_train(shapes, keygen),
-                        wire.check_trained(models, self.declared))
+                        wire.check_trained(models, self.declared),
+                        across=lambda got: wire.across_trained(got, models))
         out = Trained()
         for nid, rd in ex.replies.items():
             out.models[nid], out.counts[nid], out.losses[nid], pub = wire.read_trained(rd,
@@ -161,7 +169,8 @@ class FlowerClients:
             return wire.check_trained(sent, self.declared)(nid, rd)
 
         ex = self._send(self.ids, wire.ifca_request(models, rnd), wire.IFCA, f"ifca-{rnd}",
-                        wire.check_ifca(wire.shapes_of(models[0]), len(models)), trained)
+                        wire.check_ifca(wire.shapes_of(models[0]), len(models)), trained,
+                        across=lambda got: wire.across_trained(got, sent))
         out = Trained()
         for nid, rd in ex.replies.items():
             out.models[nid], out.counts[nid], out.losses[nid], _ = wire.read_trained(rd, False)

@@ -59,11 +59,13 @@ from strategies.common import (
     check_each,
     connected_clients,
     name_nodes,
+    reject,
     require_honest,
     result_record,
     send_and_collect,
 )
 from strategies.wire import fedcref as fw
+from strategies.wire.replies import above_others
 
 LOG = logging.getLogger("fedclust")
 
@@ -204,6 +206,11 @@ class FlowerClients:
         ex = send_and_collect(self.grid, self.nodes, content, "train.fedcref_local",
                               f"local-{t}", self.timeout)
         check_each(ex, check, f"local-{t}")
+        # a row count far above the other nodes' (it weighs every community average)
+        for nid, why in sorted(above_others({nid: float(c.metric_records["metrics"]["n"])
+                                             for nid, c in ex.replies.items()},
+                                            "metrics.n").items()):
+            reject(ex, nid, why, f"local-{t}")
         if not ex.replies:
             raise RuntimeError(
                 f"FedCRef iteration {t}: no client answered the local phase; reasons: "

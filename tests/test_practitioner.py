@@ -217,15 +217,25 @@ def test_error_replies_carry_no_node_data():
     assert rep.error.reason == "LocalDataError: site0.csv: row 3, column 2 is not a number"
 
 
-def test_one_site_dominating_a_feature_is_named_in_a_warning(tmp_path, fedclust_log):
+@pytest.mark.parametrize("outlier", ["1234.0", "123456789.0"])
+def test_one_site_dominating_a_feature_is_named(tmp_path, fedclust_log, outlier):
+    """An outlier a few hundred spans out is named in a warning; one a million spans out (a
+    typo, another unit) would squeeze every other site's values into a sliver of the box: that
+    site is excluded from the run, named with the reason."""
     paths = write_sites(tmp_path / "sites")
     lines = paths[2].read_text().splitlines()
     cells = lines[5].split(",")
-    cells[1] = "123456789.0"                       # one outlier in feature 1 at site 2
+    cells[1] = outlier                             # one outlier in feature 1 at site 2
     lines[5] = ",".join(cells)
     paths[2].write_text("\n".join(lines) + "\n")
-    run_server({**FILES_CFG, "data-dir": str(tmp_path / "sites"),
-                "output-dir": str(tmp_path / "run")})
-    warned = [m for m in fedclust_log if "alone spans" in m]
-    assert len(warned) == 1 and "feature 1: node 1002" in warned[0]
-    assert "123456789" not in warned[0]
+    summary, _ = run_server({**FILES_CFG, "data-dir": str(tmp_path / "sites"),
+                             "output-dir": str(tmp_path / "run")})
+    if outlier == "1234.0":
+        warned = [m for m in fedclust_log if "alone spans" in m]
+        assert len(warned) == 1 and "feature 1: node 1002" in warned[0]
+        assert summary["excluded_nodes"] == []
+    else:
+        assert [(e["node"], e["phase"]) for e in summary["excluded_nodes"]] == [
+            (1002, "scaling")]
+        assert "of feature 1 reaches" in summary["excluded_nodes"][0]["reason"]
+    assert not any(outlier.removesuffix(".0") in m for m in fedclust_log)

@@ -22,6 +22,7 @@ from strategies.common import (
     send_and_collect,
 )
 from strategies.wire import fcm as wire
+from strategies.wire.replies import above_others, beyond_others
 
 
 def replies(ex: Exchange, got: dict[Client, Any], withheld: list[Client]) -> Replies:
@@ -109,9 +110,17 @@ class FamilyClients:
                 why = None
             if reject(ex, nid, why, "scaling"):
                 del speaking[nid]
+        got = {nid: wire.read_stats(c) for nid, c in speaking.items()}
+        # every value bounded by what the other nodes' values imply, not only by a fixed cap
+        across = {**above_others({n: st.rows for n, st in got.items() if st.rows is not None},
+                                 "metrics.rows"),
+                  **beyond_others({n: st.stats.min for n, st in got.items()},
+                                  {n: st.stats.max for n, st in got.items()}, "stats")}
+        for nid, why in sorted(across.items()):
+            reject(ex, nid, why, "scaling")
+            del speaking[nid], got[nid]
         require_honest(ex, "scaling", len(speaking), len(self.ids), self.cfg)
         self.excluded.update(ex.excluded)
-        got = {nid: wire.read_stats(c) for nid, c in speaking.items()}
         return replies(ex, got, withheld)
 
     def send(self, nodes: list[int], content: RecordDict, message_type: str, phase: str

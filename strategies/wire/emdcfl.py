@@ -70,6 +70,7 @@ from strategies.wire.records import array_record, content, to_numpy
 from strategies.wire.replies import (
     Check,
     NodeCheck,
+    above_others,
     arrays_exactly,
     first_problem,
     metric_problem,
@@ -303,6 +304,33 @@ def growth_problem(rd: RecordDict, sent: Sequence[np.ndarray], record: str = "mo
                     f"({GROWTH:g} times the layer it was sent): local training does not move "
                     "weights that far")
     return None
+
+
+#: how many decades a node's model update may lie above the other nodes' median update
+UPDATE_DECADES = 3.0
+
+
+def across_trained(replies: Mapping[int, RecordDict], sent: Mapping[int, Sequence[np.ndarray]]
+                   ) -> dict[int, str]:
+    """Server side, the checked replies of a training phase judged against each other
+    (:func:`strategies.wire.replies.above_others`): a node's update (the distance of its model
+    from the one it was sent) more than :data:`UPDATE_DECADES` orders of magnitude above the
+    other nodes' median, or a ``num-examples`` more than six above theirs, is refused. Honest
+    nodes train with the same learning rate and epochs; a model scaled within the per-node cap
+    (1000 times the model it was sent) would dominate every average it joins."""
+    norms: dict[int, float] = {}
+    sizes: dict[int, float] = {}
+    for nid, rd in replies.items():
+        if nid not in sent:
+            continue
+        model = read_model(rd.array_records["model"])
+        norms[nid] = float(np.sqrt(sum(float(np.sum((np.asarray(w, np.float64)
+                                                     - np.asarray(v, np.float64)) ** 2))
+                                       for w, v in zip(model, sent[nid]))))
+        sizes[nid] = float(rd.metric_records["metrics"]["num-examples"])
+    return {**above_others(sizes, "metrics.num-examples"),
+            **above_others(norms, "model (its distance from the model it was sent)",
+                           UPDATE_DECADES)}
 
 
 def check_train(shapes: Sequence[tuple[int, ...]], keygen: bool) -> Check:

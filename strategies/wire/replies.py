@@ -241,6 +241,77 @@ def total_problem(name: str, total: float, low: float, high: float, why: str,
     return f"'{name}' totals {total:.6g}, expected {span} ({why})"
 
 
+# ------------------------------------------------------------------ across nodes
+
+#: how far beyond the other nodes' bounds a node's bounds may reach, in typical spans
+SPAN_FACTOR = 1e3
+#: how many decades a node's count or size may lie above the other nodes' median
+COUNT_DECADES = 6.0
+
+
+def beyond_others(low: Mapping[int, np.ndarray], high: Mapping[int, np.ndarray], name: str,
+                  factor: float = SPAN_FACTOR) -> dict[int, str]:
+    """Nodes whose bounds reach far beyond what the other nodes' bounds imply: node → reason.
+
+    A fixed cap (``|x| ≤ 1e150``) lets a node widen the federated box by ±1e140 and squeeze
+    every honest node's data into a point. Here each node is judged by the others (leave one
+    out, so a liar never judges itself): per feature the median of their lower and upper
+    bounds, and the *typical span* — the largest of their median span, the gap between those
+    medians and 1e-9 of their magnitude (for a feature every other node holds constant, the
+    typical span of their other features). A node whose bound lies more than ``factor``
+    typical spans outside the medians is refused. Honest data do spread (a site with larger
+    values, an outlier row); a bound a thousand spans away squeezes every other node's data
+    into a thousandth of the box, and is named rather than believed. Nodes without rows
+    (``±inf`` bounds) neither judge nor are judged; with one node there is nobody to judge by.
+    """
+    nodes = [n for n in sorted(low) if np.all(np.isfinite(low[n]))
+             and np.all(np.isfinite(high[n]))]
+    if len(nodes) < 2:
+        return {}
+    lo = np.array([np.asarray(low[n], dtype=np.float64) for n in nodes])
+    hi = np.array([np.asarray(high[n], dtype=np.float64) for n in nodes])
+    out: dict[int, str] = {}
+    for i, nid in enumerate(nodes):
+        others = np.arange(len(nodes)) != i
+        m_lo, m_hi = np.median(lo[others], axis=0), np.median(hi[others], axis=0)
+        unit = np.maximum.reduce([np.median(hi[others] - lo[others], axis=0), m_hi - m_lo,
+                                  1e-9 * np.maximum(np.abs(m_lo), np.abs(m_hi))])
+        if np.any(unit <= 0):
+            known = unit[unit > 0]
+            unit = np.where(unit > 0, unit, float(np.median(known)) if known.size else 1.0)
+        over = np.maximum((m_lo - lo[i]) / unit, (hi[i] - m_hi) / unit)
+        j = int(np.argmax(over))
+        if over[j] > factor:
+            value = lo[i, j] if m_lo[j] - lo[i, j] >= hi[i, j] - m_hi[j] else hi[i, j]
+            out[nid] = (f"'{name}' of feature {j} reaches {value:.6g}, {over[j]:.3g} typical "
+                        f"spans beyond the other nodes' bounds [{m_lo[j]:.6g}, {m_hi[j]:.6g}] "
+                        f"(typical span {unit[j]:.3g}); more than {factor:g} is not the spread "
+                        f"of honest data, and would squeeze every other node's data into a "
+                        f"sliver of the federated box")
+    return out
+
+
+def above_others(values: Mapping[int, float], name: str, decades: float = COUNT_DECADES
+                 ) -> dict[int, str]:
+    """Nodes whose positive ``values`` (a count, a size, the norm of an update) lie more than
+    ``decades`` orders of magnitude above the median of the other nodes' (leave one out):
+    node → reason. Values of 0 neither judge nor are judged; with one node there is nobody to
+    judge by. Only the upper side is refused: a node with far less data or a smaller update
+    weighs less, not more."""
+    logs = {n: math.log10(v) for n, v in values.items() if v > 0 and math.isfinite(v)}
+    out: dict[int, str] = {}
+    for nid, lv in logs.items():
+        others = [v for n, v in logs.items() if n != nid]
+        if not others:
+            continue
+        ref = float(np.median(others))
+        if lv - ref > decades:
+            out[nid] = (f"'{name}' = {values[nid]:.6g} is {lv - ref:.3g} orders of magnitude "
+                        f"above the other nodes' median {10 ** ref:.6g}; more than {decades:g} "
+                        f"is not the spread of honest nodes")
+    return out
+
+
 #: the most characters of a node's own text (an error reason) that are logged or stored
 NODE_TEXT_LIMIT = 300
 _ESCAPES = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)?|[@-Z\\-_])")
