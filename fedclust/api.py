@@ -175,6 +175,8 @@ def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any] 
         # the training targets' names: what the classes EMD-CFL's models predict mean (FedCRef's
         # labels serve the evaluation only: they stay in memory, RunResult.classes)
         record["classes"] = list(classes)
+    if not emdcfl:
+        _check_distinct(strategy, clients, run_config)
     with tempfile.TemporaryDirectory(prefix="fedclust-simulate-") as tmp:
         nodes = []
         for i, data in enumerate(clients):
@@ -303,6 +305,23 @@ def _hf_arrays(part: Any, label_column: str | None, feature_columns: Sequence[st
     if images and image_column:
         x = np.stack([np.asarray(im, dtype=np.float64) for im in part[image_column]])
     return x, y, names
+
+
+def _check_distinct(strategy: FedclustStrategy, clients: list[Any],
+                    run_config: Mapping[str, Any] | None) -> None:
+    """Refuse client data that cannot hold the run's clusters (all-constant data, fewer
+    distinct rows than clusters) before the run: :func:`fedclust.fcm.keys.check_distinct`."""
+    from fedclust.config import validate
+    from fedclust.fcm.keys import check_distinct
+
+    arrays = []
+    for data in clients:
+        x = np.asarray(data)
+        if x.ndim < 2 or not np.issubdtype(x.dtype, np.number) or np.iscomplexobj(x):
+            return          # refused with its own message when the client's file is written
+        arrays.append(x.reshape(len(x), -1))
+    cfg = validate({**dict(run_config or {}), **strategy.run_config(), "dataset": "local"})
+    check_distinct(cfg, arrays, f"the {len(arrays)} client array(s)")
 
 
 def _from_hf_clients(clients: list[Any], labels: Sequence[Any] | None,

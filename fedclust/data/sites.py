@@ -94,7 +94,7 @@ def check_sites(cfg: Mapping[str, Any], num_nodes: int | None = None) -> list[in
             f"with dataset='files' each simulated client reads one file. Fix: pass "
             f"--federation-config 'num-supernodes={len(files)}' to flwr run (or "
             f"num_supernodes={len(files)} to fedclust-sweep), or move files out of data-dir")
-    widths, bad, rows = [], [], 0
+    widths, bad, rows, tables = [], [], 0, []
     for path in files:
         try:
             x = load(str(path))
@@ -105,6 +105,7 @@ def check_sites(cfg: Mapping[str, Any], num_nodes: int | None = None) -> list[in
             bad.append(f"{path.name}: no rows")
         widths.append(int(x.shape[1]))
         rows += int(x.shape[0])
+        tables.append(x)
     if bad:
         raise SiteFilesError("unreadable site files in data-dir: " + "; ".join(bad))
     if len(set(widths)) > 1:
@@ -114,9 +115,10 @@ def check_sites(cfg: Mapping[str, Any], num_nodes: int | None = None) -> list[in
                              f"Allowed: the same columns in every file. Fix: give every site "
                              f"the same features (a label column is named by "
                              f"files.label-column and not counted)")
-    from fedclust.fcm.keys import check_rows
+    from fedclust.fcm.keys import check_distinct, check_rows
 
     check_rows(dict(cfg), rows, "the site files of data-dir")
+    check_distinct(dict(cfg), tables, "the site files of data-dir")
     return widths
 
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+
 from fedclust.fcm import M_MAX, MAX_UNDERFLOW_DIGITS, SECURE_UNDERFLOW_DIGITS, fuzzifier_problem
-from fedclust.schema import Key, require
+from fedclust.schema import ConfigError, Key, require
 
 FCM_KEYS: list[Key] = [
     Key("fcm.n-clusters", int, 4, "number of clusters C", low=2),
@@ -197,6 +199,47 @@ def check_rows(cfg: dict[str, Any], rows: int, whose: str) -> None:
             f"pass {key}={max(2, min(rows, c) // 2)} or fewer, or give the run more rows")
 
 
+def distinct_rows(arrays: Sequence[np.ndarray], enough: int) -> int:
+    """How many distinct rows ``arrays`` hold together, counted up to ``enough`` (a count of
+    at least ``enough`` may stop early)."""
+    found: list[np.ndarray] = []
+    for x in arrays:
+        x = np.asarray(x, dtype=np.float64).reshape(len(x), -1) + 0.0   # -0.0 is 0.0
+        found.append(np.unique(x, axis=0) if len(x) else x)
+        if len(found[-1]) >= enough:
+            return len(found[-1])
+    rows = [f for f in found if len(f)]
+    return len(np.unique(np.concatenate(rows), axis=0)) if rows else 0
+
+
+def check_distinct(cfg: dict[str, Any], arrays: Sequence[np.ndarray], whose: str) -> None:
+    """Refuse data that cannot hold the run's clusters — fewer distinct rows than clusters
+    (all-constant data: one) — before the run, with what was found: FCM would put several
+    centers on one point and report an objective of about 1e-153 as convergence.
+
+    Raises
+    ------
+    ConfigError
+        Naming the key, the rows and distinct rows found, and the fix.
+    """
+    count = cluster_count(cfg)
+    if count is None:
+        return
+    key, c = count
+    distinct = distinct_rows(arrays, c)
+    if distinct >= c:
+        return
+    rows = sum(len(x) for x in arrays)
+    what = ("every row is the same point (every feature constant)" if distinct == 1 else
+            f"only {distinct} distinct rows")
+    raise ConfigError(
+        f"run config '{key}' = {c}, but {whose} hold {rows} row(s) of which {what}: "
+        f"{c} clusters cannot be told apart in them (several centers would sit on one point, "
+        f"with an objective of about 0 reported as convergence). Allowed: at most "
+        f"{distinct} cluster(s) here. Fix: check the data (a constant or duplicated "
+        f"table, the wrong column), or lower {key}")
+
+
 def preflight(cfg: dict[str, Any]) -> None:
     """Server-side check before any work: the dataset exists and can be partitioned as asked.
 
@@ -214,6 +257,7 @@ def preflight(cfg: dict[str, Any]) -> None:
 
     ds = load_dataset(cfg)
     check_rows(cfg, int(ds.x.shape[0]), f"dataset {cfg['dataset']!r}")
+    check_distinct(cfg, [ds.x], f"dataset {cfg['dataset']!r}")
     if cfg["num-clients"]:   # 0: the engine's node count, checked when the run starts
         make_partition(cfg["partition.kind"], ds, cfg["num-clients"], cfg["seed"],
                        cfg["partition.alpha"], cfg["partition.column"], options=cfg)

@@ -172,6 +172,16 @@ def federate_scaling(phase: Replies[NodeStats], s: FamilySettings, name: Namer) 
     eval_codes = (np.unique(np.concatenate(codes)).astype(np.int64) if codes
                   else np.zeros(0, dtype=np.int64))
     shift, scale, low, high = combine_scaling(stats, s.scaling)
+    if all(np.all(np.isfinite(a)) for a in (low, high)) and np.all(high == low):
+        from fedclust.config import ConfigError
+
+        raise ConfigError(
+            f"{s.method}: every row of the {len(speaking)} node(s) that sent statistics is the "
+            f"same point (every feature constant: the federated bounds have no width), so "
+            f"{s.clusters} clusters cannot be told apart (several centers on one point, an "
+            f"objective of about 0 reported as convergence). Allowed: data with at least "
+            f"{s.clusters} distinct rows. Fix: check the nodes' data (a constant table, the "
+            f"wrong columns), then run again")
     if not all(np.all(np.isfinite(a)) for a in (shift, scale, low, high)):
         raise RuntimeError(
             f"{s.method}: the {len(speaking)} node(s) that sent statistics in the scaling "
