@@ -624,6 +624,14 @@ def _move_owner_results(grid: Any, result: RunResult) -> None:
     record_tree(*moved)     # in the run folder's manifest: overwrite=true may clear them
 
 
+def bad_input_errors() -> tuple[type[Exception], ...]:
+    """:func:`server_app.sweep.bad_input_errors`: the errors whose message names the bad
+    input, what is allowed and the fix (the launchers print them alone, exit status 2)."""
+    from server_app.sweep import bad_input_errors as errors
+
+    return errors()
+
+
 def check(run_config: Mapping[str, Any]) -> dict[str, Any]:
     """``fedclust check``: the run config as the ServerApp validates it before any message
     (every key and value, the cross-key rules, the method's preflight: the data files a

@@ -44,6 +44,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{known}usage: fedclust <command> ...\ncommands:\n{lines}", file=sys.stderr)
         return 0 if args[:1] in (["-h"], ["--help"]) else 2
     command, rest = args[0], args[1:]
+    try:
+        return _dispatch(command, rest)
+    except KeyboardInterrupt:
+        print(f"fedclust {command}: interrupted", file=sys.stderr)
+        return 130
+    except user_errors() as exc:   # bad input that got past a command's own checks
+        print(f"fedclust {command}: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    except OSError as exc:         # a file or folder this user cannot read or write
+        where = f" {exc.filename!r}" if getattr(exc, "filename", None) else ""
+        print(f"fedclust {command}: cannot read or write{where}: "
+              f"{exc.strerror or exc} ({type(exc).__name__}). Fix: check the path and its "
+              f"permissions", file=sys.stderr)
+        return 2
+
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """fedclust's errors about what the user gave (their messages name the cause, what is
+    allowed and the fix): every command prints them as one line and exits with status 2."""
+    from fedclust.api import bad_input_errors
+    from fedclust.predict.base import PredictError
+    from fedclust.report import ReportError
+
+    return (*bad_input_errors(), PredictError, ReportError)
+
+
+def _dispatch(command: str, rest: list[str]) -> int:
     if command == "report":
         if any(a == "--table" or a.startswith("--table=") for a in rest):
             return table_main(rest)

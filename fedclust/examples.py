@@ -25,11 +25,22 @@ COLUMNS = ("heart_rate", "systolic_bp", "glucose", "diagnosis")
 
 
 def write_sites(folder: str | Path, n_sites: int = 4, seed: int = 0) -> list[Path]:
-    """Write ``n_sites`` example site files into ``folder``; return their paths."""
+    """Write ``n_sites`` example site files into ``folder``; return their paths.
+
+    A site file already there is never replaced: it may be someone's data (the same example
+    written again, byte for byte, is fine).
+
+    Raises
+    ------
+    ValueError
+        ``n_sites`` below 1, or a file of another content at a site file's path.
+    """
+    if isinstance(n_sites, bool) or not isinstance(n_sites, int) or n_sites < 1:
+        raise ValueError(f"--sites = {n_sites!r}: allowed a whole number of at least 1. Fix: "
+                         f"--sites 4")
     rng = np.random.default_rng(seed)
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
+    texts = []
     for i in range(n_sites):
         share = rng.dirichlet(np.full(len(GROUPS), 2.0))
         counts = rng.multinomial(int(rng.integers(120, 400)), share)
@@ -39,10 +50,17 @@ def write_sites(folder: str | Path, n_sites: int = 4, seed: int = 0) -> list[Pat
                 lines.append(",".join(f"{v:.1f}" for v in row) + f",{name}")
         body = lines[1:]
         rng.shuffle(body)
-        path = folder / f"site{i}.csv"
-        path.write_text("\n".join([lines[0], *body]) + "\n")
-        paths.append(path)
-    return paths
+        texts.append((folder / f"site{i}.csv", "\n".join([lines[0], *body]) + "\n"))
+    taken = [p for p, text in texts if p.exists() and (not p.is_file()
+                                                        or p.read_text(errors="replace") != text)]
+    if taken:
+        raise ValueError(f"{folder} already holds {', '.join(p.name for p in taken)}, which "
+                         f"this example would replace (it may be someone's data). Allowed: a "
+                         f"new or empty folder. Fix: pass another folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    for path, text in texts:
+        path.write_text(text)
+    return [p for p, _ in texts]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -53,7 +71,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sites", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    for path in write_sites(args.folder, args.sites, args.seed):
+    try:
+        paths = write_sites(args.folder, args.sites, args.seed)
+    except ValueError as exc:
+        print(f"python -m fedclust.examples: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"python -m fedclust.examples: cannot write {args.folder!r} "
+              f"({type(exc).__name__}: {exc.strerror or exc}). Fix: pass a folder this user "
+              f"may create and write", file=sys.stderr)
+        return 2
+    for path in paths:
         print(path)
     return 0
 

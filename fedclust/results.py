@@ -268,16 +268,23 @@ def claim_folder(folder: Path, overwrite: bool = False) -> None:
     left alone. The folder then gets a new manifest.
     """
     _check_not_a_file(folder)
-    outputs.make_dirs(folder)
     try:
+        outputs.make_dirs(folder)
         fd = os.open(folder / RUNNING, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
+    except FileExistsError as exc:
+        if Path(exc.filename or "") != folder / RUNNING:
+            raise _unwritable(folder, exc) from None
         raise _in_use(folder) from None
+    except OSError as exc:      # a folder this user cannot create or write
+        raise _unwritable(folder, exc) from None
     os.write(fd, str(os.getpid()).encode())
     os.close(fd)
     try:
         kept = _clear_for_run(folder, overwrite)
         outputs.write_manifest(folder, {**kept, RUNNING: outputs.FILE})
+    except OSError as exc:
+        (folder / RUNNING).unlink(missing_ok=True)
+        raise _unwritable(folder, exc) from None
     except BaseException:
         (folder / RUNNING).unlink(missing_ok=True)
         raise
@@ -323,6 +330,14 @@ def _in_use(folder: Path) -> OutputDirError:
         f"output-dir {str(folder)!r} is in use by another run (it holds {RUNNING}). "
         f"Allowed: a folder no run is writing to. Fix: pass another output-dir, or leave it "
         f"empty for a new folder per run (delete {RUNNING} if that run is dead)")
+
+
+def _unwritable(folder: Path, exc: OSError) -> OutputDirError:
+    return OutputDirError(
+        f"output-dir {str(folder)!r} cannot be created or written ({type(exc).__name__}: "
+        f"{exc.strerror or exc}{f', at {exc.filename!r}' if exc.filename else ''}). Allowed: a "
+        f"folder this user may create and write. Fix: pass another output-dir (or leave it "
+        f"empty for a new folder under ~/fedclust-runs), or fix the folder's permissions")
 
 
 def _clear_for_run(folder: Path, overwrite: bool) -> dict[str, str]:

@@ -471,10 +471,41 @@ def write_partitions(run_config: Mapping[str, Any], directory: Path) -> list[Pat
 # Command line
 
 def _parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """``key=value`` words as ``flwr run --run-config`` reads them (TOML values), or a
+    :class:`~fedclust.config.ConfigError` naming the word, what is allowed and the fix."""
     import tomllib
 
-    return {k: v for item in items for k, v in tomllib.loads(
-        f"{json.dumps(item.split('=', 1)[0])} = {item.split('=', 1)[1]}").items()}
+    from fedclust.config import ConfigError
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ConfigError(f"run-config override {item!r} is not key=value. Allowed: "
+                              f"key=value words (TOML values, strings in double quotes). Fix: "
+                              f"e.g. fcm.n-clusters=3 dataset=\"local\"")
+        try:
+            out.update(tomllib.loads(f"{json.dumps(key.strip())} = {value}"))
+        except tomllib.TOMLDecodeError:   # a bare word: the key's schema judges it
+            out[key.strip()] = value
+    return out
+
+
+def preflight_up(run_cfg: dict[str, Any], data: Sequence[str], label_column: str) -> None:
+    """``fedclust deploy up`` before any process starts: the run config as the ServerApp
+    validates it, and every node's data file read once with the node loader (they are on this
+    machine): readable, one width, rows (and distinct rows) enough for the clusters."""
+    from fedclust.data.sites import SiteFilesError, check_tables
+    from strategies.run import check_run_config
+
+    cfg = check_run_config(dict(run_cfg))
+    missing = [p for p in data if not Path(p).exists()]
+    if missing:
+        raise SiteFilesError(f"--data names {len(missing)} file(s) that do not exist: "
+                             f"{', '.join(map(repr, missing[:5]))}. Allowed: one existing data "
+                             f"file (csv, tsv, npz, npy, or an image folder) per SuperNode. "
+                             f"Fix: check the paths")
+    check_tables(cfg, [Path(p) for p in data], "", label_column, "the --data files")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -526,6 +557,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except FileExistsError as exc:
             print(f"fedclust deploy certs: {exc}", file=sys.stderr)
             return 2
+        except OSError as exc:      # a folder that cannot be created or written
+            print(f"fedclust deploy certs: cannot write {str(args.directory)!r} "
+                  f"({type(exc).__name__}: {exc.strerror or exc}). Fix: pass a folder this "
+                  f"user may create and write", file=sys.stderr)
+            return 2
         print(f"CA {creds.ca_cert}\nSuperLink cert {creds.server_cert} key {creds.server_key}")
         for k in creds.node_keys:
             print(f"SuperNode key {k} (+ .pub)")
@@ -535,10 +571,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"up: {misplaced} look like run-config overrides, not data files: --data "
                      f"takes every word after it. Put overrides before --data, e.g. "
                      f"'up fcm.max-rounds=1 --data c0.npz c1.npz'")
-    overrides = _parse_overrides(args.overrides)
+    from server_app.sweep import bad_input_errors
+
+    try:
+        overrides = _parse_overrides(args.overrides)
+        run_cfg = {"dataset": "local", "num-clients": len(args.data), **overrides}
+        preflight_up(run_cfg, args.data, args.label_column)
+    except bad_input_errors() as exc:
+        print(f"fedclust deploy up: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
     label = {"label-column": args.label_column} if args.label_column else {}
     configs = [{"data-path": str(Path(p).resolve()), **label} for p in args.data]
-    run_cfg = {"dataset": "local", "num-clients": len(configs), **overrides}
     with LoopbackDeployment(configs, tls=args.tls, auth=args.tls, workdir=args.workdir,
                             fleet_gateway=args.tls) as dep:
         print(f"SuperLink {dep.address} ({'TLS + node auth' if args.tls else 'insecure'}), "

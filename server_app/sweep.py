@@ -106,10 +106,11 @@ def bad_input_errors() -> tuple[type[Exception], ...]:
     from fedclust.data.partition import PartitionError
     from fedclust.data.sites import SiteFilesError
     from fedclust.data.tabular import DatasetError
+    from fedclust.fedcref.system import SystemSizeError
     from fedclust.results import OutputDirError
 
     return (ConfigError, SiteFilesError, OutputDirError, DatasetError, PartitionError,
-            LocalDataError)
+            LocalDataError, SystemSizeError)
 
 
 def _flower_link():

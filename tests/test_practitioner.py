@@ -123,7 +123,7 @@ def test_predict_refuses_rows_of_the_wrong_width_and_the_cli_writes_the_same_row
     ("empty", "holds no site files"),
     ("missing", "is not a folder"),
     ("widths", r"different feature counts \(site0.csv: 3, site1.csv: 3, site2.csv: 4\)"),
-    ("unreadable", r"unreadable site files in data-dir: site1.npy"),
+    ("unreadable", r"unreadable files among the site files of data-dir: site1.npy"),
     ("count", r"holds 3 site files but the engine has 2 nodes.*num-supernodes=3"),
 ])
 def test_bad_site_folders_stop_before_any_work(tmp_path, case, match):

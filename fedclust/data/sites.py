@@ -85,8 +85,6 @@ def check_sites(cfg: Mapping[str, Any], num_nodes: int | None = None) -> list[in
     :class:`~fedclust.config.ConfigError` when an FCM method fits more clusters than the files
     hold rows; only shapes leave this function.
     """
-    load = _site_loader(cfg)
-
     files = site_files(cfg["data-dir"])
     if num_nodes is not None and num_nodes != len(files):
         raise SiteFilesError(
@@ -94,6 +92,21 @@ def check_sites(cfg: Mapping[str, Any], num_nodes: int | None = None) -> list[in
             f"with dataset='files' each simulated client reads one file. Fix: pass "
             f"--federation-config 'num-supernodes={len(files)}' to flwr run (or "
             f"num_supernodes={len(files)} to fedclust-sweep), or move files out of data-dir")
+    return check_tables(cfg, files, cfg.get("files.format", ""),
+                        cfg.get("files.label-column", ""), "the site files of data-dir")
+
+
+def check_tables(cfg: Mapping[str, Any], files: list[Path], data_format: str,
+                 label_column: str, whose: str) -> list[int]:
+    """Every node file of a run read once with the node loader, where the files are at hand
+    (the site files of a simulation, the data files of ``fedclust deploy up``): readable, not
+    empty, all of one width, with rows enough (and distinct rows enough) for the clusters.
+
+    Raises :class:`SiteFilesError` naming the files at fault, and
+    :class:`~fedclust.config.ConfigError` when an FCM method fits more clusters than the files
+    hold (distinct) rows; returns each file's feature count.
+    """
+    load = _site_loader(cfg, data_format, label_column)
     widths, bad, rows, tables = [], [], 0, []
     for path in files:
         try:
@@ -107,28 +120,31 @@ def check_sites(cfg: Mapping[str, Any], num_nodes: int | None = None) -> list[in
         rows += int(x.shape[0])
         tables.append(x)
     if bad:
-        raise SiteFilesError("unreadable site files in data-dir: " + "; ".join(bad))
+        raise SiteFilesError(f"unreadable files among {whose}: " + "; ".join(bad))
     if len(set(widths)) > 1:
         listing = ", ".join(f"{p.name}: {w}" for p, w in zip(files, widths))
-        raise SiteFilesError(f"the site files in data-dir have different feature counts "
+        raise SiteFilesError(f"{whose} have different feature counts "
                              f"({listing}). "
                              f"Allowed: the same columns in every file. Fix: give every site "
                              f"the same features (a label column is named by "
                              f"files.label-column and not counted)")
     from fedclust.fcm.keys import check_distinct, check_rows
 
-    check_rows(dict(cfg), rows, "the site files of data-dir")
-    check_distinct(dict(cfg), tables, "the site files of data-dir")
+    check_rows(dict(cfg), rows, whose)
+    check_distinct(dict(cfg), tables, whose)
     return widths
 
 
-def _site_loader(cfg: Mapping[str, Any]):
+def _site_loader(cfg: Mapping[str, Any], fmt: str | None = None, column: str | None = None):
     """``path -> (rows, features)`` array of a site file, read by the door the run's nodes
     use: EMD-CFL's labelled image splits (its train images, flattened), FedCRef's pixel table,
-    else the table loader (:func:`fedclust.data.local.load_local_table`)."""
+    else the table loader (:func:`fedclust.data.local.load_local_table`). ``fmt``, ``column``:
+    the nodes' data format and label column (default: ``files.format``,
+    ``files.label-column``)."""
     from fedclust.data.local import load_local_table, load_pixel_table
 
-    fmt, column = str(cfg.get("files.format", "")), str(cfg.get("files.label-column", ""))
+    fmt = str(cfg.get("files.format", "")) if fmt is None else fmt
+    column = str(cfg.get("files.label-column", "")) if column is None else column
     if cfg.get("method") == "emdcfl":
         from fedclust.emdcfl.data import file_image_shape, read_node_file
         from fedclust.emdcfl.keys import EMDCFLSettings

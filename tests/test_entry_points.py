@@ -1,0 +1,90 @@
+"""Every entry point turns a bad value into a fedclust message with a non-zero exit.
+
+Probe: ``fedclust deploy up --data a.csv b.csv fcm.m=abc`` (and with the override first) ended in
+a raw ``TOMLDecodeError``; an unwritable ``output-dir`` in a ``FileNotFoundError`` traceback from
+``simulate``, the sweep and ``flwr run .``; the quick start's ``python -m fedclust.examples
+sites DIR`` in one too, and it replaced a ``site0.csv`` already in DIR. Each now says what was
+wrong, what is allowed and the fix, on one line, and exits with status 2 — before any process
+starts or any file is written.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import fedclust
+from fedclust.cli import main as cli
+from fedclust.examples import main as examples
+from fedclust.results import OutputDirError
+from server_app.inprocess import run_server
+
+ROOT = Path(__file__).resolve().parents[1]
+UNWRITABLE = "/proc/fedclust-cannot-be-here"     # no user may create a folder in /proc
+
+
+def _one_clear_line(err: str, *words: str) -> None:
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith(("fedclust ", "python -m fedclust")), err
+    for word in words:
+        assert word in err, (word, err)
+
+
+@pytest.mark.parametrize("argv", [
+    ["up", "fcm.m=abc", "--data", "a.csv", "b.csv"],
+    ["up", "fcm.n-clusters=", "--data", "a.csv", "b.csv"],
+    ["up", "fcm.max-rounds=2", "--data", "missing0.csv", "missing1.csv"],
+])
+def test_deploy_up_refuses_bad_values_before_starting_anything(tmp_path, capsys, argv):
+    for name in ("a.csv", "b.csv"):
+        np.savetxt(tmp_path / name, np.random.default_rng(0).normal(size=(20, 2)),
+                   delimiter=",")
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert cli(["deploy", *argv]) == 2
+    finally:
+        os.chdir(cwd)
+    err = capsys.readouterr().err
+    _one_clear_line(err, "fedclust deploy up:", "Fix:")
+
+
+def test_deploy_certs_into_a_folder_that_cannot_be_made(capsys):
+    assert cli(["deploy", "certs", f"{UNWRITABLE}/certs"]) == 2
+    _one_clear_line(capsys.readouterr().err, "fedclust deploy certs:", "Fix:")
+
+
+def test_an_unwritable_output_dir_is_a_fedclust_error_everywhere(tmp_path):
+    rows = [np.random.default_rng(i).normal(size=(20, 2)) for i in range(2)]
+    with pytest.raises(OutputDirError, match="cannot be created or written"):
+        fedclust.simulate("exact-fcm", rows, n_clusters=2, output_dir=UNWRITABLE)
+    with pytest.raises(OutputDirError, match="Fix:"):      # the ServerApp's path
+        run_server({"method": "exact-fcm", "plots": False, "output-dir": UNWRITABLE},
+                   num_nodes=2)
+
+
+def test_the_sweep_refuses_an_unwritable_output_dir():
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    out = subprocess.run([sys.executable, "-m", "fedclust.cli", "sweep",
+                          f"app.output-dir={UNWRITABLE}", "app.plots=false"],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "Traceback" not in out.stderr and "cannot be created or written" in out.stderr
+
+
+def test_the_example_sites_never_replace_a_file_and_say_why(tmp_path, capsys):
+    mine = tmp_path / "site0.csv"
+    mine.write_text("my,own\n1,2\n")
+    assert examples(["sites", str(tmp_path)]) == 2
+    assert mine.read_text() == "my,own\n1,2\n"
+    _one_clear_line(capsys.readouterr().err, "site0.csv", "Fix:")
+    assert examples(["sites", f"{UNWRITABLE}/sites"]) == 2
+    _one_clear_line(capsys.readouterr().err, "cannot write", "Fix:")
+    assert examples(["sites", str(tmp_path / "new"), "--sites", "0"]) == 2
+    assert examples(["sites", str(tmp_path / "new")]) == 0
+    assert examples(["sites", str(tmp_path / "new")]) == 0     # the same files again: fine
