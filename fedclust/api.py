@@ -609,11 +609,12 @@ def _move_owner_results(grid: Any, result: RunResult) -> None:
     temporary data file, as on a deployed node without node config ``output-dir``)."""
     import shutil
 
+    from fedclust.data.sites import RESULTS_FOLDER
     from fedclust.outputs import make_dirs, record_tree
 
     moved = []
     for i, context in enumerate(grid.contexts.values()):
-        src = Path(context.node_config["data-path"]).parent / "fedclust-results"
+        src = Path(context.node_config["data-path"]).parent / RESULTS_FOLDER
         src = src / Path(context.node_config["data-path"]).name
         if src.is_dir():
             for run_folder in src.iterdir():

@@ -56,6 +56,8 @@ def site_files(data_dir: str | Path) -> list[Path]:
         raise SiteFilesError(f"run config 'data-dir' = {str(data_dir)!r} is not a folder. "
                              f"Allowed: a folder with one file per site. Fix: pass the folder "
                              f"that holds the site files")
+    # fedclust's own results next to the data (a deployed node's, e.g. after the quick
+    # start's step 3) are no site
     entries = sorted((p for p in root.iterdir() if not p.name.startswith(".")
                       and p.name != RESULTS_FOLDER
                       and (p.is_dir() or p.suffix.lower() in SUFFIXES)), key=lambda p: p.name)
@@ -128,6 +130,8 @@ def check_tables(cfg: Mapping[str, Any], files: list[Path], data_format: str,
                              f"Allowed: the same columns in every file. Fix: give every site "
                              f"the same features (a label column is named by "
                              f"files.label-column and not counted)")
+    if cfg.get("method", "exact-fcm") in ("exact-fcm", "fedfcm"):    # the nodes' digest rule
+        check_columns(files, data_format, label_column, whose)
     from fedclust.fcm.keys import check_distinct, check_rows
 
     check_rows(dict(cfg), rows, whose)
@@ -159,6 +163,41 @@ def _site_loader(cfg: Mapping[str, Any], fmt: str | None = None, column: str | N
     if cfg.get("method") == "fedcref":
         return lambda path: load_pixel_table(path, fmt, column)[0]
     return lambda path: load_local_table(path, fmt, column)[0]
+def check_columns(files: list[Path], data_format: str, label_column: str, whose: str) -> None:
+    """The rule the run applies to the nodes' column-name digests, applied to the files
+    themselves: the majority's header decides; once it names columns, a file with other
+    names, another order or no header is refused (the run would sum its columns position by
+    position with the others', or exclude it). Raises :class:`SiteFilesError` naming the
+    files and both headers."""
+    from collections import Counter
+
+    from fedclust.data.local import feature_names, names_digest
+
+    names = {p: feature_names(str(p), data_format, label_column) for p in files}
+    digests = {p: names_digest(n) for p, n in names.items()}
+    named = Counter(d for d in digests.values() if d).most_common()
+    if not named:
+        return
+    unnamed = sum(1 for d in digests.values() if not d)
+    if len(named) > 1 and named[0][1] == named[1][1]:
+        raise SiteFilesError(
+            f"{whose} name their feature columns differently with no majority: "
+            + "; ".join(f"{p.name}: {names[p]}" for p in files if digests[p])
+            + ". Allowed: the same columns in the same order in every file. Fix: give every "
+              "file the same header")
+    if named[0][1] < unnamed:
+        return
+    header = next(names[p] for p in files if digests[p] == named[0][0])
+    odd = [p for p in files if digests[p] != named[0][0]]
+    if odd:
+        raise SiteFilesError(
+            f"{whose}: " + "; ".join(
+                f"{p.name} has {'no header row' if not digests[p] else f'columns {names[p]}'}"
+                for p in odd)
+            + f", where the others name {header}: the run would sum such a file's columns "
+              f"position by position with the others', or exclude its node. Allowed: the same "
+              f"columns in the same order in every file. Fix: reorder or rename the columns "
+              f"of {', '.join(p.name for p in odd)} (or give it the header) as the others'")
 
 
 def simulated_nodes(run_config: Mapping[str, Any], default: int = 2) -> int:
