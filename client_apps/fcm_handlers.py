@@ -119,12 +119,29 @@ def keep_owner_results(msg: Message, context: Context, s: FamilySettings, x: np.
                         centers * scale + shift)
     for name, arr in (("centers", centers), ("scaling_shift", shift), ("scaling_scale", scale)):
         results.save_array(folder / f"{name}.npy", arr)
-    results.write_predict_info(folder, s.method, {s.m_key: s.m})
+    names = _feature_names(context)
+    results.write_predict_info(folder, s.method, {s.m_key: s.m},
+                               **({"feature_names": names} if names else {}))
     results.write_result(folder, {
         "method": s.method, "run_id": context.run_id, "rows": int(x.shape[0]),
         "n_clusters": int(centers.shape[0]), "m": s.m,
         "rows_per_cluster": np.bincount(labels, minlength=centers.shape[0]),
         "files": ["assignments.csv", "centers.csv"]})
+
+
+def _feature_names(context: Context) -> list[str] | None:
+    """The feature column names of this node's data file (None: no file or no header): kept
+    in its owner folder for ``fedclust predict`` to match new rows by name (never sent)."""
+    node = context.node_config
+    if "data-path" not in node:
+        return None
+    from fedclust.data.local import feature_names
+
+    try:
+        return feature_names(str(node["data-path"]), str(node.get("data-format", "")),
+                             str(node.get("label-column", "")))
+    except (OSError, ValueError):
+        return None
 
 
 @app.query("fcm_final")

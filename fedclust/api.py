@@ -194,6 +194,11 @@ def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any] 
                       evaluate=any(n["allow-evaluation"] for n in nodes), data=record)
     result.feature_names = feature_names or hf_names
     result.classes = classes
+    if result.feature_names and not emdcfl and result.run_dir is not None:
+        from fedclust.outputs import write_json
+
+        # for `fedclust predict` to match new rows by name (the clients' files name none)
+        write_json(result.run_dir / "features.json", {"names": list(result.feature_names)})
     if not emdcfl and result.labels is not None and result.summary["config"].get("plots"):
         _plot_clusters(result, clients)
     from fedclust.trackers import log_after

@@ -27,12 +27,33 @@ def predict_fcm(run_dir: Path, summary: dict[str, Any], x: np.ndarray,
                            f" Allowed: none. Fix: leave out --cluster")
     centers, shift, scale, m = fcm_model(run_dir, summary)
     check_width(x, centers.shape[1], "centers have")
-    u = fcm.memberships(scaling.apply(x, shift, scale), centers, m)
+    scaled = scaling.apply(x, shift, scale)
+    u = fcm.memberships(scaled, centers, m)
     labels = np.argmax(u, axis=1)
     table = np.column_stack([np.arange(len(x)), labels, u])
     header = ["row", "cluster"] + [f"u{i}" for i in range(centers.shape[0])]
     return Prediction(header, table, ["%d", "%d"] + ["%.17g"] * centers.shape[0],
-                      {"n_clusters": int(centers.shape[0])})
+                      {"n_clusters": int(centers.shape[0]),
+                       "far_rows": far_rows(scaled, centers)})
+
+
+def far_rows(scaled: np.ndarray, centers: np.ndarray) -> int:
+    """How many rows (in the run's scaled space) lie farther from their nearest center than
+    :data:`fedclust.predict.FAR_FACTOR` times the spread of the centers (their largest
+    distance to each other; the centers lie inside the training data, so honest new rows stay
+    within a few spreads): rows far outside the data the run was fitted on."""
+    from fedclust.predict import FAR_FACTOR
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        d2 = ((scaled ** 2).sum(axis=1)[:, None] - 2.0 * scaled @ centers.T
+              + (centers ** 2).sum(axis=1)[None, :])
+    d = np.sqrt(np.maximum(d2.min(axis=1), 0.0))
+    spread = float(np.sqrt(((centers[:, None, :] - centers[None, :, :]) ** 2).sum(axis=2))
+                   .max())
+    if not spread > 0:
+        spread = max(float(np.abs(centers).max()), 1.0)
+    with np.errstate(invalid="ignore"):
+        return int(np.sum(~(d <= FAR_FACTOR * spread)))
 
 
 def fcm_model(run_dir: Path, summary: dict[str, Any]

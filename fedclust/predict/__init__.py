@@ -156,25 +156,126 @@ def predict(run_dir: str | Path, data: str | Path | np.ndarray, out: str | Path 
     run_dir = Path(run_dir).expanduser()
     summary = load_summary(run_dir)
     method = summary["method"]
-    array = isinstance(data, np.ndarray)
+    frame = hasattr(data, "columns") and hasattr(data, "to_numpy")
+    array = isinstance(data, np.ndarray) or frame
     if out is not None:
         out = check_out(out, run_dir, None if array else data, overwrite)
-    if array:
+    names: list[str] | None = None
+    if frame:
+        names = [str(c) for c in data.columns]
+        try:
+            x = np.asarray(data.to_numpy(dtype=np.float64))
+        except (TypeError, ValueError):
+            raise PredictError(f"the DataFrame's columns {names} are not all numeric. Allowed: "
+                               f"numeric feature columns. Fix: drop or encode the others") from None
+    elif array:
         x = np.asarray(data, dtype=np.float64)
         x = x.reshape(len(x), -1) if x.ndim != 2 else x
     else:
-        from fedclust.data.local import load_local_table
+        from fedclust.data.local import feature_names, load_local_table
 
         x, _ = load_local_table(str(data), data_format, label_column)
+        names = feature_names(str(data), data_format, label_column)
     if x.shape[0] == 0:
         raise PredictError(f"{'the array' if array else data} holds no rows. Allowed: at least "
                            f"one row. Fix: pass the rows to predict")
+    x = match_columns(x, names, run_features(run_dir, summary),
+                      "the DataFrame" if frame else "the array" if array else "DATA")
     module, _, fn = PREDICTORS[method].partition(":")
     result: Prediction = getattr(importlib.import_module(module), fn)(run_dir, summary, x,
                                                                       options)
+    far = int(result.meta.get("far_rows", 0))
+    if far:
+        import logging
+
+        logging.getLogger("fedclust").warning(
+            "predict: %d of %d rows lie far outside the data the run was fitted on (more than "
+            "%g times the spread of its centers from the nearest one): their labels mean "
+            "little. Check their units, their columns and the run", far, len(x),
+            FAR_FACTOR)
     if out is not None:
         _write(out, result)
     return result
+
+
+#: a row farther than this many center spreads from its nearest center is far outside the data
+FAR_FACTOR = 10.0
+
+
+def run_features(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any] | None:
+    """What the run knows of its feature columns: ``{"names": [...]}`` and/or ``{"digest":
+    int}`` (``features.json`` of a run folder; ``feature_names`` of a site's ``predict.json``),
+    or None."""
+    if summary.get("scope") == "client":
+        names = summary.get("feature_names")
+        return {"names": names} if _names_ok(names) else None
+    path = run_dir / "features.json"
+    if not path.is_file():
+        return None
+    try:
+        known = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        raise PredictError(f"{path} cannot be read as JSON: the file is damaged. Allowed: the "
+                           f"features.json fedclust wrote. Fix: {FIX_RUN}") from None
+    if not isinstance(known, dict):
+        raise PredictError(f"{path} holds no JSON object. Allowed: the features.json fedclust "
+                           f"wrote. Fix: {FIX_RUN}")
+    out: dict[str, Any] = {}
+    if _names_ok(known.get("names")):
+        out["names"] = known["names"]
+    digest = known.get("digest")
+    if isinstance(digest, int) and not isinstance(digest, bool) and digest > 0:
+        out["digest"] = digest
+    return out or None
+
+
+def _names_ok(names: Any) -> bool:
+    return (isinstance(names, list) and bool(names)
+            and all(isinstance(n, str) for n in names))
+
+
+def match_columns(x: np.ndarray, names: list[str] | None, known: dict[str, Any] | None,
+                  what: str) -> np.ndarray:
+    """``x``'s columns in the run's order, matched by name when both sides name them.
+
+    The run's names (a site folder, ``dataset="files"``, ``simulate`` with DataFrames): the
+    columns are taken by name, whatever their order; a name missing or extra is refused. Only
+    the digest of the nodes' names (a deployed federation): the names must be the same in the
+    same order. Rows without names (an array, a file without a header) are taken by position.
+
+    Raises
+    ------
+    PredictError
+        The names differ from the run's.
+    """
+    if known is None or names is None:
+        return x
+    from fedclust.data.local import names_digest
+
+    def norm(n: str) -> str:
+        return n.strip().casefold()
+
+    if "names" in known:
+        want = known["names"]
+        have = {norm(n): i for i, n in enumerate(names)}
+        missing = [n for n in want if norm(n) not in have]
+        extra = [n for n in names if norm(n) not in {norm(w) for w in want}]
+        if missing or extra or len(have) != len(names):
+            raise PredictError(
+                f"{what} has the columns {names}, but the run was fitted on {want}"
+                f"{f' (missing: {missing})' if missing else ''}"
+                f"{f' (not in the run: {extra})' if extra else ''}. Allowed: the run's feature "
+                f"columns, in any order (a label column named with --label-column). Fix: give "
+                f"{what} those columns")
+        return x[:, [have[norm(n)] for n in want]]
+    if names_digest(names) != known.get("digest"):
+        raise PredictError(
+            f"{what} has the columns {names}, which are not those the run was fitted on (other "
+            f"names, or another order: the run knows only a digest of its nodes' names, never "
+            f"the names). Allowed: the nodes' feature columns in their order. Fix: reorder or "
+            f"rename {what}'s columns as in the nodes' files, or predict from a site's own "
+            f"results folder, which knows the names and matches them in any order")
+    return x
 
 
 def _write(out: Path, result: Prediction) -> None:
@@ -223,6 +324,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     counts = np.bincount(result.labels) if len(result.table) else []
     print(f"{len(result.table)} rows -> {args.out} ({result.header[1]} counts "
           f"{list(map(int, counts))})")
+    if result.meta.get("far_rows"):
+        print(f"fedclust predict: warning: {result.meta['far_rows']} of {len(result.table)} "
+              f"rows lie far outside the data the run was fitted on (more than {FAR_FACTOR:g} "
+              f"times the spread of its centers from the nearest one): their labels mean "
+              f"little. Check their units and columns", file=sys.stderr)
     return 0
 
 

@@ -18,7 +18,7 @@ from fedclust.fcm.keys import FCMSettings
 from fedclust.fcm.phases import Scaling
 from fedclust.results import RunRecorder
 from strategies.common import check_each, connected_clients, require_honest
-from strategies.fcm.family import FamilyClients, replies
+from strategies.fcm.family import FamilyClients, record_features, replies
 from strategies.wire import fcm as wire
 
 
@@ -56,6 +56,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         Clients = FlowerClients
     clients = Clients(grid, connected_clients(grid, cfg), cfg, s, str(recorder.dir))
     metrics = loop.run(clients, s, recorder)
+    record_features(recorder, cfg, clients)
     if cfg["plots"]:
         from fedclust.plots import plot_series
 

@@ -12,6 +12,7 @@ from flwr.serverapp import Grid
 
 from fedclust.fcm.keys import FamilySettings
 from fedclust.fcm.phases import Client, FinalStats, NodeStats, Replies, Scaling
+from fedclust.results import RunRecorder
 from strategies.common import (
     Exchange,
     check_each,
@@ -59,6 +60,7 @@ class FamilyClients:
         self.timeout = float(cfg["timeout"])
         self.excluded: dict[int, str] = {}     # nodes whose scaling reply the server refused
         self.run_dir = run_dir
+        self.column_digest = 0      # the majority's digest of the feature column names
 
     def name(self, client: Client) -> str:
         return node_name(client)  # type: ignore[arg-type]
@@ -96,6 +98,7 @@ class FamilyClients:
                                f"same columns in the same order")
         unnamed = sum(1 for g in digests.values() if not g)
         majority = names[0][0] if names and names[0][1] >= unnamed else 0
+        self.column_digest = majority
         for nid, g in digests.items():
             if majority and g != majority:
                 why = ("its data file's feature columns differ from the other nodes' (names or "
@@ -152,3 +155,25 @@ class FamilyClients:
         return FinalStats(float(sum(shares.values())), replies(ex, shares, withheld),
                           withheld=len(withheld), tables=tables, eval_nodes=len(tables),
                           eval_rows=sum(int(t.sum()) for _, t in tables))
+
+
+def record_features(recorder: RunRecorder, cfg: dict[str, Any], clients: FamilyClients) -> None:
+    """``features.json`` of the run's folder: what the run knows of its feature columns, for
+    ``fedclust predict`` to match new rows by name — the names where the server holds the files
+    (``dataset="files"``), else the digest of the names the majority of the nodes declared (the
+    names never leave a deployed node). Nothing is written when the nodes named no columns."""
+    digest = clients.column_digest
+    if not digest:
+        return
+    out: dict[str, Any] = {"digest": digest}
+    if cfg["dataset"] == "files":
+        from fedclust.data.local import feature_names, names_digest
+        from fedclust.data.sites import site_files
+
+        for path in site_files(cfg["data-dir"]):
+            names = feature_names(str(path), cfg.get("files.format", ""),
+                                  cfg.get("files.label-column", ""))
+            if names and names_digest(names) == digest:
+                out["names"] = names
+                break
+    recorder.save_json("features", out)

@@ -14,7 +14,7 @@ from fedclust.fedfcm import loop
 from fedclust.fedfcm.keys import FedFCMSettings
 from fedclust.results import RunRecorder
 from strategies.common import check_each, connected_clients, require_honest
-from strategies.fcm.family import FamilyClients, replies
+from strategies.fcm.family import FamilyClients, record_features, replies
 from strategies.wire import fedfcm as wire
 
 
@@ -62,6 +62,7 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     s = FedFCMSettings.from_config(cfg)
     clients = FlowerClients(grid, connected_clients(grid, cfg), cfg, s, str(recorder.dir))
     metrics = loop.run(clients, s, recorder)
+    record_features(recorder, cfg, clients)
     if cfg["plots"]:
         from fedclust.plots import plot_index_vs_k
 
