@@ -184,6 +184,7 @@ def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any] 
             y = None if labels is None else labels[i]
             if emdcfl:
                 parts = _emdcfl_parts(i, data, y, seed)
+                _check_images(i, parts["x_train"], dataset)
                 np.savez(path, **parts)
                 allow = "cluster" in parts
             else:
@@ -320,8 +321,12 @@ def _check_distinct(strategy: FedclustStrategy, clients: list[Any],
     from fedclust.fcm.keys import check_distinct
 
     arrays = []
-    for data in clients:
+    for i, data in enumerate(clients):
+        problem = _not_a_table(i, data)
+        if problem:
+            raise ConfigError(f"simulate(): {problem}")
         x = np.asarray(data)
+        x = x.astype(np.float64) if x.dtype == object else x
         if x.ndim < 2 or not np.issubdtype(x.dtype, np.number) or np.iscomplexobj(x):
             return          # refused with its own message when the client's file is written
         arrays.append(x.reshape(len(x), -1))
@@ -475,11 +480,15 @@ def _from_frames(clients: list[Any], labels: Sequence[Any] | None, label_column:
             raise ConfigError(f"simulate(): client {i}'s DataFrame has duplicate column names "
                               f"{twice}. Allowed: distinct names. Fix: rename them")
         if label_column is not None:
-            if label_column not in columns:
+            # the column itself, or the one whose name reads the same (4 and "4")
+            match = [c for c in frame.columns if c == label_column] or [
+                c for c in frame.columns if str(c) == str(label_column)]
+            if not match:
                 raise ConfigError(f"simulate(): client {i} has no column {label_column!r} "
-                                  f"(label_column). Its columns: {columns}")
-            ys.append(frame[label_column].to_numpy())
-            frame = frame.drop(columns=[label_column])
+                                  f"(label_column). Its columns: {list(frame.columns)}. Fix: "
+                                  f"pass one of them as label_column")
+            ys.append(frame[match[0]].to_numpy())
+            frame = frame.drop(columns=[match[0]])
             columns = [str(c) for c in frame.columns]
         bad = [str(c) for c, dtype in zip(frame.columns, frame.dtypes)
                if getattr(dtype, "kind", "O") not in "biuf"]
@@ -529,8 +538,45 @@ def _plot_clusters(result: RunResult, clients: list[Any]) -> None:
         logging.getLogger("fedclust").warning("clusters.png not drawn: %s", exc)
 
 
+def _not_a_table(i: int, data: Any) -> str | None:
+    """Why client ``i``'s entry is no table of numbers (None: it may be one)."""
+    name = type(data).__name__
+    if hasattr(data, "tocsr") and hasattr(data, "nnz"):      # scipy.sparse, without scipy
+        return (f"client {i}'s data is a scipy sparse matrix ({name}, shape {data.shape}, "
+                f"{data.nnz} stored values). Allowed: a dense 2-D array (rows, features) or a "
+                f"DataFrame. Fix: pass x.toarray() (FCM needs dense rows)")
+    if isinstance(data, Mapping):
+        return (f"client {i}'s data is a {name} with keys {list(data)[:5]}. Allowed: a 2-D "
+                f"array (rows, features) or a DataFrame (mappings of x_train, y_train, … are "
+                f"EMD-CFL's). Fix: pass the feature array, e.g. np.column_stack(list(d.values()))")
+    if isinstance(data, (str, bytes)) or data is None or np.isscalar(data):
+        return (f"client {i}'s data is a {name}, not a table. Allowed: a 2-D array (rows, "
+                f"features) or a DataFrame. Fix: pass one array per client")
+    try:
+        x = np.asarray(data)
+    except (ValueError, TypeError):
+        return (f"client {i}'s data is a {name} whose rows have different lengths (a ragged "
+                f"nested list). Allowed: rows of one length. Fix: give every row the same "
+                f"features")
+    if x.dtype == object:
+        try:
+            x.astype(np.float64)        # numbers held as objects: converted, fine
+            return None
+        except (TypeError, ValueError):
+            pass
+        kinds = sorted({type(v).__name__ for v in x.reshape(-1)[:1000]})
+        return (f"client {i}'s data holds Python objects ({', '.join(kinds[:4])}), not numbers "
+                f"(shape {x.shape}). Allowed: real numbers. Fix: convert them to float "
+                f"(np.asarray(data, dtype=float)), or drop or encode the other columns")
+    return None
+
+
 def _write_rows(i: int, data: Any, y: Any, path: Path) -> None:
+    problem = _not_a_table(i, data)
+    if problem:
+        raise ConfigError(f"simulate(): {problem}")
     x = np.asarray(data)
+    x = x.astype(np.float64) if x.dtype == object else x
     if x.ndim < 2 or x.shape[0] == 0:
         raise ConfigError(f"simulate(): client {i}'s array has shape {x.shape}. Allowed: "
                           f"(rows, features) with at least one row")
@@ -552,9 +598,45 @@ def _write_rows(i: int, data: Any, y: Any, path: Path) -> None:
     if y is not None:
         y = np.asarray(y).reshape(-1)
         if len(y) != len(x):
-            raise ConfigError(f"simulate(): client {i} has {len(x)} rows but {len(y)} labels")
+            raise ConfigError(f"simulate(): client {i} has {len(x)} rows but {len(y)} labels. "
+                              f"Allowed: one label per row. Fix: pass labels[{i}] with "
+                              f"{len(x)} entries, or labels=None")
+        missing = _missing_labels(y)
+        if missing.any():
+            raise ConfigError(
+                f"simulate(): client {i}'s labels hold {int(missing.sum())} missing value(s) "
+                f"(NaN or None), the first at row {int(np.argmax(missing))}. Allowed: a label "
+                f"for every row (labels are the evaluation path's ground truth). Fix: drop or "
+                f"fill those rows, or pass labels=None")
         arrays["y"] = y
     np.savez(path, **arrays)
+
+
+def _check_images(i: int, x: np.ndarray, dataset: str) -> None:
+    """EMD-CFL trains a small CNN on square images of its dataset's side (28, or 8 for
+    ``rotdigits``): a table or images of another size are refused, naming what was given."""
+    side = 8 if dataset == "rotdigits" else 28
+    x = np.asarray(x)
+    if x.dtype == object or not np.issubdtype(x.dtype, np.number) or x.ndim < 3 \
+            or x.shape[-2:] != (side, side):
+        what = ("a table (rows, features)" if x.ndim == 2 else f"shape {x.shape}"
+                if x.dtype != object else "objects")
+        raise ConfigError(
+            f"simulate(): EMD-CFL trains a CNN on images, and client {i}'s data is {what}. "
+            f"Allowed: images of shape (rows, {side}, {side}) (or (rows, channels, {side}, "
+            f"{side})) with dataset={dataset!r}"
+            + ("; 8×8 images with dataset='rotdigits'" if side == 28 else "")
+            + ". Fix: for tabular data use exact-fcm, fedfcm or fedcref; for images pass them "
+              "with their side")
+
+
+def _missing_labels(y: np.ndarray) -> np.ndarray:
+    """Which labels are missing: NaN (float labels) or None/NaN (object labels)."""
+    if y.dtype.kind == "f":
+        return np.isnan(y)
+    if y.dtype == object:
+        return np.array([v is None or (isinstance(v, float) and v != v) for v in y], bool)
+    return np.zeros(len(y), bool)
 
 
 def _emdcfl_parts(i: int, data: Any, y: Any, seed: int) -> dict[str, np.ndarray]:

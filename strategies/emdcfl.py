@@ -268,8 +268,8 @@ def preflight(cfg: dict[str, Any]) -> None:
         A file is missing: the message names it, the folder searched and where to get it.
     """
     s = EMDCFLSettings.from_config(cfg)
-    if not s.preflight:
-        return
+    if not s.preflight or cfg["dataset"] in ("local", "files"):
+        return      # the nodes read their own files: no base images to check here
     from fedclust.emdcfl.data import check_files
 
     check_files(s.dataset, s.data_dir)
