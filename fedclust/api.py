@@ -142,7 +142,9 @@ def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any] 
                           "per client), or dataset= a flwr_datasets.FederatedDataset, or a "
                           "datasets.Dataset with partitioner=<flwr_datasets Partitioner>")
     if len(clients) < 1:
-        raise ConfigError("simulate() needs at least one client array in 'clients'")
+        raise ConfigError("simulate() needs at least one client in 'clients' (got none). "
+                          "Allowed: a list of arrays or DataFrames, one per client. Fix: pass "
+                          "clients=[x0, x1, ...]")
     frames = [_is_frame(c) for c in clients]
     if label_column is not None and not any(frames):
         raise ConfigError("simulate(): label_column names a column of pandas DataFrames (or "
@@ -326,10 +328,18 @@ def _check_distinct(strategy: FedclustStrategy, clients: list[Any],
         if problem:
             raise ConfigError(f"simulate(): {problem}")
         x = np.asarray(data)
-        x = x.astype(np.float64) if x.dtype == object else x
-        if x.ndim < 2 or not np.issubdtype(x.dtype, np.number) or np.iscomplexobj(x):
+        x = x.astype(np.float64) if x.dtype in (object, bool) else x
+        if x.ndim < 2 or not len(x) or not np.issubdtype(x.dtype, np.number) \
+                or np.iscomplexobj(x):
             return          # refused with its own message when the client's file is written
         arrays.append(x.reshape(len(x), -1))
+    widths = [x.shape[1] for x in arrays]
+    if len(set(widths)) > 1:
+        odd = next(i for i, w in enumerate(widths) if w != max(set(widths), key=widths.count))
+        raise ConfigError(f"simulate(): client {odd} has {widths[odd]} features but the others "
+                          f"have {max(set(widths), key=widths.count)} (features per client: "
+                          f"{widths}). Allowed: the same features, in the same order, in every "
+                          f"client. Fix: give every client the same columns")
     cfg = validate({**dict(run_config or {}), **strategy.run_config(), "dataset": "local"})
     check_distinct(cfg, arrays, f"the {len(arrays)} client array(s)")
 
@@ -576,7 +586,7 @@ def _write_rows(i: int, data: Any, y: Any, path: Path) -> None:
     if problem:
         raise ConfigError(f"simulate(): {problem}")
     x = np.asarray(data)
-    x = x.astype(np.float64) if x.dtype == object else x
+    x = x.astype(np.float64) if x.dtype in (object, bool) else x
     if x.ndim < 2 or x.shape[0] == 0:
         raise ConfigError(f"simulate(): client {i}'s array has shape {x.shape}. Allowed: "
                           f"(rows, features) with at least one row")
@@ -605,9 +615,11 @@ def _write_rows(i: int, data: Any, y: Any, path: Path) -> None:
         if missing.any():
             raise ConfigError(
                 f"simulate(): client {i}'s labels hold {int(missing.sum())} missing value(s) "
-                f"(NaN or None), the first at row {int(np.argmax(missing))}. Allowed: a label "
-                f"for every row (labels are the evaluation path's ground truth). Fix: drop or "
-                f"fill those rows, or pass labels=None")
+                f"(NaN, None, NaT or infinite), the first at row {int(np.argmax(missing))}. "
+                f"Allowed: a label for every row (labels are the evaluation path's ground "
+                f"truth). Fix: drop or fill those rows, or pass labels=None")
+        if y.dtype == object or y.dtype.kind in "mM":
+            y = y.astype(str)       # categories, dates: compared as text
         arrays["y"] = y
     np.savez(path, **arrays)
 
@@ -633,9 +645,15 @@ def _check_images(i: int, x: np.ndarray, dataset: str) -> None:
 def _missing_labels(y: np.ndarray) -> np.ndarray:
     """Which labels are missing: NaN (float labels) or None/NaN (object labels)."""
     if y.dtype.kind == "f":
-        return np.isnan(y)
+        return ~np.isfinite(y)
+    if y.dtype.kind in "mM":
+        return np.isnat(y)
     if y.dtype == object:
-        return np.array([v is None or (isinstance(v, float) and v != v) for v in y], bool)
+        import sys
+
+        na = getattr(sys.modules.get("pandas"), "NA", None)    # pandas' missing value
+        return np.array([v is None or (na is not None and v is na)
+                         or (isinstance(v, float) and not np.isfinite(v)) for v in y], bool)
     return np.zeros(len(y), bool)
 
 
@@ -649,10 +667,14 @@ def _emdcfl_parts(i: int, data: Any, y: Any, seed: int) -> dict[str, np.ndarray]
                               f"an array with its training labels in 'labels'")
         return {k: np.asarray(v) for k, v in data.items()}
     if y is None:
-        raise ConfigError(f"simulate(): EMD-CFL trains a classifier: client {i} needs its "
-                          f"training labels (labels=[...]) or a mapping with x_train/y_train/…")
+        raise ConfigError(f"simulate(): EMD-CFL trains a classifier: client {i} has no "
+                          f"training labels. Allowed: an image array with labels=[...], or a "
+                          f"mapping with x_train, y_train, …. Fix: pass labels=[y0, y1, ...]")
+    problem = _not_a_table(i, data)
+    if problem:
+        raise ConfigError(f"simulate(): {problem.replace('a DataFrame', 'images')}")
     x, y = np.asarray(data), np.asarray(y).reshape(-1)
-    if len(x) != len(y) or len(x) < 3:
+    if x.ndim < 1 or len(x) != len(y) or len(x) < 3:
         raise ConfigError(f"simulate(): EMD-CFL client {i} has {len(x)} rows and {len(y)} "
                           f"labels. Allowed: equal counts, at least 3")
     order = np.random.default_rng([seed, i]).permutation(len(x))
@@ -732,7 +754,36 @@ def check(run_config: Mapping[str, Any]) -> dict[str, Any]:
     """
     from strategies.run import check_run_config
 
-    return check_run_config(dict(run_config))
+    cfg = check_run_config(dict(run_config))
+    _check_output_dir(cfg)
+    return cfg
+
+
+def _check_output_dir(cfg: Mapping[str, Any]) -> None:
+    """``fedclust check``: an ``output-dir`` the run could not create or write is refused as
+    the run would refuse it (the run claims the folder itself; nothing is created here but a
+    probe folder, removed at once)."""
+    import os
+
+    from fedclust.outputs import OutputDirError
+
+    if not cfg.get("output-dir"):
+        return
+    folder = Path(str(cfg["output-dir"])).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise OutputDirError(f"output-dir {str(folder)!r} is a file, not a folder. Allowed: a "
+                             f"new or empty folder. Fix: choose another output-dir")
+    base = folder
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    try:
+        probe = tempfile.mkdtemp(prefix=".fedclust-check-", dir=base)
+        os.rmdir(probe)
+    except OSError as exc:
+        raise OutputDirError(
+            f"output-dir {str(folder)!r} cannot be created or written ({type(exc).__name__}: "
+            f"{exc.strerror or exc}, in {str(base)!r}). Allowed: a folder this user may create "
+            f"and write. Fix: pass another output-dir, or fix the permissions") from None
 
 
 def sweep(argv: Sequence[str]) -> int:

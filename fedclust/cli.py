@@ -44,6 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{known}usage: fedclust <command> ...\ncommands:\n{lines}", file=sys.stderr)
         return 0 if args[:1] in (["-h"], ["--help"]) else 2
     command, rest = args[0], args[1:]
+    from fedclust.results import terminate_as_interrupt
+
+    terminate_as_interrupt()
     try:
         return _dispatch(command, rest)
     except KeyboardInterrupt:
@@ -173,7 +176,9 @@ def parse_run_config(text: str) -> dict[str, Any]:
             return _flatten(tomllib.loads(Path(text).expanduser().read_text()))
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(f"--run-config file {text!r} cannot be read as TOML: "
-                              f"{str(exc).splitlines()[0]}") from None
+                              f"{str(exc).splitlines()[0]}. Allowed: a readable .toml file "
+                              f"of run-config keys. Fix: check the path and its TOML syntax "
+                              f"(or pass the keys as 'key=value ...')") from None
     pairs = _PAIR.findall(text)
     leftover = _PAIR.sub("", text).strip()
     if leftover:

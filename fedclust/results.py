@@ -253,6 +253,21 @@ def recorded_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return dict(cfg)
 
 
+def terminate_as_interrupt() -> None:
+    """SIGTERM (``kill``, a scheduler's stop) ends a command as Ctrl-C does: a run in progress
+    marks its folder ``interrupted.json`` and releases it, instead of dying with its folder
+    still marked running. Only in the main thread of a process fedclust's command owns."""
+    import signal
+    import threading
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"stopped by signal {signal.Signals(signum).name}")
+
+    if threading.current_thread() is threading.main_thread() \
+            and signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, stop)
+
+
 RUNNING = "RUNNING"            # exists while a run writes to the folder (created exclusively)
 INTERRUPTED = "interrupted.json"
 

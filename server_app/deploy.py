@@ -116,8 +116,8 @@ def make_credentials(directory: Path, num_nodes: int = 0,
         raise FileExistsError(
             "refusing to replace existing key material: " + ", ".join(map(str, existing))
             + ". Every node trusts the CA and the SuperLink knows each registered node key; "
-            "keep them, or pass force=True (command line: --force) to make new ones (then hand "
-            "out the new ca.crt and register the new node keys).")
+            "keep them. Fix: pass another folder, or force=True (command line: --force) to "
+            "make new ones (then hand out the new ca.crt and register the new node keys).")
     for t in existing:
         t.unlink()
     directory.mkdir(parents=True, exist_ok=True)
@@ -470,6 +470,12 @@ def write_partitions(run_config: Mapping[str, Any], directory: Path) -> list[Pat
 # ----------------------------------------------------------------------------------------------
 # Command line
 
+def _node_count(text: str) -> int:
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number of nodes >= 0, got {text!r}")
+    return int(text)
+
+
 def _parse_overrides(items: Sequence[str]) -> dict[str, Any]:
     """``key=value`` words as ``flwr run --run-config`` reads them (TOML values), or a
     :class:`~fedclust.config.ConfigError` naming the word, what is allowed and the fix."""
@@ -478,6 +484,11 @@ def _parse_overrides(items: Sequence[str]) -> dict[str, Any]:
     from fedclust.config import ConfigError
 
     out: dict[str, Any] = {}
+    keys = [item.partition("=")[0].strip() for item in items]
+    twice = sorted({k for k in keys if keys.count(k) > 1})
+    if twice:
+        raise ConfigError(f"run-config override(s) {', '.join(map(repr, twice))} given more than "
+                          f"once. Allowed: each key once. Fix: remove the duplicate")
     for item in items:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
@@ -514,7 +525,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("certs", help="make a CA, a SuperLink certificate and node keys")
     c.add_argument("directory", type=Path)
-    c.add_argument("--nodes", type=int, default=3)
+    c.add_argument("--nodes", type=_node_count, default=3,
+                   help="how many SuperNode key pairs to make (0 or more)")
     c.add_argument("--host", action="append", default=None,
                    help="SAN of the SuperLink certificate (repeatable)")
     c.add_argument("--force", action="store_true",

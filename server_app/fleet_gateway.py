@@ -159,6 +159,9 @@ def host_port(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or not host:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    if not 1 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} of {text!r} is not a TCP port: allowed "
+                                         f"1..65535")
     return host.strip("[]"), int(port)
 
 

@@ -389,10 +389,77 @@ def _main(cfg: DictConfig) -> None:
             fedclust_log.removeHandler(handler)
 
 
+GROUPS = ("method", "dataset", "partition", "experiment")
+TOP_KEYS = ("engine", "num_supernodes")
+
+
+def check_overrides(argv: list[str]) -> None:
+    """The command line's overrides judged before Hydra composes anything: a config group
+    option (``method=``, ``dataset=``, ``partition=``, ``experiment=``) that has no file in
+    ``conf/``, a run-config key under ``app.`` that does not exist, or a plain key that is
+    neither, is refused with the choices and the close matches (Hydra would say "key not in
+    struct" and suggest appending it with ``+``).
+
+    Raises
+    ------
+    ConfigError
+    """
+    import difflib
+
+    from fedclust.config import ConfigError, all_keys
+
+    keys = [k.name for k in all_keys()]
+    for arg in argv:
+        if arg.startswith("-") or "=" not in arg:
+            continue
+        key, _, value = arg.partition("=")
+        key = key.lstrip("+~")
+        if key in GROUPS:
+            options = sorted(p.stem for p in (Path(CONF_DIR) / key).glob("*.yaml"))
+            if any(ch in value for ch in "()[]{}$") or value in ("null", ""):
+                continue            # Hydra's sweep syntax and interpolations: Hydra judges
+            run_values = {"files", *(next((k.choices for k in all_keys() if k.name == key),
+                                          None) or ())}
+            for v in value.split(","):
+                if v not in options:
+                    close = difflib.get_close_matches(v, options, n=1)
+                    fix = (f"app.{key}={v} (a run-config value with no config group: set the "
+                           f"key itself{', with app.data-dir=<folder>' if v == 'files' else ''})"
+                           if v in run_values else f"{key}={close[0]}" if close else
+                           f"one of the {key}s above")
+                    raise ConfigError(
+                        f"fedclust-sweep: {key}={v!r} is not a {key} of conf/{key}/. Allowed: "
+                        f"{', '.join(options)}. Fix: {fix}")
+        elif key.startswith("app."):
+            name = key[len("app."):]
+            if name not in keys:
+                close = difflib.get_close_matches(name, keys, n=2)
+                raise ConfigError(
+                    f"fedclust-sweep: app.{name} is not a run-config key. Allowed: the keys of "
+                    f"docs/run-config.md (under app.). Fix: "
+                    + (" or ".join(f"app.{c}={value}" for c in close) if close
+                       else "check the key's name"))
+        elif key not in TOP_KEYS and not key.startswith("hydra"):
+            hint = (f"app.{key}={value}" if key in keys else
+                    f"one of {', '.join(GROUPS + TOP_KEYS)}, or app.<run-config key>")
+            raise ConfigError(f"fedclust-sweep: {key!r} is neither a config group, a sweep "
+                              f"setting nor app.<run-config key>. Allowed: "
+                              f"{', '.join(GROUPS + TOP_KEYS)}, app.<key>. Fix: {hint}")
+
+
 def main() -> None:
     """``fedclust sweep``: the jobs (one, or a multirun's grid); exit status 2 when a job's
     input was refused, 1 when a job failed otherwise (the other jobs still ran), else 0."""
     FAILED.clear()
+    from fedclust.config import ConfigError
+    from fedclust.results import terminate_as_interrupt
+
+    terminate_as_interrupt()
+    try:
+        check_overrides(sys.argv[1:])
+    except ConfigError as exc:
+        print(f"[fedclust-sweep] refused: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     _main()
     if FAILED:
         if len(FAILED) > 1 or _multirun():

@@ -313,8 +313,9 @@ def _engine_majority(grid: Grid, ex: Exchange, connected: list[int], timeout: fl
     A simulation engine registers all its nodes at the start, so an honest simulated node
     says ``num-partitions`` = the connected nodes, and a deployed node says 0: any other
     answer is outside the possible range and excludes its sender. Of the possible answers,
-    the majority decides and the minority is excluded; on a tie every connected node is
-    asked, and a tie that remains stops the run (which nodes are right cannot be told).
+    the majority decides and the minority is excluded; when the nodes asked disagree, every
+    connected node is asked, and a tie that remains stops the run (which nodes are right
+    cannot be told).
     """
     from fedclust.config import ConfigError
 
@@ -331,7 +332,7 @@ def _engine_majority(grid: Grid, ex: Exchange, connected: list[int], timeout: fl
         votes = Counter(v for nid, v in said.items() if nid in ex.replies).most_common()
         tied = len(votes) > 1 and votes[0][1] == votes[1][1]
         more = [n for n in connected if n not in asked]
-        if not tied or not more:
+        if len(votes) < 2 or not more:      # agreement, or nobody left to ask
             break
         extra = send_and_collect(grid, more, RecordDict(), "query.fedclust_node", "engine",
                                  timeout, validate=_node_info_ok)

@@ -59,6 +59,7 @@ from strategies.common import (
     check_each,
     connected_clients,
     name_nodes,
+    node_name,
     reject,
     require_honest,
     result_record,
@@ -214,7 +215,9 @@ class FlowerClients:
         if not ex.replies:
             raise RuntimeError(
                 f"FedCRef iteration {t}: no client answered the local phase; reasons: "
-                + "; ".join(f"node {n}: {why}" for n, why in sorted(ex.failed.items())))
+                + "; ".join(f"{node_name(n)}: {why}" for n, why in sorted(ex.failed.items()))
+                + ". Fix: act on the nodes' reasons (their data, their logs, run config "
+                  "'timeout'), then run again")
         require_honest(ex, f"local-{t}", len(ex.replies), len(self.nodes), self.cfg)
         for nid, c in ex.replies.items():
             met = c.metric_records["metrics"]

@@ -318,8 +318,10 @@ class FedclustStrategy(Strategy):
                 cfg[key] = value
         clash = sorted(set(cfg) & (set(self.param_keys().values()) | {"method"}))
         if clash:
-            raise ConfigError(f"run_config repeats the method's own parameter(s) {clash}: give "
-                              f"them to {type(self).__name__}(...) instead")
+            raise ConfigError(f"run_config repeats the method's own parameter(s) {clash}. "
+                              f"Allowed: the method's parameters once, as arguments. Fix: give "
+                              f"them to {type(self).__name__}(...) (or to simulate() by name) "
+                              f"instead of run_config")
         return {**cfg, **self.run_config()}
 
     def summary(self) -> None:

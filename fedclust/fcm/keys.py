@@ -156,6 +156,13 @@ def check_fcm(cfg: dict[str, Any]) -> None:
             "set fcm.incremental=false to keep SecAgg+ (paper 004's rule), or "
             "fcm.secure-aggregation=false to use the incremental rule on plain sums, or "
             "fcm.fraction=1 (every client in every round: SecAgg+ alone is then exact)")
+    n = int(cfg.get("num-clients", 0) or 0)
+    if cfg["fcm.secure-aggregation"] and n:      # the rule the first secure round applies
+        per_round = max(1, math.ceil(cfg["fcm.fraction"] * n))
+        require(per_round >= 2, "fcm.fraction", cfg["fcm.fraction"],
+                f"at least 2 of the {n} clients per round with fcm.secure-aggregation=true "
+                f"(SecAgg+: a lone client's masked sum is its own); this samples {per_round}",
+                f"raise fcm.fraction to {min(1.0, 2 / n):.3g} or more, or use more clients")
 
 
 def check_m(cfg: dict[str, Any], key: str, clusters: int, clusters_key: str,
@@ -222,6 +229,19 @@ def check_distinct(cfg: dict[str, Any], arrays: Sequence[np.ndarray], whose: str
     ConfigError
         Naming the key, the rows and distinct rows found, and the fix.
     """
+    if cfg.get("method") == "fedcref":      # K_i >= fedcref.k-min clusters per client
+        need = max(2, int(cfg.get("fedcref.k-min", 2)))
+        for i, x in enumerate(arrays):
+            found = distinct_rows([x], need)
+            if found < need:
+                raise ConfigError(
+                    f"client {i} of {whose} holds {len(x)} row(s) of which {found} distinct: "
+                    f"FedCRef fits at least {need} clusters on every client (fedcref.k-min), "
+                    f"and {found} distinct point(s) cannot hold them"
+                    f"{' (every feature constant)' if found == 1 else ''}. Allowed: at least "
+                    f"{need} distinct rows per client. Fix: check that client's data, or leave "
+                    f"it out")
+        return
     count = cluster_count(cfg)
     if count is None:
         return

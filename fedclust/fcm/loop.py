@@ -267,9 +267,10 @@ def run(clients: Clients, s: FCMSettings, record: Record) -> dict[str, Any]:
 
     # 4. final phase: the final centers reach every client; each keeps its owner's results
     fin = clients.final(centers, sc)
-    metrics["objective"] = fin.objective
     metrics["objective_coverage"] = coverage("exact-fcm", "objective", fin.objective_clients(),
                                              nodes)
+    # a figure that no node's share holds is no figure
+    metrics["objective"] = fin.objective if metrics["objective_coverage"]["nodes"] else None
     if fin.withheld is not None:
         metrics["objective_withheld_clients"] = fin.withheld
     if s.evaluate:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from fedclust.predict.base import FIX_RUN, PredictError, Prediction, check_width
+from fedclust.predict.base import FAR_FACTOR, FIX_RUN, PredictError, Prediction, check_width
 
 
 def predict_fcm(run_dir: Path, summary: dict[str, Any], x: np.ndarray,
@@ -39,10 +39,9 @@ def predict_fcm(run_dir: Path, summary: dict[str, Any], x: np.ndarray,
 
 def far_rows(scaled: np.ndarray, centers: np.ndarray) -> int:
     """How many rows (in the run's scaled space) lie farther from their nearest center than
-    :data:`fedclust.predict.FAR_FACTOR` times the spread of the centers (their largest
+    :data:`fedclust.predict.base.FAR_FACTOR` times the spread of the centers (their largest
     distance to each other; the centers lie inside the training data, so honest new rows stay
     within a few spreads): rows far outside the data the run was fitted on."""
-    from fedclust.predict import FAR_FACTOR
 
     with np.errstate(over="ignore", invalid="ignore"):
         d2 = ((scaled ** 2).sum(axis=1)[:, None] - 2.0 * scaled @ centers.T

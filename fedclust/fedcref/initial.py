@@ -73,6 +73,15 @@ def initial_clustering(kind: str, x: NDArray[np.float32], k: int, *, y_true: NDA
     # client seeds are 63-bit digests (fedclust.fedcref.client.client_key); scikit-learn
     # (KMeans, RandomState) accepts only [0, 2**32 - 1]
     random_state = int(random_state) % 2**32
+    need = 2 if estimate_k else int(k)
+    distinct = len(np.unique(np.asarray(x).reshape(len(x), -1), axis=0)) if len(x) else 0
+    if distinct < need:
+        from fedclust.data.local import LocalDataError
+
+        raise LocalDataError(
+            f"this node's {len(x)} row(s) hold {distinct} distinct point(s), fewer than the "
+            f"{need} clusters FedCRef fits on a client (every feature constant, or duplicated "
+            f"rows). Fix: give this node more varied data, or leave it out of the federation")
     if kind == "kmeans":
         if estimate_k:
             k = silhouette_k(x, range(2, k_max + 1), random_state)

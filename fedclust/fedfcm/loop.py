@@ -187,7 +187,7 @@ def run(clients: Clients, s: FedFCMSettings, record: Record) -> dict[str, Any]:
     metrics: dict[str, Any] = {
         **choice.as_dict(), "fedfuzzdb": dict(zip(map(str, ks), fed_db)),
         "rounds": {str(k): rounds_of[k] for k in ks}, "unconverged_k": sorted(active),
-        "objective_best_k": fin.objective,
+        "objective_best_k": fin.objective if fin.objective_clients() else None,
         "objective_best_k_coverage": coverage("fedfcm", "objective_best_k",
                                               fin.objective_clients(), nodes),
         "fedfuzzdb_coverage": coverage("fedfcm", "fedfuzzdb", ix.got, nodes),

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from fedclust.predict.base import FIX_RUN, PredictError, Prediction
+from fedclust.predict.base import FAR_FACTOR, FIX_RUN, PredictError, Prediction
 from fedclust.registry import METHODS
 
 # method -> "module:function(run_dir, summary, x, options) -> Prediction"
@@ -196,10 +196,6 @@ def predict(run_dir: str | Path, data: str | Path | np.ndarray, out: str | Path 
     if out is not None:
         _write(out, result)
     return result
-
-
-#: a row farther than this many center spreads from its nearest center is far outside the data
-FAR_FACTOR = 10.0
 
 
 def run_features(run_dir: Path, summary: dict[str, Any]) -> dict[str, Any] | None:

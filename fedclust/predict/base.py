@@ -14,6 +14,10 @@ FIX_RUN = ("point RUN_DIR at the unchanged results folder of a finished run (or 
            "results folder), or run the federation again")
 
 
+#: a row farther than this many center spreads from its nearest center is far outside the data
+FAR_FACTOR = 10.0
+
+
 class PredictError(ValueError):
     """The run folder or the rows cannot be used for prediction."""
 

@@ -78,8 +78,8 @@ class FamilyClients:
         votes = Counter(dims.values()).most_common()
         if len(votes) > 1 and votes[0][1] == votes[1][1]:
             raise RuntimeError(f"the clients disagree on the number of features with no "
-                               f"majority (features: clients = {dict(votes)}): check every "
-                               f"node's data")
+                               f"majority (features: clients = {dict(votes)}). Fix: check "
+                               f"every node's data and give every node the same features")
         if votes:
             common = votes[0][0]
             for nid, d in dims.items():
@@ -94,8 +94,8 @@ class FamilyClients:
         if len(names) > 1 and names[0][1] == names[1][1]:
             raise RuntimeError(f"the clients' data files name their columns differently (or "
                                f"in another order) with no majority ({len(digests)} nodes, "
-                               f"{len(names)} different headers): give every node's file the "
-                               f"same columns in the same order")
+                               f"{len(names)} different headers). Fix: give every node's "
+                               f"file the same columns in the same order")
         unnamed = sum(1 for g in digests.values() if not g)
         majority = names[0][0] if names and names[0][1] >= unnamed else 0
         self.column_digest = majority

@@ -257,8 +257,9 @@ def beyond_others(low: Mapping[int, np.ndarray], high: Mapping[int, np.ndarray],
     every honest node's data into a point. Here each node is judged by the others (leave one
     out, so a liar never judges itself): per feature the median of their lower and upper
     bounds, and the *typical span* — the largest of their median span, the gap between those
-    medians and 1e-9 of their magnitude (for a feature every other node holds constant, the
-    typical span of their other features). A node whose bound lies more than ``factor``
+    medians, the range of their midpoints (sites whose data sit apart) and 1e-9 of their
+    magnitude (for a feature every other node holds at one value, the typical span of their
+    other features). A node whose bound lies more than ``factor``
     typical spans outside the medians is refused. Honest data do spread (a site with larger
     values, an outlier row); a bound a thousand spans away squeezes every other node's data
     into a thousandth of the box, and is named rather than believed. Nodes without rows
@@ -274,7 +275,9 @@ def beyond_others(low: Mapping[int, np.ndarray], high: Mapping[int, np.ndarray],
     for i, nid in enumerate(nodes):
         others = np.arange(len(nodes)) != i
         m_lo, m_hi = np.median(lo[others], axis=0), np.median(hi[others], axis=0)
+        mid = (lo[others] + hi[others]) / 2
         unit = np.maximum.reduce([np.median(hi[others] - lo[others], axis=0), m_hi - m_lo,
+                                  mid.max(axis=0) - mid.min(axis=0),
                                   1e-9 * np.maximum(np.abs(m_lo), np.abs(m_hi))])
         if np.any(unit <= 0):
             known = unit[unit > 0]
