@@ -589,10 +589,12 @@ def _write_rows(i: int, data: Any, y: Any, path: Path) -> None:
     x = x.astype(np.float64) if x.dtype in (object, bool) else x
     if x.ndim < 2 or x.shape[0] == 0:
         raise ConfigError(f"simulate(): client {i}'s array has shape {x.shape}. Allowed: "
-                          f"(rows, features) with at least one row")
+                          f"(rows, features) with at least one row. Fix: give client {i} its "
+                          f"rows as a 2-D array, or leave it out")
     if not np.issubdtype(x.dtype, np.number) or np.iscomplexobj(x):
         raise ConfigError(f"simulate(): client {i}'s array has dtype {x.dtype}. Allowed: real "
-                          f"numbers")
+                          f"numbers. Fix: convert it (np.asarray(x, dtype=float)), or drop the "
+                          f"columns that are not numbers")
     if not np.isfinite(x).all():
         where = tuple(int(v) for v in np.argwhere(~np.isfinite(x))[0])
         raise ConfigError(f"simulate(): client {i}'s array holds {int((~np.isfinite(x)).sum())}"

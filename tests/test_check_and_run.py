@@ -58,3 +58,16 @@ def test_a_deployed_sites_results_folder_is_no_site(tmp_path, capsys):
     assert cfg["dataset"] == "files"
     summary, _ = run_server({**cfg, "plots": False, "output-dir": str(tmp_path / "run")})
     assert summary["metrics"]["n_clients"] == 3
+
+
+def test_check_refuses_what_the_run_would_refuse_at_its_start(tmp_path, capsys):
+    """An output-dir the run cannot create, and a SecAgg+ fraction that samples one client per
+    round, were "run config OK" for check and refused by the run."""
+    assert cli(["check", "--no-data", "--run-config", 'output-dir="/proc/fedclust-x"']) == 0
+    assert cli(["check", "--run-config", 'output-dir="/proc/fedclust-x"']) == 2
+    assert "cannot be created or written" in capsys.readouterr().err
+    text = "fcm.secure-aggregation=true fcm.fraction=0.1 num-clients=3"
+    assert cli(["check", "--run-config", text]) == 2
+    assert "fcm.fraction" in capsys.readouterr().err
+    assert cli(["check", "--run-config", 'dataset="files" data-dir="nowhere"']) == 2
+    capsys.readouterr()

@@ -60,3 +60,11 @@ def test_fedfcm_figures_say_which_nodes_they_cover(tmp_path):
     assert part["objective_best_k_coverage"]["missing"] == []
     fin = _run(FED, tmp_path / "final", drop=_silent("query.fcm_final"))
     assert fin["objective_best_k_coverage"] == {"nodes": 2, "of_nodes": 3, "missing": [BAD]}
+
+
+def test_an_objective_no_node_covers_is_null(tmp_path):
+    """Probe: every node lost in the final phase gave ``objective: 0.0``."""
+    m = _run(IRIS, tmp_path / "none",
+             drop=lambda nid, msg: msg.metadata.message_type == "query.fcm_final")
+    assert m["objective"] is None
+    assert m["objective_coverage"] == {"nodes": 0, "of_nodes": 3, "missing": [1000, 1001, 1002]}

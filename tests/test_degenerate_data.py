@@ -67,3 +67,20 @@ def test_deployed_nodes_with_one_point_stop_after_the_scaling_phase(tmp_path, me
     with pytest.raises(ConfigError, match="same point"):
         run_method(InProcessGrid(client_app, 3, cfg, node_configs=nodes), cfg)
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_fedcref_refuses_a_client_with_fewer_distinct_rows_than_it_fits(tmp_path):
+    """Probe: constant rows on FedCRef's nodes ended in a bare scikit-learn ValueError on every
+    node, reported as "no client answered the local phase"."""
+    rng = np.random.default_rng(0)
+    clients = [rng.normal(size=(40, 4)), np.full((40, 4), 2.0), rng.normal(size=(40, 4))]
+    small = dict(max_iterations=1, fl_rounds=1, ae_epochs=1, samples_per_cluster=10)
+    with pytest.raises(ConfigError, match="client 1 .* 1 distinct"):
+        fedclust.simulate("fedcref", clients, output_dir=tmp_path / "o",
+                          run_config={"plots": False}, **small)
+    from fedclust.data.local import LocalDataError
+    from fedclust.fedcref.initial import initial_clustering
+
+    with pytest.raises(LocalDataError, match="1 distinct point"):     # a deployed node
+        initial_clustering("kmeans", np.full((40, 4), 2.0), 3, estimate_k=True, k_max=4,
+                           random_state=0)

@@ -88,3 +88,65 @@ def test_the_example_sites_never_replace_a_file_and_say_why(tmp_path, capsys):
     assert examples(["sites", str(tmp_path / "new"), "--sites", "0"]) == 2
     assert examples(["sites", str(tmp_path / "new")]) == 0
     assert examples(["sites", str(tmp_path / "new")]) == 0     # the same files again: fine
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["app.fcm.nclusters=3"], ["app.fcm.n-clusters=3"]),
+    (["method=kmeans"], ["exact-fcm"]),
+    (["dataset=files"], ["app.dataset=files"]),
+    (["fcm.m=2"], ["app.fcm.m=2"]),
+])
+def test_the_sweep_judges_its_overrides_before_hydra(argv, words):
+    """Hydra said "Key 'nclusters' is not in struct" and suggested appending it with '+'."""
+    from fedclust.config import ConfigError
+    from server_app.sweep import check_overrides
+
+    with pytest.raises(ConfigError) as err:
+        check_overrides(argv)
+    assert all(w in str(err.value) for w in words) and "Fix:" in str(err.value)
+    check_overrides(["method=fedfcm", "dataset=iris", "app.fcm.m=1.5", "engine=flower",
+                     "-m", "app.seed=0,1", "hydra.run.dir=x"])
+
+
+def test_sigterm_ends_a_sweep_like_ctrl_c(tmp_path):
+    """Killed with SIGTERM, a sweep died with its folder still marked RUNNING."""
+    import signal
+    import time
+
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "fedclust.cli", "sweep", "app.plots=false",
+                             f"app.output-dir={run}", "app.fcm.max-rounds=100000",
+                             "app.fcm.epsilon=0", "app.blobs.n-samples=3000"],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 240
+    while not (run / "history.jsonl").exists() and time.monotonic() < deadline \
+            and proc.poll() is None:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "Traceback" not in err, err[-1000:]
+    assert (run / "interrupted.json").exists() and not (run / "RUNNING").exists()
+
+
+def test_deploy_up_refuses_more_before_starting(tmp_path, capsys):
+    for name in ("a.csv", "b.csv"):
+        np.savetxt(tmp_path / name, np.random.default_rng(0).normal(size=(20, 2)),
+                   delimiter=",")
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        for argv, word in [(["up", "fcm.m=1.5", "fcm.m=2", "--data", "a.csv", "b.csv"],
+                            "more than once"),
+                           (["up", 'method="emdcfl"', "--data", "a.csv", "b.csv"], ".npz")]:
+            assert cli(["deploy", *argv]) == 2
+            err = capsys.readouterr().err
+            _one_clear_line(err, word, "Fix")
+        with pytest.raises(SystemExit):
+            cli(["deploy", "certs", "c", "--nodes", "-1"])
+        with pytest.raises(SystemExit):
+            cli(["deploy", "fleet-gateway", "--listen", "127.0.0.1:99999", "--superlink",
+                 "127.0.0.1:1"])
+    finally:
+        os.chdir(cwd)

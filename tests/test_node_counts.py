@@ -88,3 +88,10 @@ def test_a_node_without_a_column_digest_fails_the_check(tmp_path):
     summary = _run(app, cfg, 3, tmp_path / "run", node_configs=_sites(tmp_path))
     assert [(e["node"], e["phase"]) for e in summary["excluded_nodes"]] == [(BAD, "scaling")]
     assert "no digest" in summary["excluded_nodes"][0]["reason"]
+
+
+def test_a_split_among_every_node_stops(tmp_path):
+    """Two of four nodes say 0: the three asked first split 2-1 and the liars won; now every
+    node is asked on any disagreement, and 2-2 has no majority."""
+    with pytest.raises(ConfigError, match="no majority"):
+        _run(_says(0, frozenset({1000, 1002})), {**IRIS, "num-clients": 0}, 4, tmp_path / "r")

@@ -88,3 +88,31 @@ def test_integer_column_names(tmp_path, label_column):
     with pytest.raises(ConfigError, match="no column 7 .*Its columns: \\[0, 1, 2, 3, 4\\]"):
         fedclust.simulate("exact-fcm", frames, label_column=7, n_clusters=2,
                           output_dir=tmp_path / "x", run_config={"plots": False})
+
+
+def test_tables_of_booleans_and_text_labels_of_any_kind_run(tmp_path):
+    pd = pytest.importorskip("pandas")
+    flags = [np.column_stack([x > 1, x < 0]) for x in X]
+    assert fedclust.simulate("exact-fcm", flags, n_clusters=2, output_dir=tmp_path / "b",
+                             run_config={"plots": False}).summary["metrics"]["objective"] >= 0
+    frames = [pd.DataFrame(x).assign(y=pd.Categorical(np.array(["p", "q"])[y]))
+              for x, y in zip(X, Y)]
+    result = fedclust.simulate("exact-fcm", frames, label_column="y", n_clusters=2,
+                               output_dir=tmp_path / "c", run_config={"plots": False})
+    assert result.summary["metrics"]["eval_coverage"]["rows"] == 90
+
+
+@pytest.mark.parametrize(("clients", "match"), [
+    (lambda: [X[0], X[1][:0], X[2]], "client 1's array has shape"),
+    (lambda: [], "needs at least one client"),
+    (lambda: [X[0], np.column_stack([X[1], X[1]]), X[2]], "client 1 has 8 features"),
+])
+def test_empty_or_uneven_clients_are_named(tmp_path, clients, match):
+    _refused(tmp_path, "exact-fcm", clients(), n_clusters=2, match=match)
+
+
+def test_infinite_labels_are_refused(tmp_path):
+    labels = [y.astype(float) for y in Y]
+    labels[2][0] = np.inf
+    _refused(tmp_path, "exact-fcm", X, labels=labels, n_clusters=2,
+             match="client 2's labels hold 1 missing value.*infinite")
