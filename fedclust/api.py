@@ -162,6 +162,11 @@ def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any] 
     if labels is not None and len(labels) != len(clients):
         raise ConfigError(f"simulate(): {len(labels)} label arrays for {len(clients)} clients. "
                           f"Fix: one label array per client, or labels=None")
+    for i, c in enumerate(clients):         # what each client is, before anything reads it
+        problem = None if emdcfl and isinstance(c, Mapping) else _not_a_table(i, c)
+        if problem:
+            raise ConfigError("simulate(): "
+                              + (problem.replace("a DataFrame", "images") if emdcfl else problem))
     classes = None
     if labels is not None:
         labels = [_label_values(i, y) for i, y in enumerate(labels)]
@@ -613,15 +618,6 @@ def _write_rows(i: int, data: Any, y: Any, path: Path) -> None:
             raise ConfigError(f"simulate(): client {i} has {len(x)} rows but {len(y)} labels. "
                               f"Allowed: one label per row. Fix: pass labels[{i}] with "
                               f"{len(x)} entries, or labels=None")
-        missing = _missing_labels(y)
-        if missing.any():
-            raise ConfigError(
-                f"simulate(): client {i}'s labels hold {int(missing.sum())} missing value(s) "
-                f"(NaN, None, NaT or infinite), the first at row {int(np.argmax(missing))}. "
-                f"Allowed: a label for every row (labels are the evaluation path's ground "
-                f"truth). Fix: drop or fill those rows, or pass labels=None")
-        if y.dtype == object or y.dtype.kind in "mM":
-            y = y.astype(str)       # categories, dates: compared as text
         arrays["y"] = y
     np.savez(path, **arrays)
 
@@ -642,21 +638,6 @@ def _check_images(i: int, x: np.ndarray, dataset: str) -> None:
             + ("; 8×8 images with dataset='rotdigits'" if side == 28 else "")
             + ". Fix: for tabular data use exact-fcm, fedfcm or fedcref; for images pass them "
               "with their side")
-
-
-def _missing_labels(y: np.ndarray) -> np.ndarray:
-    """Which labels are missing: NaN (float labels) or None/NaN (object labels)."""
-    if y.dtype.kind == "f":
-        return ~np.isfinite(y)
-    if y.dtype.kind in "mM":
-        return np.isnat(y)
-    if y.dtype == object:
-        import sys
-
-        na = getattr(sys.modules.get("pandas"), "NA", None)    # pandas' missing value
-        return np.array([v is None or (na is not None and v is na)
-                         or (isinstance(v, float) and not np.isfinite(v)) for v in y], bool)
-    return np.zeros(len(y), bool)
 
 
 def _emdcfl_parts(i: int, data: Any, y: Any, seed: int) -> dict[str, np.ndarray]:
