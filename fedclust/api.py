@@ -737,36 +737,7 @@ def check(run_config: Mapping[str, Any]) -> dict[str, Any]:
     """
     from strategies.run import check_run_config
 
-    cfg = check_run_config(dict(run_config))
-    _check_output_dir(cfg)
-    return cfg
-
-
-def _check_output_dir(cfg: Mapping[str, Any]) -> None:
-    """``fedclust check``: an ``output-dir`` the run could not create or write is refused as
-    the run would refuse it (the run claims the folder itself; nothing is created here but a
-    probe folder, removed at once)."""
-    import os
-
-    from fedclust.outputs import OutputDirError
-
-    if not cfg.get("output-dir"):
-        return
-    folder = Path(str(cfg["output-dir"])).expanduser()
-    if folder.exists() and not folder.is_dir():
-        raise OutputDirError(f"output-dir {str(folder)!r} is a file, not a folder. Allowed: a "
-                             f"new or empty folder. Fix: choose another output-dir")
-    base = folder
-    while not base.exists() and base != base.parent:
-        base = base.parent
-    try:
-        probe = tempfile.mkdtemp(prefix=".fedclust-check-", dir=base)
-        os.rmdir(probe)
-    except OSError as exc:
-        raise OutputDirError(
-            f"output-dir {str(folder)!r} cannot be created or written ({type(exc).__name__}: "
-            f"{exc.strerror or exc}, in {str(base)!r}). Allowed: a folder this user may create "
-            f"and write. Fix: pass another output-dir, or fix the permissions") from None
+    return check_run_config(dict(run_config))
 
 
 def sweep(argv: Sequence[str]) -> int:

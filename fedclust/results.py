@@ -306,8 +306,9 @@ def claim_folder(folder: Path, overwrite: bool = False) -> None:
 
 
 def check_folder(folder: str | Path, overwrite: bool = False) -> None:
-    """:func:`claim_folder`'s verdict on ``folder``, without writing anything (``fedclust
-    check``, a sweep's grid check): the same refusals, with the same messages.
+    """:func:`claim_folder`'s verdict on ``folder``, without writing anything but a probe
+    folder, made and removed at once where permissions alone cannot tell (``fedclust check``, a
+    sweep's grid check): the same refusals, with the same messages.
 
     Raises
     ------
@@ -323,6 +324,12 @@ def check_folder(folder: str | Path, overwrite: bool = False) -> None:
             raise OutputDirError(f"output-dir {str(folder)!r} cannot be created: "
                                  f"{str(parent)!r} is not a folder this process may write in. "
                                  f"Fix: pass an output-dir in a folder you can write to")
+        try:        # permissions say yes (root: always); the file system may still say no
+            import tempfile
+
+            os.rmdir(tempfile.mkdtemp(prefix=".fedclust-check-", dir=parent))
+        except OSError as exc:
+            raise _unwritable(folder, exc) from None
         return
     if (folder / RUNNING).exists():
         raise _in_use(folder)
