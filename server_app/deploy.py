@@ -516,6 +516,7 @@ def preflight_up(run_cfg: dict[str, Any], data: Sequence[str], label_column: str
                              f"{', '.join(map(repr, missing[:5]))}. Allowed: one existing data "
                              f"file (csv, tsv, npz, npy, or an image folder) per SuperNode. "
                              f"Fix: check the paths")
+    # each file read by the door its node uses (EMD-CFL: an .npz of image splits)
     check_tables(cfg, [Path(p) for p in data], "", label_column, "the --data files")
 
 

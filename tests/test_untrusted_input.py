@@ -341,11 +341,13 @@ def test_more_clusters_than_rows_is_refused_before_any_work(tmp_path):
     with pytest.raises(ConfigError, match=r"site files of data-dir: 6 row"):
         check_run_config({"method": "exact-fcm", "dataset": "files", "fcm.n-clusters": 8,
                           "data-dir": str(tmp_path / "sites")})
-    # the probe's repro: 10 clusters on 4 rows, guard off, one node: the node refuses
-    with pytest.raises(RuntimeError, match=r"ConfigError: run config 'fcm.n-clusters' = 10.*"
-                                           r"this run's only node: 4 row"):
+    # the probe's repro: 10 clusters on 4 rows, guard off, one client: simulate() holds the
+    # rows and refuses before the run (a deployed run's only node refuses on its own)
+    with pytest.raises(ConfigError, match=r"'fcm.n-clusters' = 10.*the 1 client array\(s\): "
+                                          r"4 row"):
         simulate("exact-fcm", [np.arange(8.0).reshape(4, 2)], n_clusters=10,
                  privacy_guard=False, output_dir=tmp_path / "one")
+    assert not (tmp_path / "one").exists()
 
 
 # ------------------------------------------------------------------ the privacy guard's boundary

@@ -161,7 +161,8 @@ def check_fcm(cfg: dict[str, Any]) -> None:
         per_round = max(1, math.ceil(cfg["fcm.fraction"] * n))
         require(per_round >= 2, "fcm.fraction", cfg["fcm.fraction"],
                 f"at least 2 of the {n} clients per round with fcm.secure-aggregation=true "
-                f"(SecAgg+: a lone client's masked sum is its own); this samples {per_round}",
+                f"(SecAgg+ needs at least 2: a lone client's masked sum is its own); this "
+                f"samples {per_round}",
                 f"raise fcm.fraction to {min(1.0, 2 / n):.3g} or more, or use more clients")
 
 
@@ -246,6 +247,7 @@ def check_distinct(cfg: dict[str, Any], arrays: Sequence[np.ndarray], whose: str
     if count is None:
         return
     key, c = count
+    check_rows(cfg, sum(len(x) for x in arrays), whose)    # fewer rows than clusters first
     distinct = distinct_rows(arrays, c)
     if distinct >= c:
         return
