@@ -168,8 +168,21 @@ def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any] 
             raise ConfigError("simulate(): "
                               + (problem.replace("a DataFrame", "images") if emdcfl else problem))
     classes = None
+    if isinstance(labels, Mapping):       # {client number: its labels}
+        if set(labels) != set(range(len(clients))):
+            raise ConfigError(f"simulate(): labels is a mapping with keys {sorted(labels)[:6]}. "
+                              f"Allowed: a list of one label array per client (or a mapping "
+                              f"of client numbers 0..{len(clients) - 1}). Fix: pass "
+                              f"labels=[y0, y1, ...]")
+        labels = [labels[i] for i in range(len(clients))]
     if labels is not None:
-        labels = [_label_values(i, y) for i, y in enumerate(labels)]
+        none = [i for i, y in enumerate(labels) if y is None]
+        if none and strategy.method in CLASS_NUMBERS:
+            raise ConfigError(f"simulate(): client {none[0]} has no labels (None), and "
+                              f"{strategy.method} needs every client's or none. Fix: give "
+                              f"client {none[0]} its labels, or pass labels=None")
+        # a client whose entry is None has no labels: the evaluation leaves it out
+        labels = [None if y is None else _label_values(i, y) for i, y in enumerate(labels)]
         if strategy.method in CLASS_NUMBERS:
             labels, classes = _class_numbers(labels, CLASS_NUMBERS[strategy.method])
     elif emdcfl and any(isinstance(c, Mapping) for c in clients):

@@ -116,3 +116,17 @@ def test_infinite_labels_are_refused(tmp_path):
     labels[2][0] = np.inf
     _refused(tmp_path, "exact-fcm", X, labels=labels, n_clusters=2,
              match="client 2's labels: the label of row 1 is not a finite number")
+
+
+def test_labels_by_client_number_or_none_for_a_client_without(tmp_path):
+    """Probe: labels={0: y0, 1: y1, 2: y2} was read as three one-label arrays ("client 0 has
+    30 rows but 1 labels"), and [y0, None, y2] as a missing label in row 1."""
+    by_number = fedclust.simulate("exact-fcm", X, labels=dict(enumerate(Y)), n_clusters=2,
+                                  output_dir=tmp_path / "d", run_config={"plots": False})
+    assert by_number.summary["metrics"]["eval_coverage"]["nodes"] == 3
+    partial = fedclust.simulate("exact-fcm", X, labels=[Y[0], None, Y[2]], n_clusters=2,
+                                output_dir=tmp_path / "n", run_config={"plots": False})
+    assert partial.summary["metrics"]["eval_coverage"] == {"nodes": 2, "of_nodes": 3,
+                                                           "rows": 60}
+    _refused(tmp_path, "exact-fcm", X, labels={"a": Y[0], "b": Y[1], "c": Y[2]},
+             n_clusters=2, match="mapping with keys")
