@@ -120,8 +120,16 @@ class RunRecorder:
                  num_clients: int, config: Mapping[str, Any], overwrite: bool = False,
                  data: Mapping[str, Any] | None = None) -> None:
         self.dir = Path(output_dir).expanduser().resolve()
-        claim_folder(self.dir, overwrite)
         self.method, self.dataset, self.seed, self.num_clients = method, dataset, seed, num_clients
+        self.start = time.perf_counter()
+        claim_folder(self.dir, overwrite)
+        try:        # the folder is ours from here: an interruption marks and releases it
+            self._setup(config, data)
+        except BaseException as exc:
+            self.interrupted(exc)
+            raise
+
+    def _setup(self, config: Mapping[str, Any], data: Mapping[str, Any] | None) -> None:
         self.config = dict(config)
         #: what the run clustered (:func:`data_record`), ``summary.json``'s ``data``
         self.data = dict(data) if data else None
@@ -137,12 +145,8 @@ class RunRecorder:
         #: the run-config ``tracker`` (:mod:`fedclust.trackers`): MLflow or TensorBoard get
         #: every record, the final metrics and the artifacts as well
         self.tracker: Tracker | None = None
-        try:
-            self.tracker = open_tracker(str(self.config.get("tracker", "")), self.dir,
-                                        self.config, self.data)
-        except BaseException as exc:
-            self.interrupted(exc)
-            raise
+        self.tracker = open_tracker(str(self.config.get("tracker", "")), self.dir, self.config,
+                                    self.data)
         #: seconds spent opening the tracker (its store, the experiment, the params): not part
         #: of the run's ``wall_time_s``, which starts after it
         self.tracker_s = round(time.perf_counter() - self.start, 4)

@@ -105,7 +105,7 @@ def execute(grid: Grid, run_config: dict[str, Any], validated: dict[str, Any] | 
     memory as it wrote it (``history``, ``arrays``, ``dir``). ``validated``: ``run_config``
     already validated (:func:`check_run_config`); ``data``: what the run clusters, when the
     run config cannot tell (:func:`fedclust.results.data_record`)."""
-    from fedclust.results import data_record, recorded_config
+    from fedclust.results import RUNNING, data_record, recorded_config
 
     setup_logging()
     from strategies.common import engine_clients, exclusions_recorded, messages_carry
@@ -122,18 +122,21 @@ def execute(grid: Grid, run_config: dict[str, Any], validated: dict[str, Any] | 
         recorder = RunRecorder(output_dir(cfg, name), cfg["method"], name, cfg["seed"],
                                cfg["num-clients"], recorded_config(cfg),
                                overwrite=cfg["overwrite"], data=record)
-        LOG.info("method=%s dataset=%s clients=%s -> %s", cfg["method"], name,
-                 cfg["num-clients"] or "every connected node", recorder.dir)
         try:
+            LOG.info("method=%s dataset=%s clients=%s -> %s", cfg["method"], name,
+                     cfg["num-clients"] or "every connected node", recorder.dir)
             with messages_carry(cfg):
                 recorder.round_notes = excluded.since_last
                 metrics = runner(grid, cfg, recorder)
+            recorder.num_clients = recorder.config["num-clients"] = cfg["num-clients"]
+            # every node whose reply failed a server check, with the phase and the reason
+            summary = recorder.finish(metrics, {"excluded_nodes": excluded.records})
         except BaseException as exc:   # Ctrl-C included: the folder says the run did not finish
-            recorder.interrupted(exc)
+            if (recorder.dir / "summary.json").exists():    # stopped while releasing it
+                (recorder.dir / RUNNING).unlink(missing_ok=True)
+            else:
+                recorder.interrupted(exc)
             raise
-    recorder.num_clients = recorder.config["num-clients"] = cfg["num-clients"]
-    # every node whose reply failed a server check, with the phase and the reason
-    summary = recorder.finish(metrics, {"excluded_nodes": excluded.records})
     if excluded.records:
         LOG.warning("%d repl(y/ies) failed the server's checks and were excluded, from node(s) "
                     "%s: summary.json excluded_nodes lists each with its phase and reason",

@@ -150,3 +150,34 @@ def test_deploy_up_refuses_more_before_starting(tmp_path, capsys):
                  "127.0.0.1:1"])
     finally:
         os.chdir(cwd)
+
+
+@pytest.mark.parametrize("where", ["start", "finish"])
+def test_an_interrupt_anywhere_after_the_claim_releases_the_folder(tmp_path, monkeypatch, where):
+    """A signal between claiming the folder and the run's own try (its first log line), or
+    while the summary was being written, left the folder marked RUNNING: the next run into it
+    was refused as "in use"."""
+    import fedclust.results as results
+    import strategies.run as run
+
+    if where == "start":
+        info = run.LOG.info
+
+        def stop_at_start(msg, *args, **kwargs):
+            if str(msg).startswith("method="):
+                raise KeyboardInterrupt("stopped")
+            return info(msg, *args, **kwargs)
+        monkeypatch.setattr(run.LOG, "info", stop_at_start)
+    else:
+        safe = results.trackers.safe
+
+        def stop_at_finish(tracker, step, *args, **kwargs):
+            if step == "final":
+                raise KeyboardInterrupt("stopped")
+            return safe(tracker, step, *args, **kwargs)
+        monkeypatch.setattr(results.trackers, "safe", stop_at_finish)
+    with pytest.raises(KeyboardInterrupt):
+        run_server({"method": "exact-fcm", "plots": False, "output-dir": str(tmp_path / "r"),
+                    "fcm.max-rounds": 2}, num_nodes=2)
+    assert not (tmp_path / "r" / "RUNNING").exists()
+    assert (tmp_path / "r" / "interrupted.json").exists()
