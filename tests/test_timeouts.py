@@ -52,7 +52,8 @@ def test_the_in_process_engine_does_not_wait_for_nodes_it_does_not_have(tmp_path
 def test_the_in_process_engine_honours_timeout(tmp_path):
     """Node BAD hangs in round 2: the phase ends at the deadline without it, it is named with
     'no reply within', and the run goes on with the others (it stays busy, so it answers
-    nothing until its handler returns)."""
+    nothing until its handler returns). The deadline leaves the honest nodes' first round,
+    imports included, room on a loaded 2-core CI machine."""
     release = threading.Event()
 
     def app(msg, context):
@@ -61,7 +62,7 @@ def test_the_in_process_engine_honours_timeout(tmp_path):
         return client_app(msg, context)
 
     cfg = {"method": "exact-fcm", "dataset": "iris", "num-clients": 3, "plots": False,
-           "fcm.n-clusters": 3, "fcm.max-rounds": 3, "fcm.epsilon": 0.0, "timeout": 8,
+           "fcm.n-clusters": 3, "fcm.max-rounds": 3, "fcm.epsilon": 0.0, "timeout": 20,
            "output-dir": str(tmp_path / "run")}
     try:
         summary = run_method(InProcessGrid(app, 3, cfg), cfg)
@@ -70,6 +71,6 @@ def test_the_in_process_engine_honours_timeout(tmp_path):
     history = [json.loads(x) for x in (tmp_path / "run" / "history.jsonl").read_text()
                .splitlines()]
     assert "1000" not in history[0]["dropped_nodes"]
-    assert history[1]["dropped_nodes"]["1000"] == "no reply within 8s"
+    assert history[1]["dropped_nodes"]["1000"] == "no reply within 20s"
     assert history[1]["contributed"] == 2
     assert BAD in summary["metrics"]["dropped_nodes"]
