@@ -18,7 +18,9 @@ The owner folder is created exclusively (``os.mkdir``): when the name exists (an
 the same key, or a run id seen before), the node warns and writes to ``<name>-2`` (``-3``, …)
 instead, never into another writer's folder. The folder is kept in the node's state, so later
 messages of the same run write to the same one. Every file is written atomically;
-``result.json`` is written last, so a folder without it is visibly incomplete.
+``result.json`` is written last, so a folder without it is visibly incomplete. A deployed node
+flushes every file to disk as it writes it; a simulated node's files, in the server's run
+folder, are flushed once at the end of the run (:func:`fedclust.outputs.flushed_by_run`).
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ def _owner_parent(msg: Message, context: Context, run_dir: str | None
     if "partition-id" in node:   # simulated (dataset=files too: data-path is then set)
         if not run_dir:
             return None
+        # the server's run folder, on this machine: the run flushes it once at its end
+        outputs.flushed_by_run(run_dir)
         return Path(run_dir) / "clients", str(int(node["partition-id"]))
     if "data-path" in node:   # named after the file: sites may share a folder
         data = Path(str(node["data-path"])).expanduser().resolve()

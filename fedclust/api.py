@@ -701,8 +701,11 @@ def _run(strategy: FedclustStrategy, nodes: list[dict[str, Any]], seed: int,
             "run_config": run_config}
     grid = InProcessGrid(client_app, len(nodes), strategy.full_run_config(**args),
                          node_configs=nodes)
-    result = strategy.start(grid, data=data, **args)
-    _move_owner_results(grid, result)
+    from fedclust.outputs import durable_at_exit
+
+    with durable_at_exit():      # every file of the run, the clients' too: one sync at the end
+        result = strategy.start(grid, data=data, **args)
+        _move_owner_results(grid, result)
     from strategies.methods import _owner_results
 
     result.labels, result.memberships = _owner_results(result.run_dir)   # now in run_dir

@@ -4,6 +4,13 @@
   (``.<name>.<12 hex>.part``), flushes it to disk and renames it over the target
   (``os.replace``): a reader sees the old complete file or the new complete one, never half a
   file; an error on the way removes the temporary file.
+- **Durable once per simulation.** A deployed node flushes every file to disk before the
+  rename (``fsync``). A simulation writes every simulated client's files too, thousands of
+  them, all on one machine: inside :func:`durable_at_exit` (a run in this process, server and
+  in-process clients) and under a folder that :func:`flushed_by_run` named (a simulated node
+  in another process writing into the server's run folder) a write skips its own flush, and
+  the run makes everything durable with a single ``os.sync()`` at its end. Atomicity does
+  not change: a file still appears complete or not at all.
 - **Manifest.** A run's results folder holds ``.fedclust-manifest.json``, the relative name and
   kind (``"file"`` or ``"dir"``) of everything fedclust wrote there. Every write records its name
   (and the folders above it) in the manifest of the nearest folder above it that has one,
@@ -39,6 +46,8 @@ FILE, DIR = "file", "dir"
 _KINDS = (FILE, DIR)
 _TEMP = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{12}\.part$")
 _LOCK = threading.RLock()
+_DEFERRED = [0]           # open durable_at_exit() contexts of this process
+_FLUSHED_BY_RUN: set[str] = set()   # folders whose writer's run flushes them at its end
 _O_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
@@ -50,6 +59,54 @@ class OutputDirError(ValueError):
 
 # ---------------------------------------------------------------------------- atomic writes
 
+@contextlib.contextmanager
+def durable_at_exit() -> Iterator[None]:
+    """Within: this process's atomic writes skip their own ``fsync``; at the exit of the
+    outermost such context, one ``os.sync()`` flushes them all (a simulated run: its server's
+    and its in-process clients' files, and those of simulated nodes in other processes of
+    the same machine, :func:`flushed_by_run`)."""
+    with _LOCK:
+        _DEFERRED[0] += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _DEFERRED[0] -= 1
+            last = _DEFERRED[0] == 0
+        if last:
+            sync()
+
+
+def flushed_by_run(folder: str | Path) -> None:
+    """Writes under ``folder`` skip their own flush from now on: ``folder`` is the run folder
+    of a simulation on this machine, whose server flushes it once at the end of the run
+    (a simulated node's owner results, written from another process)."""
+    with _LOCK:
+        _FLUSHED_BY_RUN.add(os.path.join(os.path.abspath(folder), ""))
+
+
+def _deferred(path: Path) -> bool:
+    if _DEFERRED[0]:
+        return True
+    if not _FLUSHED_BY_RUN:
+        return False
+    name = os.path.abspath(path)
+    return any(name.startswith(root) for root in _FLUSHED_BY_RUN)
+
+
+def sync() -> None:
+    """Flush every written file of this machine to disk (one ``os.sync()``)."""
+    if hasattr(os, "sync"):
+        os.sync()
+
+
+def _flush(fh: IO[Any], durable: bool) -> None:
+    """``fh`` to the disk now (``durable``), or at the end of the run."""
+    fh.flush()
+    if durable:
+        os.fsync(fh.fileno())
+
+
 def write_atomic(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
     """Write ``path`` atomically: ``write(fh)`` fills a temporary file beside it, which then
     replaces ``path``. The name is recorded in the nearest manifest first (:func:`record`).
@@ -60,6 +117,9 @@ def write_atomic(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
         The file to (re)write; its folder must exist.
     write : callable
         Called with a binary file object open for writing.
+
+    The file is flushed to disk before the rename, except in a simulation, whose run flushes
+    every file once at its end (:func:`durable_at_exit`, :func:`flushed_by_run`).
 
     Returns
     -------
@@ -75,8 +135,7 @@ def write_atomic(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
     try:
         with open(tmp, "xb") as fh:     # "x": never reuses (or follows) an existing name
             write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
+            _flush(fh, not _deferred(path))
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -237,8 +296,7 @@ def write_manifest(folder: str | Path, entries: Mapping[str, str]) -> None:
     try:
         with open(tmp, "x", encoding="utf-8") as fh:
             fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
+            _flush(fh, not _deferred(folder))
         os.replace(tmp, folder / MANIFEST)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -64,6 +64,8 @@ class InProcessGrid(Grid):
 
     #: every node exists from the start: nothing is gained by waiting for more to connect
     complete = True
+    #: its nodes are simulated in this process: a run's files are made durable once, at its end
+    simulated = True
 
     def __init__(self, client_app: ClientApp, num_nodes: int, run_config: Mapping[str, Any],
                  node_configs: list[Mapping[str, Any]] | None = None,

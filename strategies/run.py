@@ -108,6 +108,21 @@ def execute(grid: Grid, run_config: dict[str, Any], validated: dict[str, Any] | 
     from fedclust.results import RUNNING, data_record, recorded_config
 
     setup_logging()
+    from fedclust import outputs
+
+    # A simulation writes its clients' results too, thousands of files on this machine: they
+    # are made durable once, at the end of the run, not file by file (fedclust.outputs).
+    if getattr(grid, "simulated", False):     # the in-process engine: clients in this process
+        with outputs.durable_at_exit():
+            return _execute(grid, run_config, validated)
+    summary, recorder = _execute(grid, run_config, validated)
+    if (recorder.dir / "clients").is_dir():   # simulated nodes of another engine wrote there
+        outputs.sync()
+    return summary, recorder
+
+
+def _execute(grid: Grid, run_config: dict[str, Any], validated: dict[str, Any] | None
+             ) -> tuple[dict[str, Any], RunRecorder]:
     from strategies.common import engine_clients, exclusions_recorded, messages_carry
 
     # Bad values and missing files stop the run here, before it waits for any node.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import io
+import json
 import os
 import pickle
 import subprocess
@@ -302,6 +303,72 @@ def test_moved_result_folders_are_recorded_in_one_manifest_update(tmp_path, monk
     assert entries["clients"] == "dir" and entries["clients/0/sub/b.npy"] == "file"
     assert entries["clients/2/sub"] == "dir" and "clients/2/sub/b.npy" not in entries
     assert read_manifest(own)["b.npy"] == "file"
+
+
+# ---------------------------------------------------------------------------- durability
+
+def _count_flushes(monkeypatch) -> dict[str, int]:
+    """Count ``os.fsync`` (still done) and ``os.sync`` (counted only) calls."""
+    calls = {"fsync": 0, "sync": 0}
+    real = os.fsync
+
+    def fsync(fd):
+        calls["fsync"] += 1
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "sync", lambda: calls.__setitem__("sync", calls["sync"] + 1))
+    return calls
+
+
+def test_a_simulation_makes_every_file_durable_once_at_its_end(tmp_path, monkeypatch):
+    import fedclust
+
+    calls = _count_flushes(monkeypatch)
+    nodes, x = node_files(tmp_path, clients=4)
+    parts = [np.load(n["data-path"])["x"] for n in nodes]
+    res = fedclust.simulate("exact-fcm", parts, n_clusters=3, max_rounds=3, epsilon=0.0,
+                            output_dir=tmp_path / "run", run_config={"plots": False})
+    assert calls == {"fsync": 0, "sync": 1}          # not one flush per file
+    for i in range(4):        # every client's results are still written, complete
+        folder = res.run_dir / "clients" / str(i)
+        assert (folder / "result.json").is_file() and (folder / "assignments.csv").is_file()
+        assert not list(folder.glob(".*.part"))
+    assert (res.run_dir / "summary.json").is_file()
+    entries = read_manifest(res.run_dir)
+    assert entries["clients/3/result.json"] == "file"
+
+
+def test_an_in_process_run_syncs_once_and_a_deployed_nodes_writes_stay_durable(
+        tmp_path, monkeypatch):
+    calls = _count_flushes(monkeypatch)
+    cfg = {"method": "exact-fcm", "num-clients": 3, "fcm.max-rounds": 2, "fcm.epsilon": 0.0,
+           "plots": False, "output-dir": str(tmp_path / "run")}
+    run_server(cfg)             # simulated nodes (partition-id) write into the run folder
+    assert calls == {"fsync": 0, "sync": 1}
+    assert len(list((tmp_path / "run" / "clients").glob("*/result.json"))) == 3
+    # outside a simulation (a deployed node, a server of another engine) every file is flushed
+    from client_apps import results
+
+    site = tmp_path / "site"
+    site.mkdir()
+    results.write_result(site, {"method": "exact-fcm"})
+    results.save_array(site / "centers.npy", np.zeros(2))
+    assert calls == {"fsync": 2, "sync": 1}
+
+
+def test_writes_under_a_run_folder_flushed_by_its_run_skip_their_own_flush(
+        tmp_path, monkeypatch):
+    calls = _count_flushes(monkeypatch)
+    run, other = tmp_path / "run", tmp_path / "run-other"     # a prefix, not a parent
+    (run / "clients" / "0").mkdir(parents=True)
+    other.mkdir()
+    outputs.flushed_by_run(run)          # what a simulated node does for the server's folder
+    outputs.write_json(run / "clients" / "0" / "result.json", {"a": 1})
+    assert calls["fsync"] == 0
+    outputs.write_json(other / "result.json", {"a": 1})
+    assert calls["fsync"] == 1
+    assert json.loads((run / "clients" / "0" / "result.json").read_text()) == {"a": 1}
 
 
 # ---------------------------------------------------------------------------- benchmark
