@@ -66,6 +66,9 @@ class Key:
         Allowed values for string keys.
     check : callable, optional
         Extra check ``value -> str | None`` returning an error text.
+    allowed_text : str, optional
+        What the allowed values are, in words, when the type and bounds do not say it (a
+        key that takes ``"auto"`` or a number).
     """
 
     name: str
@@ -78,9 +81,12 @@ class Key:
     high_open: bool = False
     choices: Sequence[str] | None = None
     check: Callable[[Any], str | None] | None = field(default=None, compare=False)
+    allowed_text: str | None = None
 
     def allowed(self) -> str:
         """Human-readable description of the allowed values."""
+        if self.allowed_text is not None:
+            return self.allowed_text
         if self.choices is not None:
             return "one of " + ", ".join(repr(c) for c in self.choices)
         if self.low is None and self.high is None:

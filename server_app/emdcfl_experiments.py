@@ -106,7 +106,7 @@ def table(out: Path | list[Path]) -> str:
     for r in rows:
         c = r["config"]
         key = (c["dataset"], c.get("emdcfl.rotation", "max"),
-               c.get("emdcfl.algorithm", "emdcfl"), float(c.get("emdcfl.epsilon", 0.1)),
+               c.get("emdcfl.algorithm", "emdcfl"), _eps_key(c.get("emdcfl.epsilon", "auto")),
                int(c.get("emdcfl.local-epochs", 1)),
                int(c.get("num-clients", 0)), float(c.get("emdcfl.lr", 0.01)))
         groups.setdefault(key, []).append(r)
@@ -137,7 +137,7 @@ def table(out: Path | list[Path]) -> str:
             method = f"cfl ({NO_SPLIT})"
         lines.append(
             f"| {key[0]} | {key[1]} | {key[5]} | {key[4]} | {key[6]:g} | {method} | "
-            f"{key[3] if key[2] == 'emdcfl' else ''} | "
+            f"{_eps_cell(key[3], m) if key[2] == 'emdcfl' else ''} | "
             f"{','.join(str(r['config']['seed']) for r in rs)} | "
             f"{_mean_ci([x['eval_acc_mean'] for x in m])} | "
             f"{_mean_ci([x['eval_acc_worst'] for x in m])} | "
@@ -168,6 +168,19 @@ def result_rows(folder: Path) -> list[dict[str, Any]]:
                                  if not isinstance(v, (list, dict))},
                      "clusters": metrics.get("clusters")})
     return rows
+
+
+def _eps_key(value: Any) -> str:
+    """``emdcfl.epsilon`` of a run's config as a table key: ``auto`` or the number."""
+    return "auto" if str(value) == "auto" else f"{float(value):g}"
+
+
+def _eps_cell(key: str, metrics: list[dict[str, Any]]) -> str:
+    """The ε column: the number, or ``auto`` with the ε each seed's run chose."""
+    if key != "auto":
+        return key
+    chosen = ["none" if x.get("epsilon") is None else f"{x['epsilon']:.3g}" for x in metrics]
+    return f"auto ({' / '.join(chosen)})"
 
 
 def _setting(key: tuple) -> tuple:
@@ -207,7 +220,10 @@ def epsilon_sweep(run_dir: Path, epsilons: list[float]) -> str:
     excess = np.load(run_dir / "emd_excess.npy")
     summary = json.loads((run_dir / "summary.json").read_text())
     truth = summary["metrics"]["eval_truth"]
-    run_eps = float(summary.get("config", {}).get("emdcfl.epsilon", np.inf))
+    given = summary.get("config", {}).get("emdcfl.epsilon", "auto")
+    # ε = auto solved every pair the choice could need: those below its cap
+    run_eps = (float(summary["metrics"].get("epsilon_cap", np.inf)) if str(given) == "auto"
+               else float(given))
     e = excess[~np.eye(len(excess), dtype=bool)]
     lines = [f"{run_dir.name}: off-diagonal excess min {np.nanmin(e):.4f}, "
              f"max {np.nanmax(e):.4f}", "| eps | clusters | ARI |", "|---|---|---|"]

@@ -526,8 +526,9 @@ class EMDCFL(FedclustStrategy):
 
     Parameters
     ----------
-    epsilon : float, default 0.1
-        Tolerance ``ε`` of the edge rule.
+    epsilon : float or "auto", default "auto"
+        Tolerance ``ε`` of the edge rule: a number (the paper: 0.1), or ``"auto"``: read
+        from the run's own excesses (:func:`fedclust.emdcfl.cluster.auto_epsilon`).
     rounds : int, default 3
         Global rounds including round 0.
     local_epochs : int, default 1
@@ -550,7 +551,7 @@ class EMDCFL(FedclustStrategy):
     method = "emdcfl"
     prefixes = ("emdcfl.",)
 
-    def __init__(self, epsilon: float = 0.1, rounds: int = 3, local_epochs: int = 1,
+    def __init__(self, epsilon: float | str = "auto", rounds: int = 3, local_epochs: int = 1,
                  proj_ratio: float = 0.9, metric: str = "cosine", algorithm: str = "emdcfl",
                  **options: Any) -> None:
         super().__init__(epsilon=epsilon, rounds=rounds, local_epochs=local_epochs,

@@ -37,6 +37,7 @@ from numpy.typing import NDArray
 SINKHORN_NOT_CONVERGED = "Sinkhorn did not converge"     # numItermax reached
 SINKHORN_NUMERICAL = "numerical errors at iteration"      # u/v hit 0, inf or NaN; last iterate
 SINKHORN_STOP = 1e-9                                     # marginal-violation tolerance
+BOUND = "bound"         # pairwise_wasserstein's solver that returns dual_lower_bound, no W
 
 
 class EMDError(RuntimeError):
@@ -58,6 +59,21 @@ def dual_lower_bound(m: NDArray) -> float:
     g = m.min(axis=0)
     f = (m - g[None, :]).min(axis=1)
     return float(max(by_rows, f.mean() + g.mean()))
+
+
+def cost_matrix(p: NDArray, q: NDArray, metric: str = "cosine") -> NDArray[np.float64]:
+    """The ground-cost matrix of two non-empty clouds as the solvers use it
+    (:func:`ground_cost` in float64, >= 0, cosine NaN → 1)."""
+    p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
+    if len(p) == 0 or len(q) == 0:
+        raise ValueError("empty point cloud")
+    m = ground_cost(p, q, metric)
+    if metric == "cosine":
+        m = np.nan_to_num(m, nan=1.0)          # all-zero embeddings (dead ReLUs): distance 1
+    # every ground cost is >= 0; 1 - cos and the expanded squared norms round to -1e-16 on
+    # (nearly) parallel points, and a negative W is refused as a reply
+    np.maximum(m, 0.0, out=m)
+    return m
 
 
 def wasserstein(p: NDArray, q: NDArray, metric: str = "cosine", solver: str = "emd",
@@ -84,16 +100,8 @@ def wasserstein(p: NDArray, q: NDArray, metric: str = "cosine", solver: str = "e
     EMDError
         If the solver reports non-convergence.
     """
-    p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
-    if len(p) == 0 or len(q) == 0:
-        raise ValueError("empty point cloud")
+    m = cost_matrix(p, q, metric)
     a, b = np.full(len(p), 1.0 / len(p)), np.full(len(q), 1.0 / len(q))
-    m = ground_cost(p, q, metric)
-    if metric == "cosine":
-        m = np.nan_to_num(m, nan=1.0)          # all-zero embeddings (dead ReLUs): distance 1
-    # every ground cost is >= 0; 1 - cos and the expanded squared norms round to -1e-16 on
-    # (nearly) parallel points, and a negative W is refused as a reply
-    np.maximum(m, 0.0, out=m)
     if solver == "emd" and at_least is not None and dual_lower_bound(m) >= at_least:
         return float("nan")
     if solver == "emd" and len(p) == len(q):
@@ -192,6 +200,9 @@ def _solve_jobs(store: NDArray | str, jobs: Sequence[Job], metric: str, solver: 
         p, q = np.asarray(cloud[a:a + na]), np.asarray(cloud[b:b + nb])
         if seed is not None:
             p, q = equal_size(p, q, seed)
+        if solver == BOUND:
+            out.append(dual_lower_bound(cost_matrix(p, q, metric)))
+            continue
         out.append(wasserstein(p, q, metric, solver, num_itermax, reg,
                                None if np.isnan(limit) else limit))
     return out
@@ -208,7 +219,8 @@ def pairwise_wasserstein(pairs: Sequence[tuple[NDArray, NDArray]], metric: str =
     ``equalize_seed`` every pair is first cut to equal sizes (:func:`equal_size`). Each distinct
     cloud (by identity) is written once to a memory-mapped file that the workers read.
     ``at_least[i]`` (optional) is passed to :func:`wasserstein` for pair ``i``: NaN comes back
-    where the lower bound alone shows ``W >= at_least[i]``.
+    where the lower bound alone shows ``W >= at_least[i]``. ``solver="bound"`` (:data:`BOUND`)
+    returns each pair's :func:`dual_lower_bound` instead of its ``W`` (no solve).
     """
     pairs = [(np.asarray(p), np.asarray(q)) for p, q in pairs]
     if not pairs:

@@ -15,6 +15,9 @@ The step:
 3. ``A[c, o] = (excess[c, o] < ε) AND (excess[o, c] < ε)``, ``A[c, c] = True``;
 4. clients with identical closed neighbourhoods form a cluster (:mod:`.cluster`).
 
+ε is a number, or ``"auto"``: read from the excesses themselves
+(:func:`~fedclust.emdcfl.cluster.auto_epsilon`, :func:`auto_excess`).
+
 With ``lazy=True`` (default) only what the decision needs is solved, and the clusters are
 the same (tested):
 
@@ -23,6 +26,12 @@ the same (tested):
 - a direction is not solved when a lower bound of its ``W`` (the dual bound of
   :func:`~fedclust.emdcfl.distance.dual_lower_bound`, from the ground-cost matrix alone)
   already gives ``excess ≥ ε``.
+
+With ``epsilon="auto"`` ε is not known before solving, and the lazy step has two stages:
+the dual lower bound of every direction first (no solve), then exact solves of only the
+directions the choice of ε depends on: every pair whose bound may lie below the largest ε
+considered, and the smallest pair above it. Every other direction's bound already puts it
+above the chosen ε, so ε and the clusters are those of the full matrix (tested).
 
 The skipped entries of ``W`` and ``excess`` are NaN. ``lazy=False`` solves every direction
 (the full matrix that heatmaps and ε sweeps need).
@@ -38,8 +47,17 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from fedclust.emdcfl.cluster import neighbourhood_clusters, threshold_adjacency
-from fedclust.emdcfl.distance import equal_size, pairwise_wasserstein, wasserstein
+from fedclust.emdcfl.cluster import (
+    EpsilonChoice,
+    auto_epsilon,
+    neighbourhood_clusters,
+    threshold_adjacency,
+)
+from fedclust.emdcfl.distance import BOUND, equal_size, pairwise_wasserstein, wasserstein
+
+AUTO = "auto"
+#: more than this share of the clients left alone is reported (a label-free warning)
+SINGLETON_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -69,6 +87,11 @@ class Solver:
                                     self.reg, self.workers, equalize_seed=self.seed,
                                     at_least=at_least)
 
+    def bounds(self, pairs: Sequence[tuple[NDArray, NDArray]]) -> NDArray[np.float64]:
+        """The dual lower bound of each pair's ``W`` (no solve; exact solver only)."""
+        return pairwise_wasserstein(pairs, self.metric, BOUND, workers=self.workers,
+                                    equalize_seed=self.seed)
+
 
 @dataclass
 class Clustering:
@@ -83,6 +106,8 @@ class Clustering:
     skipped: int = 0
     seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    choice: EpsilonChoice | None = None    # how ε was set
+    warnings: list[str] = field(default_factory=list)   # label-free, for the log and summary
 
 
 def reference_distance(source: NDArray, own_val: NDArray, solver: Solver) -> float:
@@ -114,14 +139,7 @@ def excess_matrix(members: Sequence[int], pairs: Mapping[tuple[int, int], PairCl
     solves : int
         Exact OT problems solved (a direction decided by its lower bound is not counted).
     """
-    index = {n: i for i, n in enumerate(members)}
-    n = len(members)
-    w = np.full((n, n), np.nan)
-    ref = np.full((n, n), np.nan)
-    for (c, o), pc in pairs.items():
-        if c != o and c in index and o in index:
-            ref[index[c], index[o]] = float(pc.reference)
-    wanted = [(c, o) for (c, o) in pairs if c != o and c in index and o in index]
+    index, w, ref, wanted = _layout(members, pairs)
     if lazy:
         first = [(c, o) for c, o in wanted if index[c] < index[o]]
         later = [(c, o) for c, o in wanted if index[c] > index[o]]
@@ -135,8 +153,7 @@ def excess_matrix(members: Sequence[int], pairs: Mapping[tuple[int, int], PairCl
         solves += _solve(later, pairs, index, w, solver, limit)
     excess = w - ref
     np.fill_diagonal(excess, 0.0)
-    rows = [ref[i][np.isfinite(ref[i])] for i in range(n)]
-    np.fill_diagonal(w, [r.mean() if len(r) else np.nan for r in rows])
+    _fill_references(w, ref)
     return w, excess, solves
 
 
@@ -152,14 +169,93 @@ def _solve(todo: list[tuple[int, int]], pairs: Mapping[tuple[int, int], PairClou
     return int(np.sum(np.isfinite(values)))
 
 
+def auto_excess(members: Sequence[int], pairs: Mapping[tuple[int, int], PairClouds],
+                solver: Solver = Solver(), lazy: bool = True
+                ) -> tuple[NDArray[np.float64], NDArray[np.float64], int, EpsilonChoice]:
+    """:func:`excess_matrix` with ε read from the excesses (``emdcfl.epsilon="auto"``).
+
+    ``lazy`` (exact solver): the dual lower bound of every direction, then the exact solves
+    :func:`~fedclust.emdcfl.cluster.auto_epsilon` asks for, until it can choose; the other
+    directions stay NaN. Otherwise every direction is solved.
+
+    Returns
+    -------
+    W, excess : ndarray (n, n)
+    solves : int
+    choice : EpsilonChoice
+    """
+    index, w, ref, wanted = _layout(members, pairs)
+    n = len(members)
+    off = ~np.eye(n, dtype=bool)
+    scale = float(np.median(ref[off & np.isfinite(ref)])) if np.isfinite(ref[off]).any() \
+        else float("nan")
+    low = np.full((n, n), np.nan)
+    exact = np.zeros((n, n), dtype=bool)
+    solves = 0
+    if lazy and solver.solver == "emd":
+        bound = solver.bounds([(pairs[k].source, pairs[k].target) for k in wanted])
+        for (c, o), v in zip(wanted, bound):
+            low[index[c], index[o]] = v - ref[index[c], index[o]]
+        todo = []
+    else:
+        todo = wanted
+    while True:
+        solves += _solve(todo, pairs, index, w, solver, None)
+        for c, o in todo:
+            i, j = index[c], index[o]
+            low[i, j], exact[i, j] = w[i, j] - ref[i, j], True
+        choice, need = auto_epsilon(low, exact, scale)
+        if choice is not None:
+            break
+        todo = [(c, o) for c, o in wanted if need[index[c], index[o]]]
+    excess = np.where(exact, w - ref, np.nan)
+    np.fill_diagonal(excess, 0.0)
+    _fill_references(w, ref)
+    return w, excess, solves, choice
+
+
+def _layout(members: Sequence[int], pairs: Mapping[tuple[int, int], PairClouds]
+            ) -> tuple[dict[int, int], NDArray, NDArray, list[tuple[int, int]]]:
+    """Row of each member, ``W`` (all NaN), the references, and the ordered pairs to solve."""
+    index = {n: i for i, n in enumerate(members)}
+    n = len(members)
+    w = np.full((n, n), np.nan)
+    ref = np.full((n, n), np.nan)
+    wanted = [(c, o) for (c, o) in pairs if c != o and c in index and o in index]
+    for c, o in wanted:
+        ref[index[c], index[o]] = float(pairs[(c, o)].reference)
+    return index, w, ref, wanted
+
+
+def _fill_references(w: NDArray, ref: NDArray) -> None:
+    """``W``'s diagonal: each client's mean reference."""
+    rows = [r[np.isfinite(r)] for r in ref]
+    np.fill_diagonal(w, [r.mean() if len(r) else np.nan for r in rows])
+
+
 def cluster_clients(members: Sequence[int], pairs: Mapping[tuple[int, int], PairClouds],
-                    epsilon: float, solver: Solver = Solver(), lazy: bool = True
+                    epsilon: float | str, solver: Solver = Solver(), lazy: bool = True
                     ) -> Clustering:
-    """The whole clustering step: :func:`excess_matrix`, the AND rule, neighbourhoods."""
+    """The whole clustering step: :func:`excess_matrix` (:func:`auto_excess` for
+    ``epsilon="auto"``), the AND rule, neighbourhoods; with label-free warnings when ε could
+    not be read from the excesses or more than half the clients are left alone."""
     t0 = time.perf_counter()
-    w, excess, solves = excess_matrix(members, pairs, epsilon, solver, lazy)
-    adjacency = threshold_adjacency(excess, epsilon)
+    if epsilon == AUTO:
+        w, excess, solves, choice = auto_excess(members, pairs, solver, lazy)
+    else:
+        w, excess, solves = excess_matrix(members, pairs, float(epsilon), solver, lazy)
+        choice = EpsilonChoice(float(epsilon), "given")
+    adjacency = threshold_adjacency(excess, choice.epsilon)
     labels = neighbourhood_clusters(adjacency)
     wanted = sum(1 for c, o in pairs if c != o and c in members and o in members)
+    warnings = [choice.warning] if choice.warning else []
+    alone = int(np.sum(np.bincount(labels) == 1)) if len(labels) else 0
+    if alone > SINGLETON_SHARE * len(labels):
+        warnings.append(
+            f"the clustering left {alone} of {len(labels)} clients alone (singleton "
+            f"clusters: each trains only on its own data); ε = "
+            + (f"{choice.epsilon:.4g}" if choice.epsilon is not None else "none")
+            + f" ({choice.rule}). If the clients should share models, their excesses "
+            f"W(train_c, val_o) - W(train_c, val_c) lie above ε: emd_excess.npy holds them")
     return Clustering(list(members), w, excess, adjacency, labels, solves, wanted - solves,
-                      time.perf_counter() - t0)
+                      time.perf_counter() - t0, choice=choice, warnings=warnings)

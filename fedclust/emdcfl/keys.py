@@ -4,6 +4,7 @@ client steps and the node handlers read the settings, never the run config's key
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,25 @@ if TYPE_CHECKING:
     from fedclust.emdcfl.model import ModelSpec
 
 ALGORITHMS = ("emdcfl", "oracle", "fedavg", "local", "ifca", "cfl", "pacfl")
+AUTO = "auto"
+
+
+def _epsilon_problem(value: str) -> str | None:
+    """``emdcfl.epsilon``: ``auto`` or a finite number >= 0."""
+    if value == AUTO:
+        return None
+    try:
+        eps = float(value)
+    except ValueError:
+        return "neither 'auto' nor a number"
+    if not math.isfinite(eps) or eps < 0:
+        return "a number must be finite and >= 0"
+    return None
+
+
+def epsilon_value(value: Any) -> float | str:
+    """The ε of a validated ``emdcfl.epsilon``: ``"auto"`` or a float."""
+    return AUTO if value == AUTO else float(value)
 DEVICES = ("cpu", "cuda", "auto")
 RECLUSTER = ("on-join", "every-round")
 
@@ -49,8 +69,11 @@ KEYS: list[Key] = [
     Key("emdcfl.conv1", int, 64, "channels of the first conv layer (paper: 64)", low=1),
     Key("emdcfl.conv2", int, 128, "channels of the second conv layer (paper: 128)", low=1),
     Key("emdcfl.embed-dim", int, 128, "width of the penultimate (embedding) layer", low=2),
-    Key("emdcfl.epsilon", float, 0.1, "tolerance ε: edge c→o when W(train_c,val_o) - "
-        "W(train_c,val_c) < ε", low=0.0),
+    Key("emdcfl.epsilon", str, "auto", "tolerance ε: edge c→o when W(train_c,val_o) - "
+        "W(train_c,val_c) < ε; a number >= 0 (the paper: 0.1), or auto: read from the run's "
+        "own excesses (the clearest gap above the near-zero mode, at most the clients' median "
+        "W(train_c,val_c))", check=_epsilon_problem,
+        allowed_text="'auto' or a number >= 0"),
     Key("emdcfl.proj-ratio", float, 0.9, "random projection dimension / embedding dimension",
         low=0.0, high=1.0, low_open=True),
     Key("emdcfl.projection", str, "gaussian", "random projection R of each pair: gaussian (the "
@@ -134,7 +157,7 @@ class EMDCFLSettings:
     conv1: int
     conv2: int
     embed_dim: int
-    epsilon: float
+    epsilon: float | str
     proj_ratio: float
     projection: str
     max_samples: int
@@ -165,6 +188,7 @@ class EMDCFLSettings:
         """The settings of a validated run config (every ``emdcfl.*`` key present)."""
         fields = {k.name.removeprefix("emdcfl.").replace("-", "_"): cfg[k.name] for k in KEYS}
         fields["solver_name"] = fields.pop("solver")
+        fields["epsilon"] = epsilon_value(fields["epsilon"])
         return cls(**fields, dataset=dataset_name(cfg), seed=int(cfg["seed"]),
                    evaluate=bool(cfg["evaluate"]), data_dir=str(cfg["data-dir"]),
                    plots=bool(cfg["plots"]))

@@ -28,7 +28,10 @@ Rounds (global epochs) ``r = 0 … R−1`` (``R = emdcfl.rounds``):
       ``E[c, o] = W(train_c, val_o) − W(train_c, val_c)``;
    c. ``A[c, o] = (E[c, o] < ε) ∧ (E[o, c] < ε)``; equal closed neighbourhoods of ``A`` form
       the clusters (:func:`fedclust.emdcfl.excess.cluster_clients`); clients not yet seen,
-      or that did not answer, stay singletons.
+      or that did not answer, stay singletons. ``ε`` is ``emdcfl.epsilon``, or with
+      ``"auto"`` read from the excesses (:func:`fedclust.emdcfl.cluster.auto_epsilon`); the
+      round's record holds it, the gap it sat in and any label-free warning (no ε could be
+      read; more than half the clients alone), which also go to the log.
 
    A cluster whose member set did not change keeps its model from step 2; a new or changed
    cluster starts from the FedAvg of its members' latest (possibly stale) local models
@@ -48,7 +51,7 @@ from typing import Any
 import numpy as np
 
 from fedclust.emdcfl.baselines import run_baseline
-from fedclust.emdcfl.clients import Clients, Traffic, Weights
+from fedclust.emdcfl.clients import LOG, Clients, Traffic, Weights
 from fedclust.emdcfl.cluster import Participation, cluster_fedavg, recluster_models
 from fedclust.emdcfl.excess import Clustering, PairClouds, cluster_clients
 from fedclust.emdcfl.keys import EMDCFLSettings
@@ -88,9 +91,13 @@ def cluster_step(clients: Clients, s: EMDCFLSettings, seen: list[int],
     found = cluster_clients(members, pair_inputs(answered, members), s.epsilon, s.solver,
                             lazy=not s.full_matrix)
     traffic.seconds["clustering"] += found.seconds
+    for text in found.warnings:
+        LOG.warning("emdcfl round %d: %s", rnd, text)
     info = {"emd_s": found.seconds, "emd_solves": found.solves, "emd_skipped": found.skipped,
             "embed_s": clouds.seconds, "embed_messages": clouds.messages,
-            "embed_message_mib": clouds.message_mib}
+            "embed_message_mib": clouds.message_mib,
+            **(found.choice.record() if found.choice is not None else {}),
+            "clustering_warnings": list(found.warnings)}
     return ({n: int(found.labels[i]) for i, n in enumerate(members)}, found,
             {**info, "dropped": clouds.dropped("embed: ")})
 
@@ -145,13 +152,16 @@ def emdcfl(clients: Clients, s: EMDCFLSettings, record: Record, traffic: Traffic
         entry["clusters"] = [labels[n] for n in nodes]
         record.log_round(entry)
         progress.step(rnd + 1, f"clusters={entry['num_clusters']} loss={entry['train_loss']}")
+    extra: dict[str, Any] = {"emd_s": emd_s, "embed_s": embed_s}
     if last is not None:
         record.save_array("emd_matrix", last.distance)
         record.save_array("emd_excess", last.excess)
         record.save_array("adjacency", last.adjacency.astype(np.int8))
         record.save_array("clusters", np.array([labels[n] for n in last.members]))
-    return ({n: cluster_models[labels[n]] for n in nodes}, labels,
-            {"emd_s": emd_s, "embed_s": embed_s})
+        if last.choice is not None:     # the last clustering's ε, and how it was set
+            extra.update(last.choice.record())
+        extra["warnings"] = list(last.warnings)
+    return {n: cluster_models[labels[n]] for n in nodes}, labels, extra
 
 
 def merge_drops(*drops: dict[str, str]) -> dict[str, str]:
