@@ -11,13 +11,15 @@ their rows) are sent only when run config ``evaluate`` is true and the node allo
 
 from __future__ import annotations
 
+import weakref
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 from flwr.app import Context, Message
 
 from client_apps.base import app
-from client_apps.common import run_config
+from client_apps.common import run_config, run_settings
 from client_apps.data import ClientData, load_client_data
 from fedclust import fcm
 from fedclust.data import scaling
@@ -44,8 +46,38 @@ def _scaled_data(msg: Message, context: Context
     cfg = run_config(context)
     data = load_client_data(context, cfg)
     sc = wire.read_scaling(msg.content)
-    x = scaling.apply(data.x, *sc) if sc is not None else data.x
+    x = _scaled(data.x, *sc) if sc is not None else data.x
     return data, cfg, x
+
+
+# (id of the node's data, shift, scale) -> (the data, its scaled copy): every message after the
+# scaling phase carries the same scaling, so a node scales its rows once per run, not per round
+_SCALED: OrderedDict[tuple[int, bytes, bytes], tuple[weakref.ref, np.ndarray]] = OrderedDict()
+_SCALED_BYTES = [0]
+
+
+def _scaled(x: np.ndarray, shift: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """``scaling.apply(x, shift, scale)`` (read-only), kept while ``x`` is the node's data
+    array (read-only, cached by :mod:`client_apps.data`) and the scaling is the same."""
+    key = (id(x), shift.tobytes(), scale.tobytes())
+    hit = _SCALED.get(key)
+    if hit is not None and hit[0]() is x:
+        _SCALED.move_to_end(key)
+        return hit[1]
+    out = scaling.apply(x, shift, scale)
+    if x.flags.writeable:          # not the cached data: another message may change it
+        return out
+    out.flags.writeable = False
+    if hit is not None:
+        _SCALED_BYTES[0] -= hit[1].nbytes
+    _SCALED[key] = (weakref.ref(x), out)
+    _SCALED_BYTES[0] += out.nbytes
+    while _SCALED_BYTES[0] > SCALED_CACHE_BYTES and len(_SCALED) > 1:
+        _SCALED_BYTES[0] -= _SCALED.popitem(last=False)[1][1].nbytes
+    return out
+
+
+SCALED_CACHE_BYTES = 256 * 1024 ** 2      # most bytes of scaled node data kept per process
 
 
 def guard_withholds(s: FamilySettings, x: np.ndarray) -> bool:
@@ -94,7 +126,7 @@ def fcm_stats(msg: Message, context: Context) -> Message:
 def fcm_sums(msg: Message, context: Context) -> Message:
     """Paper 004 Algorithm 2: ``U_c = Σ u^m``, ``WS_c = Σ u^m x`` for the received centers."""
     _, cfg, x = _scaled_data(msg, context)
-    s = FCMSettings.from_config(cfg)
+    s = run_settings(context, FCMSettings.from_config)
     centers = wire.read_centers(msg.content)
     if guard_withholds(s, x):
         return Message(wire.withheld_reply(), reply_to=msg)

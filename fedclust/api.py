@@ -699,38 +699,18 @@ def _run(strategy: FedclustStrategy, nodes: list[dict[str, Any]], seed: int,
                           f"{count} clients")
     args = {"dataset": dataset, "seed": seed, "output_dir": output_dir, "evaluate": evaluate,
             "run_config": run_config}
+    # client i keeps its results in <run_dir>/clients/<i>/, as a simulated node does (it
+    # still reads its own data-path: a node with a data-path of its own is not "simulated")
     grid = InProcessGrid(client_app, len(nodes), strategy.full_run_config(**args),
-                         node_configs=nodes)
+                         node_configs=[{**n, "partition-id": i} for i, n in enumerate(nodes)])
     from fedclust.outputs import durable_at_exit
 
     with durable_at_exit():      # every file of the run, the clients' too: one sync at the end
         result = strategy.start(grid, data=data, **args)
-        _move_owner_results(grid, result)
     from strategies.methods import _owner_results
 
     result.labels, result.memberships = _owner_results(result.run_dir)   # now in run_dir
     return result
-
-
-def _move_owner_results(grid: Any, result: RunResult) -> None:
-    """Each client's own results into ``<run_dir>/clients/<i>/`` (they were written beside its
-    temporary data file, as on a deployed node without node config ``output-dir``)."""
-    import shutil
-
-    from fedclust.data.sites import RESULTS_FOLDER
-    from fedclust.outputs import make_dirs, record_tree
-
-    moved = []
-    for i, context in enumerate(grid.contexts.values()):
-        src = Path(context.node_config["data-path"]).parent / RESULTS_FOLDER
-        src = src / Path(context.node_config["data-path"]).name
-        if src.is_dir():
-            for run_folder in src.iterdir():
-                dst = result.run_dir / "clients" / str(i)
-                make_dirs(dst.parent)
-                shutil.move(str(run_folder), str(dst))
-                moved.append(dst)
-    record_tree(*moved)     # in the run folder's manifest: overwrite=true may clear them
 
 
 def bad_input_errors() -> tuple[type[Exception], ...]:

@@ -47,6 +47,7 @@ _KINDS = (FILE, DIR)
 _TEMP = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{12}\.part$")
 _LOCK = threading.RLock()
 _DEFERRED = [0]           # open durable_at_exit() contexts of this process
+_PENDING: dict[str, dict[str, str]] = {}   # manifest folder -> entries written at the exit
 _FLUSHED_BY_RUN: set[str] = set()   # folders whose writer's run flushes them at its end
 _O_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -61,18 +62,21 @@ class OutputDirError(ValueError):
 
 @contextlib.contextmanager
 def durable_at_exit() -> Iterator[None]:
-    """Within: this process's atomic writes skip their own ``fsync``; at the exit of the
-    outermost such context, one ``os.sync()`` flushes them all (a simulated run: its server's
-    and its in-process clients' files, and those of simulated nodes in other processes of
-    the same machine, :func:`flushed_by_run`)."""
+    """Within: this process's atomic writes skip their own ``fsync``, and their manifest
+    entries are collected and written once per manifest; at the exit of the outermost such
+    context (an error included), the manifests are written and one ``os.sync()`` flushes
+    everything (a simulated run: its server's and its in-process clients' files, and those of
+    simulated nodes in other processes of the same machine, :func:`flushed_by_run`)."""
     with _LOCK:
         _DEFERRED[0] += 1
     try:
         yield
     finally:
         with _LOCK:
+            last = _DEFERRED[0] == 1
+            if last:
+                _flush_pending()
             _DEFERRED[0] -= 1
-            last = _DEFERRED[0] == 0
         if last:
             sync()
 
@@ -85,7 +89,7 @@ def flushed_by_run(folder: str | Path) -> None:
         _FLUSHED_BY_RUN.add(os.path.join(os.path.abspath(folder), ""))
 
 
-def _deferred(path: Path) -> bool:
+def _deferred(path: str | Path) -> bool:
     if _DEFERRED[0]:
         return True
     if not _FLUSHED_BY_RUN:
@@ -126,22 +130,23 @@ def write_atomic(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
     Path
         ``path``.
     """
-    path = Path(path)
-    if path.is_dir():
-        raise OutputDirError(f"{str(path)!r} is a folder, where fedclust writes a file. Fix: "
+    name = os.fspath(path)
+    if os.path.isdir(name):
+        raise OutputDirError(f"{name!r} is a folder, where fedclust writes a file. Fix: "
                              f"move or rename that folder, or write elsewhere")
-    record(path, FILE)
-    tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.part"
+    record(name, FILE)
+    folder, base = os.path.split(name)
+    tmp = os.path.join(folder, f".{base}.{secrets.token_hex(6)}.part")
     try:
         with open(tmp, "xb") as fh:     # "x": never reuses (or follows) an existing name
             write(fh)
-            _flush(fh, not _deferred(path))
-        os.replace(tmp, path)
+            _flush(fh, not _deferred(name))
+        os.replace(tmp, name)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    return path
+    return Path(name)
 
 
 def write_text(path: str | Path, text: str) -> Path:
@@ -156,11 +161,14 @@ def write_json(path: str | Path, obj: Any, indent: int | None = 2) -> Path:
 
 
 def save_npy(path: str | Path, array: Any) -> Path:
-    """``numpy.save`` (no pickled objects), atomically."""
+    """``numpy.save`` (no pickled objects; C order), atomically, its header written once per
+    dtype and shape (:func:`fedclust.npy.dumps`)."""
     import numpy as np
 
-    arr = np.asarray(array)
-    return write_atomic(path, lambda fh: np.save(fh, arr, allow_pickle=False))
+    from fedclust.npy import dumps
+
+    data = dumps(np.asarray(array))
+    return write_atomic(path, lambda fh: fh.write(data))
 
 
 def save_figure(fig: Any, path: str | Path, **kwargs: Any) -> Path:
@@ -183,22 +191,25 @@ def append_line(path: str | Path, line: str) -> None:
 
 def make_dirs(path: str | Path) -> Path:
     """``mkdir -p path``, recording every folder it creates in the nearest manifest."""
-    path = Path(os.path.abspath(Path(path).expanduser()))
+    name = os.path.abspath(os.path.expanduser(os.fspath(path)))
     missing = []
-    for p in (path, *path.parents):
-        if p.is_dir():
-            break
+    p = name
+    while not os.path.isdir(p):
         missing.append(p)
+        up = os.path.dirname(p)
+        if up == p:
+            break
+        p = up
     for p in reversed(missing):
         try:
             os.mkdir(p)
         except FileExistsError:
-            if not p.is_dir():
-                raise OutputDirError(f"{str(p)!r} is a file, where fedclust needs a folder. "
+            if not os.path.isdir(p):
+                raise OutputDirError(f"{p!r} is a file, where fedclust needs a folder. "
                                      f"Fix: choose another folder, or move that file") from None
             continue
         record(p, DIR)
-    return path
+    return Path(name)
 
 
 def claim_new_folder(parent: str | Path, name: str, tries: int = 100) -> Path:
@@ -212,7 +223,7 @@ def claim_new_folder(parent: str | Path, name: str, tries: int = 100) -> Path:
     """
     parent = make_dirs(parent)
     for i in range(tries):
-        candidate = parent / (name if i == 0 else f"{name}-{i + 1}")
+        candidate = os.path.join(parent, name if i == 0 else f"{name}-{i + 1}")
         try:
             os.mkdir(candidate)
         except FileExistsError:
@@ -221,8 +232,8 @@ def claim_new_folder(parent: str | Path, name: str, tries: int = 100) -> Path:
         if i:
             LOG.warning("%s already exists (written by another node or run with the same "
                         "name): this node's results go to %s instead", parent / name,
-                        candidate.name)
-        return candidate
+                        os.path.basename(candidate))
+        return Path(candidate)
     raise OutputDirError(f"the results folder already holds {name!r} and {tries - 1} "
                          f"suffixed copies of it. Allowed: a name no other writer uses. Fix: "
                          f"point this node's output-dir at a folder of its own")
@@ -274,6 +285,11 @@ def read_manifest(folder: str | Path) -> dict[str, str] | None:
         if path.is_symlink() or path.exists():
             raise OutputDirError(f"{MANIFEST} in {str(folder)!r} is not a plain file")
         return None
+    pending = _PENDING.get(os.path.abspath(folder), {})
+    return {**_read_entries(folder, path), **pending}
+
+
+def _read_entries(folder: str | Path, path: Path) -> dict[str, str]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
@@ -304,34 +320,56 @@ def write_manifest(folder: str | Path, entries: Mapping[str, str]) -> None:
         raise
 
 
-def _manifest_root(path: Path) -> Path | None:
-    for folder in path.parents:
-        if os.path.isfile(folder / MANIFEST):
-            return folder
-    return None
+def _manifest_root(path: str | Path) -> Path | None:
+    """The nearest folder above ``path`` (absolute) that holds a manifest."""
+    folder = os.path.dirname(os.fspath(path))
+    while True:
+        if os.path.isfile(os.path.join(folder, MANIFEST)):
+            return Path(folder)
+        up = os.path.dirname(folder)
+        if up == folder:
+            return None
+        folder = up
 
 
 def record(path: str | Path, kind: str) -> None:
     """Record ``path`` (and the folders between it and the manifest) in the manifest of the
     nearest folder above it that has one; nothing when there is none. A manifest that cannot
     be updated is logged and left: the entry is then not removed by a later overwrite (safe)."""
-    path = Path(os.path.abspath(Path(path).expanduser()))
-    root = _manifest_root(path)
+    name = os.path.abspath(os.path.expanduser(os.fspath(path)))
+    root = _manifest_root(name)
     if root is not None:
-        _record_entries(root, _entries(root, path, kind))
+        _record_entries(root, _entries(root, name, kind))
 
 
-def _entries(root: Path, path: Path, kind: str) -> dict[str, str]:
+def _entries(root: str | Path, path: str | Path, kind: str) -> dict[str, str]:
     """The manifest entries of ``path`` (of ``kind``) and of the folders between it and
-    ``root``."""
-    parts = path.relative_to(root).parts
+    ``root`` (both absolute)."""
+    parts = os.path.relpath(path, root).split(os.sep)
     wanted = {"/".join(parts[:i]): DIR for i in range(1, len(parts))}
     wanted["/".join(parts)] = kind
     return wanted
 
 
 def _record_entries(root: Path, wanted: Mapping[str, str]) -> None:
-    """Add ``wanted`` to ``root``'s manifest in one update (none when all are there)."""
+    """Add ``wanted`` to ``root``'s manifest in one update (none when all are there); in a
+    :func:`durable_at_exit` context, at its exit."""
+    if _DEFERRED[0]:
+        with _LOCK:
+            if _DEFERRED[0]:
+                _PENDING.setdefault(os.path.abspath(root), {}).update(wanted)
+                return
+    _write_entries(root, wanted)
+
+
+def _flush_pending() -> None:
+    """Write the collected manifest entries, one update per manifest (under ``_LOCK``)."""
+    while _PENDING:
+        root, wanted = _PENDING.popitem()
+        _write_entries(Path(root), wanted)
+
+
+def _write_entries(root: Path, wanted: Mapping[str, str]) -> None:
     try:
         with _locked(root):
             entries = read_manifest(root) or {}

@@ -116,7 +116,9 @@ def test_a_failed_write_leaves_nothing_behind(run, monkeypatch):
     def full_disk(*args, **kwargs):
         raise OSError(28, "No space left on device (injected)")
 
-    monkeypatch.setattr(np, "savetxt", full_disk)
+    from fedclust import outputs
+
+    monkeypatch.setattr(outputs, "_flush", full_disk)   # the table's bytes cannot be stored
     out = data.parent / "new" / "deeper" / "pred.csv"
     before = listing(data.parent)
     assert main([str(run_dir), str(data), "--label-column", "diagnosis", "--out",

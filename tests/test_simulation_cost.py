@@ -321,22 +321,48 @@ def _count_flushes(monkeypatch) -> dict[str, int]:
     return calls
 
 
-def test_a_simulation_makes_every_file_durable_once_at_its_end(tmp_path, monkeypatch):
+@pytest.mark.parametrize("clients", [4, 9])
+def test_a_simulation_makes_every_file_durable_once_at_its_end(tmp_path, monkeypatch, clients):
     import fedclust
 
     calls = _count_flushes(monkeypatch)
-    nodes, x = node_files(tmp_path, clients=4)
+    manifests = []
+    real = outputs.write_manifest
+    monkeypatch.setattr(outputs, "write_manifest",
+                        lambda f, e: manifests.append(f) or real(f, e))
+    nodes, x = node_files(tmp_path, clients=clients)
     parts = [np.load(n["data-path"])["x"] for n in nodes]
     res = fedclust.simulate("exact-fcm", parts, n_clusters=3, max_rounds=3, epsilon=0.0,
                             output_dir=tmp_path / "run", run_config={"plots": False})
     assert calls == {"fsync": 0, "sync": 1}          # not one flush per file
-    for i in range(4):        # every client's results are still written, complete
+    # the manifest is written at the start and once at the end, whatever the clients' count
+    assert len(manifests) == 2, manifests
+    entries = read_manifest(res.run_dir)
+    for i in range(clients):   # every client's results are still written, complete, recorded
         folder = res.run_dir / "clients" / str(i)
         assert (folder / "result.json").is_file() and (folder / "assignments.csv").is_file()
         assert not list(folder.glob(".*.part"))
+        assert {entries[f"clients/{i}/{f.name}"] for f in folder.iterdir()} == {"file"}
     assert (res.run_dir / "summary.json").is_file()
-    entries = read_manifest(res.run_dir)
-    assert entries["clients/3/result.json"] == "file"
+    assert len(res.labels) == clients and sum(map(len, res.labels)) == len(x)
+
+
+def test_a_table_is_written_as_numpy_savetxt_writes_it(tmp_path):
+    from fedclust.results import write_table
+
+    rng = np.random.default_rng(0)
+    u = rng.random((9000, 3))          # more rows than one formatting block
+    cases = [(u, "%.17g"), (np.column_stack([np.arange(9000), u.argmax(1), u]),
+                            ["%d", "%d", "%.17g", "%.17g", "%.17g"]),
+             (np.array([np.nan, np.inf, -0.0, 1e-300, 5e-324]), "%.17g"),
+             (rng.integers(-5, 5, (4, 2)), "%d")]
+    for table, fmt in cases:
+        rows = np.asarray(table).reshape(len(table), -1)
+        header = [f"c{i}" for i in range(rows.shape[1])]
+        write_table(tmp_path / "t.csv", header, table, fmt)
+        want = io.BytesIO()
+        np.savetxt(want, rows, delimiter=",", header=",".join(header), comments="", fmt=fmt)
+        assert (tmp_path / "t.csv").read_bytes() == want.getvalue()
 
 
 def test_an_in_process_run_syncs_once_and_a_deployed_nodes_writes_stay_durable(
