@@ -402,8 +402,10 @@ def test_writes_under_a_run_folder_flushed_by_its_run_skip_their_own_flush(
 def test_the_simulation_benchmark_prints_its_ratio(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_simulation_1000.py"),
-                          "--clients", "12", "--rows", "40", "--rounds", "3",
+                          "--sizes", "12x40", "24x20", "--rounds", "3",
                           "--central-repeats", "3"], capture_output=True, text=True,
                          timeout=300, env=env, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "ratio round / iteration" in out.stdout and "load average" in out.stdout
+    assert out.stdout.count("end to end: simulate") == 2
+    assert "| 24 | 20 |" in out.stdout             # the table of cost against size
