@@ -30,10 +30,10 @@ from numpy.typing import NDArray
 #: validation data do, by more than that distance itself, is not "the same distribution"
 AUTO_CAP = 1.0
 #: a gap is clear when it is at least this many times the spread of the pair excesses below it
-AUTO_CLEAR = 1.0
+AUTO_CLEAR = 1.5
 #: the spread below a gap is at least this share of the median reference (a handful of pairs
 #: at the bottom do not make every gap above them look clear)
-AUTO_FLOOR = 0.05
+AUTO_FLOOR = 0.2
 
 
 @dataclass(frozen=True)
