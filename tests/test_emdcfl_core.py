@@ -369,12 +369,13 @@ def test_experiment_table_keeps_runs_with_other_epochs_or_clients_apart(tmp_path
     from server_app.emdcfl_experiments import CPU, PAPER, PRESETS, SMALL, table
 
     assert CPU["emdcfl.samples"] == PAPER["emdcfl.samples"] == 5420     # the paper's client size
-    assert CPU["emdcfl.epsilon"] == 0.1 and SMALL["emdcfl.samples"] == 500
+    # ε read from each run's excesses; the earlier small preset keeps the paper's 0.1
+    assert CPU["emdcfl.epsilon"] == PAPER["emdcfl.epsilon"] == "auto"
+    assert SMALL["emdcfl.samples"] == 500 and SMALL["emdcfl.epsilon"] == 0.1
     # Backdoor MNIST: the cpu sizes with 30 clients, the authors' lr (0.05 diverged on RGB) and
-    # ε calibrated on the held-out seed 100
-    # (ε and PACFL's threshold chosen on the held-out seed 100)
+    # PACFL's threshold chosen on the held-out seed 100
     assert PRESETS["cpu-backdoor"] == {**CPU, "num-clients": 30, "emdcfl.lr": 0.01,
-                                       "emdcfl.epsilon": 0.06, "emdcfl.pacfl-threshold": 3.0}
+                                       "emdcfl.pacfl-threshold": 3.0}
     metrics = {"eval_acc_mean": 0.9, "eval_acc_worst": 0.8, "eval_ari": 1.0, "num_clusters": 3,
                "emd_s": 1.0, "emd_share_of_run": 0.1}
     rows = []
@@ -388,6 +389,15 @@ def test_experiment_table_keeps_runs_with_other_epochs_or_clients_apart(tmp_path
     assert any("| 30 | 2 | 0.01 | emdcfl | 0.1 | 0,1 | 90.00 ± 0.00 |" in line for line in lines)
     assert any("| 30 | 5 |" in line and "| 90.00 |" in line for line in lines)   # one seed
     assert any("| 12 | 2 |" in line for line in lines)
+    # ε auto: the column names the ε each seed's run chose
+    auto = [json.dumps({"config": {"dataset": "rotmnist", "emdcfl.algorithm": "emdcfl",
+                                   "seed": seed, "emdcfl.epsilon": "auto",
+                                   "emdcfl.local-epochs": 2, "num-clients": 40},
+                        "seconds": 10.0, "metrics": {**metrics, "epsilon": eps}})
+            for seed, eps in ((0, 0.0612), (1, None))]
+    (tmp_path / "auto").mkdir()
+    (tmp_path / "auto" / "results.jsonl").write_text("\n".join(auto) + "\n")
+    assert "| emdcfl | auto (0.0612 / none) | 0,1 |" in table(tmp_path / "auto")
     # 95 % CI: Student t with n - 1 degrees of freedom; several folders in one table
     m2 = {**metrics, "eval_acc_mean": 0.8}
     (tmp_path / "b").mkdir()
