@@ -61,14 +61,16 @@ def continuum(seed: int = 0) -> list[np.ndarray]:
     return [i * 1.0 * AXIS for i in range(10)]
 
 
-def three_groups(seed: int = 0) -> list[np.ndarray]:
-    return [m for m in (np.zeros(DIM), 4 * AXIS, -4 * AXIS) for _ in range(3)]
+def three_groups(seed: int = 0, shift: float = 4.0) -> list[np.ndarray]:
+    return [m for m in (np.zeros(DIM), shift * AXIS, -shift * AXIS) for _ in range(3)]
 
 
 def test_one_group_gives_one_cluster():
     members, pairs = planted(one_group(), seed=0)
     found = cluster_clients(members, pairs, "auto", SOLVER)
-    assert found.choice.rule == "all-alike" and found.choice.epsilon == found.choice.cap
+    c = found.choice
+    assert c.rule == "all-alike" and c.epsilon == cluster.AUTO_ALIKE * c.scale
+    assert np.nanmax(found.excess) < c.epsilon       # every pair passes
     assert found.labels.tolist() == [0] * 8
     assert found.warnings == []
 
@@ -126,10 +128,11 @@ def test_the_two_stage_solve_gives_the_full_matrixs_epsilon_and_clusters(system)
     assert not np.any(np.isnan(lazy.excess) & (full.excess < (lazy.choice.epsilon or 0.0)))
 
 
-def test_three_groups_solve_only_what_the_choice_needs():
-    members, pairs = planted(three_groups(), seed=4)
+def test_far_groups_solve_only_what_the_choice_needs():
+    members, pairs = planted(three_groups(shift=10.0), seed=4)
     lazy = cluster_clients(members, pairs, "auto", SOLVER, lazy=True)
     assert lazy.solves == 18           # the same-group directions; the bounds decide the rest
+    assert adjusted_rand([0, 0, 0, 1, 1, 1, 2, 2, 2], lazy.labels) == 1.0
 
 
 def test_a_given_epsilon_is_kept_and_recorded():
@@ -173,18 +176,22 @@ def test_the_measured_paper_size_excess_gives_the_four_rotations():
     excess, emd, truth = d["excess"], d["emd"], d["truth"]
     n = len(truth)
     off = ~np.eye(n, dtype=bool)
-    exact = np.isfinite(excess) & off
-    low = np.where(exact, excess, 0.1)          # screened at ε = 0.1: excess ≥ 0.1
-    np.fill_diagonal(low, np.nan)
-    reference = (emd - excess)[exact]           # W(train_c, val_c) of the solved pairs
-    choice, need = auto_epsilon(low, exact, float(np.median(reference)))
-    assert choice is not None and not need.any()
-    labels = neighbourhood_clusters(threshold_adjacency(np.where(exact, excess, np.nan),
-                                                        choice.epsilon))
-    assert choice.rule == "gap" and 0.02 <= choice.epsilon <= 0.08, choice
-    assert len(set(labels.tolist())) == 4 and adjusted_rand(truth, labels) == 1.0
+    solved = np.isfinite(excess) & off
+    reference = float(np.median((emd - excess)[solved]))   # W(train_c, val_c), solved pairs
+    # a screened entry is only known to be >= 0.1: the choice must not depend on its value
+    choices = []
+    for screened in (0.1, 0.15, 1.0):
+        full = np.where(solved, excess, screened)
+        np.fill_diagonal(full, np.nan)
+        choice, need = auto_epsilon(full, off, reference)
+        assert choice is not None and not need.any()
+        labels = neighbourhood_clusters(threshold_adjacency(full, choice.epsilon))
+        assert choice.rule == "gap" and 0.02 <= choice.epsilon <= 0.08, choice
+        assert len(set(labels.tolist())) == 4 and adjusted_rand(truth, labels) == 1.0
+        choices.append((choice.epsilon, choice.gap[0], labels.tolist()))
+    assert choices[0] == choices[1] == choices[2]
     # the paper's ε = 0.1 shatters the same matrix (what the automatic ε avoids)
-    fixed = neighbourhood_clusters(threshold_adjacency(np.where(exact, excess, np.nan), 0.1))
+    fixed = neighbourhood_clusters(threshold_adjacency(np.where(solved, excess, np.nan), 0.1))
     assert len(set(fixed.tolist())) > 30
 
 

@@ -5,9 +5,10 @@
   (each client can refuse unilaterally) and the diagonal is True (a self-loop).
 - ε from the run's own excesses (``emdcfl.epsilon="auto"``, :func:`auto_epsilon`): where the
   pair excesses (the larger of a pair's two directions, which the AND rule decides on) show
-  their clearest gap above the near-zero mode of same-distribution pairs, never above the
-  clients' own reference distances ``W(train_c, val_c)``; with no gap, those references tell
-  "all alike" from "all different", and a run that cannot tell keeps every client alone.
+  their clearest gap above the near-zero mode of same-distribution pairs, measured in their
+  own spread and never above twice the clients' own reference distances
+  ``W(train_c, val_c)``; with no gap, those references tell "all alike" from "all
+  different", and a run that cannot tell keeps every client alone.
 - Clusters: clients with **identical closed neighbourhoods** share a cluster, numbered in order
   of first appearance (the authors' ``cluster_neighborhoods``; not connected components).
 - Aggregation: FedAvg inside each cluster weighted by training-set sizes.
@@ -25,15 +26,22 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-#: ε never exceeds this many times the clients' median own reference ``W(train_c, val_c)``:
-#: a peer whose validation data lie farther from ``c``'s training data than ``c``'s own
-#: validation data do, by more than that distance itself, is not "the same distribution"
-AUTO_CAP = 1.0
-#: a gap is clear when it is at least this many times the spread of the pair excesses below it
-AUTO_CLEAR = 1.5
-#: the spread below a gap is at least this share of the median reference (a handful of pairs
-#: at the bottom do not make every gap above them look clear)
-AUTO_FLOOR = 0.2
+# The automatic ε (:func:`auto_epsilon`), in units of the clients' median own reference
+# ``s = W(train_c, val_c)`` (the noise floor of a comparison) and of the spread of the pair
+# excesses below a gap; chosen on the tuning seeds 100-104 (docs/reports/emdcfl-experiments.md).
+#: ε is looked for below this many times ``s``
+AUTO_CAP = 2.0
+#: no gap, and every pair excess below this many times ``s``: the clients are alike
+AUTO_ALIKE = 1.0
+#: a gap is clear when it is at least this many standard deviations of the pair excesses
+#: below it wide
+AUTO_CLEAR = 3.5
+#: ... a standard deviation of at least this share of ``s`` (a few pairs below a gap do not
+#: make it look clear)
+AUTO_FLOOR = 0.1
+#: ... and those pair excesses are the near-zero mode of same-distribution pairs: their mean
+#: is at most this many of their standard deviations above zero
+AUTO_CENTER = 1.0
 
 
 @dataclass(frozen=True)
@@ -47,18 +55,18 @@ class EpsilonChoice:
         is joined to another (``rule="no-gap"``).
     rule : str
         ``"given"`` (a number was passed), ``"gap"`` (the middle of the clearest gap),
-        ``"all-alike"`` (no gap, every pair excess below the cap: one cluster),
-        ``"all-different"`` (every pair excess at or above the cap: singletons),
-        ``"no-gap"`` (no clear gap, pairs on both sides of the cap: cannot tell) or
-        ``"no-pairs"`` (no pair measured).
+        ``"all-alike"`` (no gap, every pair excess below the median reference: one
+        cluster), ``"all-different"`` (no gap, none below it: singletons), ``"no-gap"`` (no
+        clear gap, pairs on both sides: cannot tell) or ``"no-pairs"`` (no pair measured).
     gap : (float, float) or None
         The largest pair excess below the chosen ε and the smallest above it (above the cap:
         a lower bound of it when the lazy step did not need its exact value).
     clearness : float or None
-        The gap's width over the spread of the pair excesses below it.
+        The clearest gap's width in standard deviations of the pair excesses below it.
     cap, scale : float
         The largest ε considered, and the median reference ``W(train_c, val_c)`` it is a
-        multiple of (NaN for ``"given"``).
+        multiple of (NaN for ``"given"``). ``"all-alike"`` and ``"all-different"`` set ε to
+        ``AUTO_ALIKE · scale``.
     pairs : int
         Client pairs whose excesses the rule read (both directions measured).
     warning : str or None
@@ -87,20 +95,22 @@ def auto_epsilon(low: NDArray, exact: NDArray, scale: float
     r"""ε from the run's excesses, or the directions still to solve before it is known.
 
     A pair ``{c, o}`` is decided by its pair excess ``x = max(E[c, o], E[o, c])`` (the AND
-    rule). Let ``s`` be the median reference ``W(train_c, val_c)`` and ``L = AUTO_CAP · s``,
-    the largest ε considered. Sorted, the pair excesses below ``L`` are
-    ``y_1 ≤ … ≤ y_k``, and ``y_{k+1}`` is the smallest at or above ``L`` (∞ if none). Gap
-    ``i`` lies between ``y_i`` and ``y_{i+1}`` (``i ≤ k``); its clearness is
+    rule). Same-distribution pairs scatter around zero (the reference cancels the noise floor
+    of a comparison); the rule looks for the clearest gap above that near-zero mode. Let ``s``
+    be the median reference ``W(train_c, val_c)`` and ``L = AUTO_CAP · s``. Sorted, the pair
+    excesses below ``L`` are ``y_1 ≤ … ≤ y_k``, and ``y_{k+1} = L`` when some pair lies at or
+    above ``L``. Gap ``i`` lies between ``y_i`` and ``y_{i+1}``; with ``m_i`` and ``σ_i`` the
+    mean and standard deviation of ``y_1 … y_i`` and ``σ'_i = max(σ_i, AUTO_FLOOR · s)``, its
+    clearness is
 
-    .. math:: \frac{y_{i+1} - y_i}{\max(y_i - \min(y_1, 0),\ \text{AUTO\_FLOOR}\cdot s)},
+    .. math:: (y_{i+1} - y_i) / σ'_i,
 
-    its width over the spread of what lies below it, measured from zero (same-distribution
-    excesses scatter around zero) or from the lowest excess when that is negative. Only gaps
-    that end above zero are candidates. The clearest, when its clearness reaches
-    ``AUTO_CLEAR``, gives ``ε = max((y_i + y_{i+1})/2, 0)``.
-    Without a clear gap: every pair below ``L`` → all alike (``ε = L``, one cluster); none
-    below → all different (``ε = L``, singletons); both → no ε (every client alone, with a
-    warning).
+    the width of the gap in standard deviations of what lies below it. A gap counts when
+    what lies below it is a near-zero mode (``m_i ≤ AUTO_CENTER · σ'_i``) and it ends above
+    zero. The clearest such gap, when its clearness reaches ``AUTO_CLEAR``, gives
+    ``ε = max((y_i + y_{i+1}) / 2, 0)``. Without a clear gap, the reference tells: every pair
+    excess below ``AUTO_ALIKE · s`` → the clients are alike (one cluster); none below → all
+    different (singletons); both → no ε: every client stays alone, with a warning.
 
     Parameters
     ----------
@@ -117,9 +127,9 @@ def auto_epsilon(low: NDArray, exact: NDArray, scale: float
     choice : EpsilonChoice or None
         None while directions must still be solved.
     need : (n, n) bool array
-        The directions to solve first (all False once ``choice`` is known). ε, the rule and
-        the clusters only depend on the pair excesses below ``L`` and on whether any pair
-        lies above, so a caller that solves exactly these gets the choice of the full matrix.
+        The directions to solve first (all False once ``choice`` is known). The choice only
+        depends on the pair excesses below ``L`` and on how many lie above, so a caller that
+        solves exactly these gets the choice of the full matrix.
     """
     low = np.asarray(low, dtype=np.float64)
     exact = np.asarray(exact, dtype=bool)
@@ -141,33 +151,50 @@ def auto_epsilon(low: NDArray, exact: NDArray, scale: float
             need[p, q] = ~exact[p, q]
         return None, need
     below = np.sort(x[x < cap])
-    above = x[x >= cap]
+    above = int(np.sum(x >= cap))
     common = {"cap": float(cap), "scale": float(scale), "pairs": int(len(x))}
-    if len(below) == 0:
-        return EpsilonChoice(float(cap), "all-different", None, None, **common), need
-    # the gap above the last excess below the cap reaches at least the cap
-    ys = np.append(below, cap) if len(above) else below
-    gaps = np.diff(ys)
-    spread = np.maximum(below[:len(gaps)] - min(below[0], 0.0), AUTO_FLOOR * scale)
-    # a gap among negative excesses (all within the same-distribution noise) is no candidate
-    clear = np.where(ys[1:] > 0, gaps / spread, -np.inf)
-    best = int(np.argmax(clear)) if len(clear) else -1
-    if best >= 0 and clear[best] >= AUTO_CLEAR:
-        lo, hi = float(ys[best]), float(ys[best + 1])
-        seen = hi if best + 1 < len(below) else float(above.min())
-        return EpsilonChoice(max((lo + hi) / 2, 0.0), "gap", (lo, seen), float(clear[best]),
+    alike = AUTO_ALIKE * scale
+    best, clearness = _clearest_gap(below, cap if above else None, scale)
+    if best is not None and clearness >= AUTO_CLEAR:
+        lo = float(below[best])
+        hi = float(below[best + 1]) if best + 1 < len(below) else float(cap)
+        seen = hi if best + 1 < len(below) else float(np.min(x[x >= cap]))
+        return EpsilonChoice(max((lo + hi) / 2, 0.0), "gap", (lo, seen), clearness,
                              **common), need
-    clearness = float(clear[best]) if best >= 0 and np.isfinite(clear[best]) else None
-    if len(above) == 0:
-        return EpsilonChoice(float(cap), "all-alike", None, clearness, **common), need
+    if len(below) == 0 or below[0] >= alike:
+        return EpsilonChoice(float(alike), "all-different", None, clearness, **common), need
+    if below[-1] < alike and not above:
+        return EpsilonChoice(float(alike), "all-alike", None, clearness, **common), need
     said = "none" if clearness is None else f"{clearness:.2f}"
+    split = int(np.sum(x < alike))
     warning = (f"emdcfl.epsilon=auto found no clear gap in the excesses of {len(x)} client "
-               f"pairs (clearest {said}, needs {AUTO_CLEAR:g}): "
-               f"{len(below)} pairs lie below the cap {cap:.4g} ({AUTO_CAP:g} x the median "
-               f"reference W(train, val) {scale:.4g}) and {len(above)} above it, so it "
-               f"cannot tell similar clients from different ones; every client stays alone. "
-               f"Pass a number as emdcfl.epsilon to join clients whose excess lies below it")
+               f"pairs (clearest {said} standard deviations, needs {AUTO_CLEAR:g}): {split} "
+               f"pairs lie below the median reference W(train, val) {scale:.4g} and "
+               f"{len(x) - split} above it, so it cannot tell similar clients from different "
+               f"ones; every client stays alone. Pass a number as emdcfl.epsilon to join "
+               f"clients whose excess lies below it")
     return EpsilonChoice(None, "no-gap", None, clearness, warning=warning, **common), need
+
+
+def _clearest_gap(below: NDArray, top: float | None, scale: float
+                  ) -> tuple[int | None, float | None]:
+    """The clearest admissible gap above ``below[i]`` (sorted pair excesses below the cap; the
+    last gap reaches ``top``, the cap, when pairs lie above it) and its clearness."""
+    ys = np.append(below, top) if top is not None else below
+    gaps = np.diff(ys)
+    if len(gaps) == 0:
+        return None, None
+    count = np.arange(1, len(gaps) + 1)
+    mean = np.cumsum(below)[:len(gaps)] / count
+    var = np.cumsum((below - mean[-1]) ** 2)[:len(gaps)] / count \
+        - (mean - mean[-1]) ** 2            # shifted sums: no cancellation on large offsets
+    sd = np.maximum(np.sqrt(np.maximum(var, 0.0)), AUTO_FLOOR * scale)
+    ok = (mean <= AUTO_CENTER * sd) & (ys[1:] > 0)
+    if not ok.any():
+        return None, None
+    clear = np.where(ok, gaps / sd, -np.inf)
+    best = int(np.argmax(clear))
+    return best, float(clear[best])
 
 
 def threshold_adjacency(excess: NDArray, epsilon: float | None) -> NDArray[np.bool_]:
