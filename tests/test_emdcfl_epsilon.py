@@ -241,3 +241,24 @@ def test_the_choice_reaches_history_summary_and_log(tmp_path, monkeypatch):
         assert any(text in line for line in lines.lines)
     for text in m["warnings"]:           # label-free: nothing about the true groups
         assert "truth" not in text and "ARI" not in text and "group" not in text
+
+
+def test_the_tuning_tool_reads_cached_systems(tmp_path, capsys):
+    """bench/emdcfl_epsilon_tuning.py margins: the rule's outcome per cached system (and its
+    first n clients) with the clearness of the true gap and of the clearest other."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "eps_tuning", Path(__file__).resolve().parents[1] / "bench" / "emdcfl_epsilon_tuning.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    members, pairs = planted(three_groups(), seed=0)
+    n = len(members)
+    w, ref = np.full((n, n), np.nan), np.full((n, n), np.nan)
+    for (c, o), pc in pairs.items():
+        w[c, o], ref[c, o] = SOLVER.many([(pc.source, pc.target)])[0], pc.reference
+    np.savez(tmp_path / "planted-s100.npz", w=w, ref=ref, lb=w, truth=np.repeat([0, 1, 2], 3))
+    assert tool.main(["margins", "--cache", str(tmp_path), "--sizes", "0", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "| planted-s100 | 9 | gap |" in out and "| planted-s100 | 6 | gap |" in out
+    assert "smallest clearness of a true gap" in out
