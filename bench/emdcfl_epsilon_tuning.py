@@ -133,31 +133,26 @@ def margins(cache: Path, sizes: list[int]) -> None:
 
 
 def _true_and_other(low: np.ndarray, truth: np.ndarray, scale: float) -> tuple[float, float]:
+    """Clearness of the true gap (between the largest same-group and the smallest
+    different-group pair excess; NaN when there is none) and of the clearest other gap."""
     from fedclust.emdcfl import cluster
 
     n = len(truth)
     iu, ju = np.triu_indices(n, 1)
-    x = np.maximum(low[iu, ju], low[ju, iu])
-    same = truth[iu] == truth[ju]
+    a, b = low[iu, ju], low[ju, iu]
+    x = np.maximum(a, b)
+    order = np.argsort(x, kind="stable")
+    x, a, b, same = x[order], a[order], b[order], (truth[iu] == truth[ju])[order]
     cap = cluster.AUTO_CAP * scale
-    below = np.sort(x[x < cap])
-    top = cap if (x >= cap).any() else None
-    ys = np.append(below, top) if top is not None else below
-    clear = []
-    for i in range(len(ys) - 1):
-        part = below[:i + 1]
-        sd = max(float(part.std()), cluster.AUTO_FLOOR * scale)
-        ok = part.mean() <= cluster.AUTO_CENTER * sd and ys[i + 1] > 0
-        clear.append((ys[i + 1] - ys[i]) / sd if ok else -np.inf)
-    clear = np.array(clear)
+    k = int(np.sum(x < cap))
+    clear = cluster.gap_clearness(x[:k], a[:k], b[:k], cap if k < len(x) else None, scale)
     true = np.nan
-    if same.any() and (~same).any():
-        top_same = x[same].max()
-        hit = [i for i in range(len(clear)) if ys[i] == top_same and x[~same].min() > top_same]
-        if hit:
-            true = clear[hit[0]]
-            clear = np.delete(clear, hit[0])
-    return float(true), float(clear.max()) if len(clear) else -np.inf
+    if same.any() and (~same).any() and x[~same].min() > x[same].max():
+        i = int(np.sum(x <= x[same].max())) - 1
+        if i < len(clear):
+            true = float(clear[i])
+            clear = np.delete(clear, i)
+    return true, float(clear.max()) if len(clear) else -np.inf
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,9 +33,9 @@ from numpy.typing import NDArray
 AUTO_CAP = 2.0
 #: no gap, and every pair excess below this many times ``s``: the clients are alike
 AUTO_ALIKE = 1.0
-#: a gap is clear when it is at least this many standard deviations of the pair excesses
-#: below it wide
-AUTO_CLEAR = 3.5
+#: a gap is clear when it is at least this many standard deviations of the excesses below it
+#: (both directions of the pairs below it) wide
+AUTO_CLEAR = 4.0
 #: ... a standard deviation of at least this share of ``s`` (a few pairs below a gap do not
 #: make it look clear)
 AUTO_FLOOR = 0.1
@@ -100,8 +100,9 @@ def auto_epsilon(low: NDArray, exact: NDArray, scale: float
     be the median reference ``W(train_c, val_c)`` and ``L = AUTO_CAP · s``. Sorted, the pair
     excesses below ``L`` are ``y_1 ≤ … ≤ y_k``, and ``y_{k+1} = L`` when some pair lies at or
     above ``L``. Gap ``i`` lies between ``y_i`` and ``y_{i+1}``; with ``m_i`` and ``σ_i`` the
-    mean and standard deviation of ``y_1 … y_i`` and ``σ'_i = max(σ_i, AUTO_FLOOR · s)``, its
-    clearness is
+    mean and standard deviation of the excesses of both directions of the pairs ``y_1 … y_i``
+    (same-distribution excesses scatter around zero in either direction) and
+    ``σ'_i = max(σ_i, AUTO_FLOOR · s)``, its clearness is
 
     .. math:: (y_{i+1} - y_i) / σ'_i,
 
@@ -150,11 +151,14 @@ def auto_epsilon(low: NDArray, exact: NDArray, scale: float
         for p, q in ((i[vague], j[vague]), (j[vague], i[vague])):
             need[p, q] = ~exact[p, q]
         return None, need
-    below = np.sort(x[x < cap])
-    above = int(np.sum(x >= cap))
+    order = np.argsort(x, kind="stable")
+    x, a, b = x[order], a[order], b[order]
+    k = int(np.sum(x < cap))
+    below = x[:k]
+    above = len(x) - k
     common = {"cap": float(cap), "scale": float(scale), "pairs": int(len(x))}
     alike = AUTO_ALIKE * scale
-    best, clearness = _clearest_gap(below, cap if above else None, scale)
+    best, clearness = _clearest_gap(below, a[:k], b[:k], cap if above else None, scale)
     if best is not None and clearness >= AUTO_CLEAR:
         lo = float(below[best])
         hi = float(below[best + 1]) if best + 1 < len(below) else float(cap)
@@ -176,25 +180,36 @@ def auto_epsilon(low: NDArray, exact: NDArray, scale: float
     return EpsilonChoice(None, "no-gap", None, clearness, warning=warning, **common), need
 
 
-def _clearest_gap(below: NDArray, top: float | None, scale: float
+def _clearest_gap(below: NDArray, a: NDArray, b: NDArray, top: float | None, scale: float
                   ) -> tuple[int | None, float | None]:
-    """The clearest admissible gap above ``below[i]`` (sorted pair excesses below the cap; the
-    last gap reaches ``top``, the cap, when pairs lie above it) and its clearness."""
-    ys = np.append(below, top) if top is not None else below
-    gaps = np.diff(ys)
-    if len(gaps) == 0:
+    """The clearest admissible gap above ``below[i]`` and its clearness
+    (:func:`gap_clearness`); ``(None, None)`` when no gap is admissible."""
+    clear = gap_clearness(below, a, b, top, scale)
+    if len(clear) == 0 or not np.isfinite(clear).any():
         return None, None
-    count = np.arange(1, len(gaps) + 1)
-    mean = np.cumsum(below)[:len(gaps)] / count
-    var = np.cumsum((below - mean[-1]) ** 2)[:len(gaps)] / count \
-        - (mean - mean[-1]) ** 2            # shifted sums: no cancellation on large offsets
-    sd = np.maximum(np.sqrt(np.maximum(var, 0.0)), AUTO_FLOOR * scale)
-    ok = (mean <= AUTO_CENTER * sd) & (ys[1:] > 0)
-    if not ok.any():
-        return None, None
-    clear = np.where(ok, gaps / sd, -np.inf)
     best = int(np.argmax(clear))
     return best, float(clear[best])
+
+
+def gap_clearness(below: NDArray, a: NDArray, b: NDArray, top: float | None, scale: float
+                  ) -> NDArray[np.float64]:
+    """The clearness of the gap above each ``below[i]`` (sorted pair excesses below the cap,
+    of directions ``a``, ``b``; the last gap reaches ``top``, the cap, when pairs lie above
+    it), ``-inf`` where the gap is not admissible (:func:`auto_epsilon`). The near-zero mode
+    below a gap is measured on both directions of its pairs: same-distribution excesses
+    scatter around zero in either direction, while the larger of two is biased upwards."""
+    ys = np.append(below, top) if top is not None else np.asarray(below)
+    gaps = np.diff(ys)
+    m = len(gaps)
+    if m == 0:
+        return np.zeros(0)
+    count = 2 * np.arange(1, m + 1)
+    shift = float(np.mean(a[:m] + b[:m]) / 2)     # shifted sums: no cancellation on offsets
+    mean = np.cumsum(a[:m] + b[:m]) / count
+    var = np.cumsum((a[:m] - shift) ** 2 + (b[:m] - shift) ** 2) / count - (mean - shift) ** 2
+    sd = np.maximum(np.sqrt(np.maximum(var, 0.0)), AUTO_FLOOR * scale)
+    ok = (mean <= AUTO_CENTER * sd) & (ys[1:] > 0)
+    return np.where(ok, gaps / sd, -np.inf)
 
 
 def threshold_adjacency(excess: NDArray, epsilon: float | None) -> NDArray[np.bool_]:
