@@ -29,9 +29,10 @@ the same (tested):
 
 With ``epsilon="auto"`` ε is not known before solving, and the lazy step has two stages:
 the dual lower bound of every direction first (no solve), then exact solves of only the
-directions the choice of ε depends on: every pair whose bound may lie below the largest ε
-considered, and the smallest pair above it. Every other direction's bound already puts it
-above the chosen ε, so ε and the clusters are those of the full matrix (tested).
+directions the choice of ε depends on: both directions of every pair whose bounds may lie
+below the largest ε considered (twice the median reference). Every other pair's bound already
+puts it above any ε the rule can choose, so ε and the clusters are those of the full matrix
+(tested).
 
 The skipped entries of ``W`` and ``excess`` are NaN. ``lazy=False`` solves every direction
 (the full matrix that heatmaps and ε sweeps need).
