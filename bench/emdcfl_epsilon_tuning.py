@@ -44,7 +44,7 @@ def collect(system: str, seed: int, data_dir: str, cache: Path) -> Path:
     clients (the same client steps as a simulated Flower run)."""
     from fedclust.config import validate
     from fedclust.emdcfl import inmemory
-    from fedclust.emdcfl.distance import dual_lower_bound, equal_size, ground_cost
+    from fedclust.emdcfl.distance import cost_matrix, dual_lower_bound, equal_size
     from fedclust.emdcfl.keys import EMDCFLSettings
     from fedclust.emdcfl.loop import pair_inputs
     from fedclust.emdcfl.model import init_weights
@@ -74,7 +74,7 @@ def collect(system: str, seed: int, data_dir: str, cache: Path) -> Path:
 
     for (c, o), pc in pairs.items():
         p, q = equal_size(np.asarray(pc.source), np.asarray(pc.target), s.seed)
-        m = ground_cost(p, q, s.metric)
+        m = cost_matrix(p, q, s.metric)
         lb[c, o] = dual_lower_bound(m)
         if lb[c, o] - ref[c, o] < limit:
             rows, cols = linear_sum_assignment(m)

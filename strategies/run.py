@@ -105,8 +105,6 @@ def execute(grid: Grid, run_config: dict[str, Any], validated: dict[str, Any] | 
     memory as it wrote it (``history``, ``arrays``, ``dir``). ``validated``: ``run_config``
     already validated (:func:`check_run_config`); ``data``: what the run clusters, when the
     run config cannot tell (:func:`fedclust.results.data_record`)."""
-    from fedclust.results import RUNNING, data_record, recorded_config
-
     setup_logging()
     from fedclust import outputs
 
@@ -114,15 +112,16 @@ def execute(grid: Grid, run_config: dict[str, Any], validated: dict[str, Any] | 
     # are made durable once, at the end of the run, not file by file (fedclust.outputs).
     if getattr(grid, "simulated", False):     # the in-process engine: clients in this process
         with outputs.durable_at_exit():
-            return _execute(grid, run_config, validated)
-    summary, recorder = _execute(grid, run_config, validated)
+            return _execute(grid, run_config, validated, data)
+    summary, recorder = _execute(grid, run_config, validated, data)
     if (recorder.dir / "clients").is_dir():   # simulated nodes of another engine wrote there
         outputs.sync()
     return summary, recorder
 
 
-def _execute(grid: Grid, run_config: dict[str, Any], validated: dict[str, Any] | None
-             ) -> tuple[dict[str, Any], RunRecorder]:
+def _execute(grid: Grid, run_config: dict[str, Any], validated: dict[str, Any] | None,
+             data: dict[str, Any] | None) -> tuple[dict[str, Any], RunRecorder]:
+    from fedclust.results import RUNNING, data_record, recorded_config
     from strategies.common import engine_clients, exclusions_recorded, messages_carry
 
     # Bad values and missing files stop the run here, before it waits for any node.
