@@ -15,7 +15,8 @@ part, and a compact table ends the output:
    images, the 64/128 CNN) for each convolution layout and precision, and the local-training
    time of a round they project (× the round's steps).
 3. ``emdcfl``: the paper preset's round (``conf/experiment/emdcfl_table1_paper.yaml``:
-   Rotated MNIST max, 40 clients × 5,420 images, 10 local epochs, batch 64, lr 0.01, ε 0.1)
+   Rotated MNIST max, 40 clients × 5,420 images, 10 local epochs, batch 64, lr 0.01, ε auto:
+   read from the round's own excesses)
    through the Flower-free loop with :class:`fedclust.emdcfl.batched.BatchedClients`: local
    training, embedding (forward passes, pair projections, the clients' reference EMDs), the
    server's EMD matrix, evaluation; ARI and test accuracy. Precision ``--precision``.
@@ -54,7 +55,7 @@ PAPER = {"dataset": "rotmnist", "num-clients": 40, "emdcfl.rotation": "max",
          "emdcfl.samples": 5420, "emdcfl.test-samples": 250, "emdcfl.val-fraction": 0.1,
          "emdcfl.local-epochs": 10, "emdcfl.lr": 0.01, "emdcfl.batch-size": 64,
          "emdcfl.conv1": 64, "emdcfl.conv2": 128, "emdcfl.embed-dim": 128,
-         "emdcfl.epsilon": 0.1, "emdcfl.proj-ratio": 0.9, "emdcfl.metric": "cosine",
+         "emdcfl.epsilon": "auto", "emdcfl.proj-ratio": 0.9, "emdcfl.metric": "cosine",
          "emdcfl.max-samples": 512}
 TINY_EMDCFL = {"num-clients": 8, "emdcfl.samples": 400, "emdcfl.test-samples": 60,
                "emdcfl.val-fraction": 0.2, "emdcfl.local-epochs": 1, "emdcfl.conv1": 8,
@@ -212,6 +213,10 @@ def emdcfl_round(a: argparse.Namespace, cfg: dict[str, Any], precision: str
             "acc_mean": m.get("eval_acc_mean"), "acc_worst": m.get("eval_acc_worst"),
             "acc_per_client": m.get("eval_acc_per_client"),
             "num_clusters": m.get("num_clusters"), "clusters": m.get("clusters"),
+            "epsilon": m.get("epsilon"), "epsilon_rule": m.get("epsilon_rule"),
+            "epsilon_gap": m.get("epsilon_gap"),
+            "epsilon_gap_clearness": m.get("epsilon_gap_clearness"),
+            "warnings": m.get("warnings"),
             "train_loss": h.get("train_loss"), "emd_solves": h.get("emd_solves"),
             "emd_skipped": h.get("emd_skipped"), "workers": s.workers,
             "conv": sorted(set(batched._CHOSEN.values())) or [a.conv]}
@@ -354,6 +359,9 @@ def table(r: dict[str, Any]) -> str:
         lines.append(f"  evaluation       {x['evaluate_s']:8.2f} s;  round {x['round_s']:.2f} s")
         lines.append(f"  ARI {x['ari']:.3f}  ACC mean {x['acc_mean']:.4f} worst "
                      f"{x['acc_worst']:.4f}  clusters {x['num_clusters']}")
+        lines.append(f"  epsilon {x.get('epsilon')} ({x.get('epsilon_rule')}, gap "
+                     f"{x.get('epsilon_gap')}, clearness {x.get('epsilon_gap_clearness')})"
+                     + "".join(f"\n  WARNING {w}" for w in x.get("warnings") or []))
     if "emdcfl" in p and "emdcfl_fp32" in p:
         a, b = p["emdcfl"], p["emdcfl_fp32"]
         lines.append(f"  {a['precision']} vs fp32: |dACC mean| "

@@ -361,6 +361,7 @@ def test_gpu_check_script_runs_every_part_on_the_cpu(tmp_path):
     for part in ("env", "steps", "emdcfl", "fedcref_gpu", "fedcref_cpu", "emdcfl_fp32"):
         assert part in r["parts"], part
     assert r["parts"]["emdcfl"]["train_s"] > 0 and "ari" in r["parts"]["emdcfl"]
+    assert r["parts"]["emdcfl"]["epsilon_rule"] is not None      # ε auto, as the preset
     assert r["fedcref_ratio"]["phases_compared"] >= 4
     assert "FedCRef CPU/GPU" in proc.stdout
     assert r["parts"]["env"]["cryptography"] is None and r["parts"]["env"]["ot"] is None
