@@ -27,7 +27,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 # The automatic ε (:func:`auto_epsilon`), in units of the clients' median own reference
-# ``s = W(train_c, val_c)`` (the noise floor of a comparison) and of the spread of the pair
+# ``s = W(train_c, val_c)`` (the noise floor of a comparison) and of the spread of the
 # excesses below a gap; chosen on the tuning seeds 100-104 (docs/reports/emdcfl-experiments.md).
 #: ε is looked for below this many times ``s``
 AUTO_CAP = 2.0
@@ -39,8 +39,8 @@ AUTO_CLEAR = 4.0
 #: ... a standard deviation of at least this share of ``s`` (a few pairs below a gap do not
 #: make it look clear)
 AUTO_FLOOR = 0.1
-#: ... and those pair excesses are the near-zero mode of same-distribution pairs: their mean
-#: is at most this many of their standard deviations above zero
+#: ... and those excesses are the near-zero mode of same-distribution pairs: their mean is at
+#: most this many of their standard deviations above zero
 AUTO_CENTER = 1.0
 
 
@@ -62,7 +62,8 @@ class EpsilonChoice:
         The largest pair excess below the chosen ε and the smallest above it (above the cap:
         a lower bound of it when the lazy step did not need its exact value).
     clearness : float or None
-        The clearest gap's width in standard deviations of the pair excesses below it.
+        The clearest admissible gap's width in standard deviations of the excesses below it
+        (both directions of the pairs below it).
     cap, scale : float
         The largest ε considered, and the median reference ``W(train_c, val_c)`` it is a
         multiple of (NaN for ``"given"``). ``"all-alike"`` and ``"all-different"`` set ε to
