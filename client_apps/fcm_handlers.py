@@ -23,9 +23,10 @@ from client_apps.common import run_config, run_settings
 from client_apps.data import ClientData, load_client_data
 from fedclust import fcm
 from fedclust.data import scaling
+from fedclust.data.capacity import Capacity, check_rows
 from fedclust.data.local import compact_codes
 from fedclust.fcm.client import eval_codes, eval_table
-from fedclust.fcm.keys import FamilySettings, FCMSettings, check_rows
+from fedclust.fcm.keys import FamilySettings, FCMSettings
 from fedclust.fedfcm.client import index_stats, local_centers
 from fedclust.fedfcm.keys import FedFCMSettings
 from fedclust.metrics import contingency
@@ -96,7 +97,8 @@ def refuse_too_few_rows(cfg: dict[str, Any], s: FamilySettings, x: np.ndarray) -
     on, such a node withholds everything instead (its row count is not sent); with several
     nodes only the server knows the pooled row count."""
     if int(cfg["num-clients"]) == 1 and not s.privacy_guard:
-        check_rows(cfg, int(x.shape[0]), "this run's only node")
+        check_rows(Capacity(s.method, s.clusters_key, s.clusters), int(x.shape[0]),
+                   "this run's only node")
 
 
 @app.query("fcm_stats")

@@ -336,9 +336,10 @@ def _hf_arrays(part: Any, label_column: str | None, feature_columns: Sequence[st
 def _check_distinct(strategy: FedclustStrategy, clients: list[Any],
                     run_config: Mapping[str, Any] | None) -> None:
     """Refuse client data that cannot hold the run's clusters (all-constant data, fewer
-    distinct rows than clusters) before the run: :func:`fedclust.fcm.keys.check_distinct`."""
+    distinct rows than clusters) before the run: :func:`fedclust.data.capacity.check_distinct`."""
     from fedclust.config import validate
-    from fedclust.fcm.keys import check_distinct
+    from fedclust.data.capacity import check_distinct
+    from fedclust.data.sites import capacity
 
     arrays = []
     for i, data in enumerate(clients):
@@ -359,7 +360,7 @@ def _check_distinct(strategy: FedclustStrategy, clients: list[Any],
                           f"{widths}). Allowed: the same features, in the same order, in every "
                           f"client. Fix: give every client the same columns")
     cfg = validate({**dict(run_config or {}), **strategy.run_config(), "dataset": "local"})
-    check_distinct(cfg, arrays, f"the {len(arrays)} client array(s)")
+    check_distinct(capacity(cfg), arrays, f"the {len(arrays)} client array(s)")
 
 
 def _from_hf_clients(clients: list[Any], labels: Sequence[Any] | None,

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import errno
-import importlib
 import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from fedclust.registry import load
 from fedclust.schema import (  # noqa: F401 - re-exported: the keys' public home
     ConfigError,
     Key,
@@ -223,8 +223,7 @@ def extra_message(what: str, missing: Iterable[str], extra: str, packages: Itera
 
 
 def _load_keys(path: str) -> list[Key]:
-    module, _, attr = path.partition(":")
-    return list(getattr(importlib.import_module(module), attr))
+    return list(load(path))
 
 
 def all_keys() -> list[Key]:
@@ -301,8 +300,7 @@ def validate(run_config: Mapping[str, Any], keys: Iterable[Key] | None = None) -
                 f"one size per client: {cfg['num-clients']} sizes (num-clients), "
                 f"{len(sizes)} given", "give one size per client, or change num-clients")
     for check in spec.cross_checks:
-        module, _, attr = check.partition(":")
-        getattr(importlib.import_module(module), attr)(cfg)
+        load(check)(cfg)
     return cfg
 
 

@@ -3,16 +3,21 @@
 Each entry names, as import paths inside :mod:`fedclust` (``"module:attribute"``; nothing is
 imported until a method is chosen), what the core needs to know about a method: its run-config
 keys and cross-key checks (:mod:`fedclust.config`), the prefix of its keys, the predictor of
-``fedclust predict`` (:mod:`fedclust.predict`) and what ``fedclust report`` shows by default
-(:mod:`fedclust.report`). The layers above add their own column, keyed by the same names and
-checked against this table (``tests/test_layers.py``): the server loop and preflight in
-:data:`strategies.run.SERVER`, the ClientApp handler module in :data:`client_apps.app.HANDLERS`
-(the core never names the layers above it).
+``fedclust predict`` (:mod:`fedclust.predict`), what ``fedclust report`` shows by default
+(:mod:`fedclust.report`), how many clusters its data must hold
+(:mod:`fedclust.data.capacity`) and how the preflight reads a site file
+(:mod:`fedclust.data.sites`); :func:`load` resolves an import path. The layers above add
+their own column, keyed by the same names and checked against this table
+(``tests/test_layers.py``): the server loop and preflight in :data:`strategies.run.SERVER`,
+the ClientApp handler module in :data:`client_apps.app.HANDLERS` (the core never names the
+layers above it).
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,10 @@ class MethodSpec:
     needs : the modules the method imports beyond the core install (none: numpy, scipy,
         scikit-learn and Flower suffice), all from the pip extra ``extra``
     extra : the pip extra that installs ``needs`` (``pip install 'fedclust[<extra>]'``)
+    capacity : import path of ``capacity(cfg) -> Capacity | None``, the clusters the run's
+        data must hold (checked before the run: :mod:`fedclust.data.capacity`); "" for none
+    site_reader : import path of ``reader(cfg, fmt, column) -> (path -> 2-D array)``, how
+        the preflight of ``dataset="files"`` reads a site file as its node does
     """
 
     keys: tuple[str, ...]
@@ -38,6 +47,8 @@ class MethodSpec:
     report_metrics: tuple[str, ...]
     needs: tuple[str, ...] = ()
     extra: str = ""
+    capacity: str = ""
+    site_reader: str = "fedclust.data.local:table_reader"
 
 
 #: the optional extras of the install and the packages (pip names) each adds; the import
@@ -50,24 +61,35 @@ METHODS: dict[str, MethodSpec] = {
         keys=("fedclust.fcm.keys:FCM_KEYS",), cross_checks=("fedclust.fcm.keys:check_fcm",),
         prefix="fcm.",
         predictor="fedclust.fcm.predict:predict_fcm",
-        report_metrics=("eval_ari", "objective", "rounds", "converged")),
+        report_metrics=("eval_ari", "objective", "rounds", "converged"),
+        capacity="fedclust.fcm.keys:capacity"),
     "fedfcm": MethodSpec(
         keys=("fedclust.fedfcm.keys:FEDFCM_KEYS",),
         cross_checks=("fedclust.fedfcm.keys:check_fedfcm",),
         prefix="fedfcm.",
-        predictor="fedclust.fcm.predict:predict_fcm",
-        report_metrics=("best_k", "elbow_k", "eval_ari_best_k", "objective_best_k")),
+        predictor="fedclust.fedfcm.predict:predict_fedfcm",
+        report_metrics=("best_k", "elbow_k", "eval_ari_best_k", "objective_best_k"),
+        capacity="fedclust.fedfcm.keys:capacity"),
     "fedcref": MethodSpec(
         keys=("fedclust.fedcref.keys:KEYS",), cross_checks=("fedclust.fedcref.keys:check",),
         prefix="fedcref.",
         predictor="fedclust.fedcref.predict:predict_rows",
         report_metrics=("eval_acc_end", "communities", "iterations",
                         "eval_wrong_associations_pct"),
-        needs=("torch", "networkx"), extra="nn"),
+        needs=("torch", "networkx"), extra="nn",
+        capacity="fedclust.fedcref.keys:capacity",
+        site_reader="fedclust.data.local:pixel_reader"),
     "emdcfl": MethodSpec(
         keys=("fedclust.emdcfl.keys:KEYS",), cross_checks=("fedclust.emdcfl.keys:check",),
         prefix="emdcfl.",
         predictor="fedclust.emdcfl.predict:predict_rows",
         report_metrics=("eval_acc_mean", "eval_acc_worst", "eval_ari", "num_clusters"),
-        needs=("torch", "ot"), extra="nn"),
+        needs=("torch", "ot"), extra="nn",
+        site_reader="fedclust.emdcfl.keys:site_reader"),
 }
+
+
+def load(path: str) -> Any:
+    """The object an import path of the table names (``"package.module:attribute"``)."""
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)

@@ -23,7 +23,7 @@ LOG = logging.getLogger("fedclust")
 # :data:`fedclust.registry.METHODS`, as import paths: nothing heavy until a method is chosen.
 SERVER: dict[str, tuple[str, str]] = {
     "exact-fcm": ("strategies.fcm.exact:run", "fedclust.fcm.keys:preflight"),
-    "fedfcm": ("strategies.fcm.fedfcm:run", "fedclust.fcm.keys:preflight"),
+    "fedfcm": ("strategies.fcm.fedfcm:run", "fedclust.fedfcm.keys:preflight"),
     "fedcref": ("strategies.fedcref:run", "strategies.fedcref:preflight"),
     "emdcfl": ("strategies.emdcfl:run", "strategies.emdcfl:preflight"),
 }

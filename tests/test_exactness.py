@@ -8,7 +8,7 @@ import pytest
 from fedclust import fcm
 from fedclust.data import partition
 from fedclust.data.tabular import load_dataset
-from fedclust.fedfcm.validity import db_statistics, federated_fuzzy_db, fuzzy_db
+from fedclust.fcm.validity import db_statistics, federated_fuzzy_db, fuzzy_db
 from tests.fake_grid import run_server
 
 
@@ -80,7 +80,7 @@ def test_privacy_guard_withholds_tiny_clients(tmp_path):
 
 
 def central_fuzzy_db_by_definition(x, centers, m, p, q):
-    """Paper 003 eqs. 7-13 on pooled data, written out independently of fedclust.fedfcm.validity."""
+    """Paper 003 eqs. 7-13 on pooled data, written out independently of fedclust.fcm.validity."""
     n, k = x.shape[0], centers.shape[0]
     dist = np.linalg.norm(x[:, None, :] - centers[None, :, :], axis=2)          # (n, K)
     u = 1.0 / ((dist[:, :, None] / dist[:, None, :]) ** (2 / (m - 1))).sum(axis=2)

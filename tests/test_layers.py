@@ -181,9 +181,70 @@ def test_each_layers_method_column_covers_the_method_table_and_resolves() -> Non
 
     assert set(SERVER) == set(METHODS) == set(HANDLERS)
     paths = [p for spec in METHODS.values()
-             for p in (*spec.keys, *spec.cross_checks, spec.predictor)]
+             for p in (*spec.keys, *spec.cross_checks, spec.predictor, spec.site_reader,
+                       spec.capacity) if p]
     paths += [p for pair in SERVER.values() for p in pair] + list(HANDLERS.values())
     for path in paths:
         module, _, attr = path.partition(":")
         obj = importlib.import_module(module)
         assert not attr or hasattr(obj, attr), path
+
+
+#: the method packages of the core: none imports another, except FedFCM building on FCM
+METHOD_PACKAGES = ("fedclust.fcm", "fedclust.fedfcm", "fedclust.emdcfl", "fedclust.fedcref")
+METHOD_MAY = {"fedclust.fedfcm": {"fedclust.fcm"}}
+#: the method table names every method by import path (late-bound, its purpose); it imports
+#: no fedclust module itself (test below), so its strings are its only arrows
+TABLE = "fedclust.registry"
+
+
+def core_packages(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The arrows between the core's packages and top-level modules (``fedclust.fcm``,
+    ``fedclust.data``, ``fedclust.config`` …), the method table's strings left out."""
+    def top(module: str) -> str | None:
+        parts = module.split(".")
+        return ".".join(parts[:2]) if parts[0] == "fedclust" and len(parts) > 1 else None
+
+    out: dict[str, set[str]] = {}
+    for src, dsts in edges.items():
+        s = top(src)
+        if s is None or src == TABLE:
+            continue
+        out.setdefault(s, set()).update(d for d in map(top, dsts) if d and d != s)
+    return out
+
+
+def crossing_methods(edges: dict[str, set[str]]) -> list[str]:
+    """Arrows from a method package or ``fedclust.data`` into another method package."""
+    return [f"{src} -> {dst}" for src, dsts in sorted(core_packages(edges).items())
+            if src in (*METHOD_PACKAGES, "fedclust.data")
+            for dst in sorted(dsts)
+            if dst in METHOD_PACKAGES and dst not in METHOD_MAY.get(src, set())]
+
+
+def test_no_circle_between_the_core_packages() -> None:
+    assert cycles(core_packages(package_imports(graph()))) == []
+
+
+def test_the_data_layer_and_the_methods_do_not_import_other_methods() -> None:
+    assert crossing_methods(package_imports(graph())) == []
+
+
+def test_the_method_table_imports_no_fedclust_module() -> None:
+    tree = ast.parse((ROOT / "fedclust" / "registry.py").read_text())
+    named = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    named += [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert [m for m in named if m.split(".")[0] in LAYERS] == []
+
+
+def test_the_package_checks_see_a_circle_and_a_method_crossing() -> None:
+    planted = {"fedclust.fcm.estimator": {"fedclust.fedfcm.validity"},
+               "fedclust.fedfcm.validity": {"fedclust.fcm"},
+               "fedclust.data.sites": {"fedclust.emdcfl.keys"},
+               "fedclust.emdcfl.keys": {"fedclust.data.local"},
+               TABLE: {"fedclust.fedcref.keys"}, "fedclust.fedcref.keys": {"fedclust.config"},
+               "fedclust.config": {TABLE}}
+    assert cycles(core_packages(planted)) == [["fedclust.data", "fedclust.emdcfl"],
+                                              ["fedclust.fcm", "fedclust.fedfcm"]]
+    assert crossing_methods(planted) == ["fedclust.data -> fedclust.emdcfl",
+                                         "fedclust.fcm -> fedclust.fedfcm"]

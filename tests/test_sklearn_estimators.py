@@ -195,7 +195,7 @@ def test_choosing_k_without_labels_with_the_fuzzy_validity_scorers() -> None:
 
 def test_the_scorers_are_the_indices_of_the_fitted_centers() -> None:
     from fedclust.fcm import fuzzy_db_scorer, partition_coefficient, xie_beni, xie_beni_scorer
-    from fedclust.fedfcm.validity import fuzzy_db
+    from fedclust.fcm.validity import fuzzy_db
 
     x, _ = _blobs()
     est = FuzzyCMeans(3, m=1.8, random_state=0).fit(x)

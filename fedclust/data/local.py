@@ -41,8 +41,9 @@ import re
 import stat
 import warnings
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -1127,3 +1128,16 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def table_reader(cfg: Mapping[str, Any], data_format: str, label_column: str
+                 ) -> Callable[[str], NDArray[np.float64]]:
+    """``path -> rows``: a site file read as a table node reads it (the FCM family's
+    :attr:`~fedclust.registry.MethodSpec.site_reader`)."""
+    return lambda path: load_local_table(path, data_format, label_column)[0]
+
+
+def pixel_reader(cfg: Mapping[str, Any], data_format: str, label_column: str
+                 ) -> Callable[[str], NDArray[np.float32]]:
+    """``path -> rows``: a site file read as FedCRef's node reads it (:func:`load_pixel_table`)."""
+    return lambda path: load_pixel_table(path, data_format, label_column)[0]

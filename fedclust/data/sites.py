@@ -14,7 +14,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fedclust.data.capacity import Capacity, check_distinct
 from fedclust.data.local import SUFFIXES
+from fedclust.registry import METHODS, MethodSpec, load
 
 #: what fedclust writes next to a node's data (``client_apps.results``): never a site
 RESULTS_FOLDER = "fedclust-results"
@@ -132,37 +134,30 @@ def check_tables(cfg: Mapping[str, Any], files: list[Path], data_format: str,
                              f"files.label-column and not counted)")
     if cfg.get("method", "exact-fcm") in ("exact-fcm", "fedfcm"):    # the nodes' digest rule
         check_columns(files, data_format, label_column, whose)
-    from fedclust.fcm.keys import check_distinct, check_rows
-
-    check_rows(dict(cfg), rows, whose)
-    check_distinct(dict(cfg), tables, whose)
+    check_distinct(capacity(cfg), tables, whose)
     return widths
+
+
+def capacity(cfg: Mapping[str, Any]) -> Capacity | None:
+    """The clusters the data of the run config's method must hold (the method table's
+    ``capacity`` column), or None."""
+    spec = METHODS.get(str(cfg.get("method", "")))
+    return load(spec.capacity)(cfg) if spec is not None and spec.capacity else None
 
 
 def _site_loader(cfg: Mapping[str, Any], fmt: str | None = None, column: str | None = None):
     """``path -> (rows, features)`` array of a site file, read by the door the run's nodes
-    use: EMD-CFL's labelled image splits (its train images, flattened), FedCRef's pixel table,
-    else the table loader (:func:`fedclust.data.local.load_local_table`). ``fmt``, ``column``:
-    the nodes' data format and label column (default: ``files.format``,
+    use: the method table's :attr:`~fedclust.registry.MethodSpec.site_reader` (EMD-CFL's
+    labelled image splits, FedCRef's pixel table, the table loader of the FCM family).
+    ``fmt``, ``column``: the nodes' data format and label column (default: ``files.format``,
     ``files.label-column``)."""
-    from fedclust.data.local import load_local_table, load_pixel_table
-
+    spec = METHODS.get(str(cfg.get("method", "")))
     fmt = str(cfg.get("files.format", "")) if fmt is None else fmt
     column = str(cfg.get("files.label-column", "")) if column is None else column
-    if cfg.get("method") == "emdcfl":
-        from fedclust.emdcfl.data import file_image_shape, read_node_file
-        from fedclust.emdcfl.keys import EMDCFLSettings
+    return load(spec.site_reader if spec is not None else MethodSpec.site_reader)(
+        cfg, fmt, column)
 
-        spec = EMDCFLSettings.from_config(dict(cfg)).spec      # as the node builds it
-        shape = file_image_shape(spec.in_channels, spec.size)
 
-        def emdcfl(path: str):
-            x = read_node_file(path, shape, spec.num_classes)["x_train"]
-            return x.reshape(len(x), -1)
-        return emdcfl
-    if cfg.get("method") == "fedcref":
-        return lambda path: load_pixel_table(path, fmt, column)[0]
-    return lambda path: load_local_table(path, fmt, column)[0]
 def check_columns(files: list[Path], data_format: str, label_column: str, whose: str) -> None:
     """The rule the run applies to the nodes' column-name digests, applied to the files
     themselves: the majority's header decides; once it names columns, a file with other

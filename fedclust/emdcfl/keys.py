@@ -5,7 +5,7 @@ client steps and the node handlers read the settings, never the run config's key
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +13,9 @@ from fedclust.emdcfl.data import DATASETS, PALETTES, ROTATIONS
 from fedclust.schema import Key, require
 
 if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
     from fedclust.emdcfl.excess import Solver
     from fedclust.emdcfl.model import ModelSpec
 
@@ -313,3 +316,18 @@ def uneven_groups(cfg: dict[str, Any]) -> str | None:
 def dataset_name(cfg: Mapping[str, Any]) -> str:
     """The EMD-CFL dataset of a run (the project default 'blobs' maps to 'rotdigits')."""
     return "rotdigits" if cfg["dataset"] == "blobs" else cfg["dataset"]
+
+
+def site_reader(cfg: Mapping[str, Any], data_format: str, label_column: str
+                ) -> Callable[[str], NDArray[np.float32]]:
+    """``path -> rows``: a site file read as EMD-CFL's node reads it (its labelled image
+    splits; the train images, flattened), with the image shape of the run's settings."""
+    from fedclust.emdcfl.data import file_image_shape, read_node_file
+
+    spec = EMDCFLSettings.from_config(dict(cfg)).spec      # as the node builds it
+    shape = file_image_shape(spec.in_channels, spec.size)
+
+    def read(path: str) -> NDArray[np.float32]:
+        x = read_node_file(path, shape, spec.num_classes)["x_train"]
+        return x.reshape(len(x), -1)
+    return read

@@ -93,7 +93,7 @@ def fcm_table1(dirs: list[str]) -> str:
 
 def central_index(cfg: dict[str, Any], ks: list[int], seeds: int = 10) -> list[float]:
     """Non-federated fuzzy DB on the pooled data (FCM from k-means++, best of ``seeds``)."""
-    from fedclust.fedfcm.validity import fuzzy_db
+    from fedclust.fcm.validity import fuzzy_db
 
     x = load_dataset(cfg).x
     st = stored(FedFCMSettings, cfg)

@@ -322,7 +322,7 @@ def xie_beni(X: ArrayLike, centers: ArrayLike, m: float = 2.0) -> float:
 
 
 def _fuzzy_db(x: Float, centers: Float, m: float) -> float:
-    from fedclust.fedfcm.validity import fuzzy_db
+    from fedclust.fcm.validity import fuzzy_db
 
     return fuzzy_db(x, centers, m)
 

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import numpy as np
-
+from fedclust.data.capacity import Capacity, check_distinct
 from fedclust.fcm import M_MAX, MAX_UNDERFLOW_DIGITS, SECURE_UNDERFLOW_DIGITS, fuzzifier_problem
-from fedclust.schema import ConfigError, Key, require
+from fedclust.schema import Key, require
 
 FCM_KEYS: list[Key] = [
     Key("fcm.n-clusters", int, 4, "number of clusters C", low=2),
@@ -180,90 +179,19 @@ def check_m(cfg: dict[str, Any], key: str, clusters: int, clusters_key: str,
                 f"fuzzifier), or fewer clusters")
 
 
-def cluster_count(cfg: dict[str, Any]) -> tuple[str, int] | None:
-    """``(key, C)``: the most clusters the run fits (exact FCM: ``fcm.n-clusters``; FedFCM:
-    ``fedfcm.k-max``), or None for the other methods."""
-    key = {"exact-fcm": "fcm.n-clusters", "fedfcm": "fedfcm.k-max"}.get(cfg.get("method", ""))
-    return None if key is None or key not in cfg else (key, int(cfg[key]))
+def capacity(cfg: Mapping[str, Any], settings: type[FamilySettings] | None = None
+             ) -> Capacity | None:
+    """What the run's rows must hold: ``C`` clusters (``fcm.n-clusters``; FedFCM passes its
+    settings: ``K`` max) on the pooled rows. None when the key is not set."""
+    settings = settings or FCMSettings
+    key = settings.clusters_key
+    return Capacity(settings.method, key, int(cfg[key])) if key in cfg else None
 
 
-def check_rows(cfg: dict[str, Any], rows: int, whose: str) -> None:
-    """Refuse a run that fits more clusters than ``rows`` (``whose``: "dataset 'iris'", "the
-    site files of data-dir", "this run's only node"): FCM would put a center on every row and
-    report a zero objective as convergence.
-
-    Raises
-    ------
-    ConfigError
-        Naming the key, the row count and the fix.
-    """
-    count = cluster_count(cfg)
-    if count is None:
-        return
-    key, c = count
-    require(c <= rows, key, c, f"at most {rows}, the number of rows ({whose}: {rows} row(s) "
-            f"in all); more clusters than rows is degenerate (a center on every row, "
-            f"objective 0)",
-            f"pass {key}={max(2, min(rows, c) // 2)} or fewer, or give the run more rows")
-
-
-def distinct_rows(arrays: Sequence[np.ndarray], enough: int) -> int:
-    """How many distinct rows ``arrays`` hold together, counted up to ``enough`` (a count of
-    at least ``enough`` may stop early)."""
-    found: list[np.ndarray] = []
-    for x in arrays:
-        x = np.asarray(x, dtype=np.float64).reshape(len(x), -1) + 0.0   # -0.0 is 0.0
-        found.append(np.unique(x, axis=0) if len(x) else x)
-        if len(found[-1]) >= enough:
-            return len(found[-1])
-    rows = [f for f in found if len(f)]
-    return len(np.unique(np.concatenate(rows), axis=0)) if rows else 0
-
-
-def check_distinct(cfg: dict[str, Any], arrays: Sequence[np.ndarray], whose: str) -> None:
-    """Refuse data that cannot hold the run's clusters — fewer distinct rows than clusters
-    (all-constant data: one) — before the run, with what was found: FCM would put several
-    centers on one point and report an objective of about 1e-153 as convergence.
-
-    Raises
-    ------
-    ConfigError
-        Naming the key, the rows and distinct rows found, and the fix.
-    """
-    if cfg.get("method") == "fedcref":      # K_i >= fedcref.k-min clusters per client
-        need = max(2, int(cfg.get("fedcref.k-min", 2)))
-        for i, x in enumerate(arrays):
-            found = distinct_rows([x], need)
-            if found < need:
-                raise ConfigError(
-                    f"client {i} of {whose} holds {len(x)} row(s) of which {found} distinct: "
-                    f"FedCRef fits at least {need} clusters on every client (fedcref.k-min), "
-                    f"and {found} distinct point(s) cannot hold them"
-                    f"{' (every feature constant)' if found == 1 else ''}. Allowed: at least "
-                    f"{need} distinct rows per client. Fix: check that client's data, or leave "
-                    f"it out")
-        return
-    count = cluster_count(cfg)
-    if count is None:
-        return
-    key, c = count
-    check_rows(cfg, sum(len(x) for x in arrays), whose)    # fewer rows than clusters first
-    distinct = distinct_rows(arrays, c)
-    if distinct >= c:
-        return
-    rows = sum(len(x) for x in arrays)
-    what = ("every row is the same point (every feature constant)" if distinct == 1 else
-            f"only {distinct} distinct rows")
-    raise ConfigError(
-        f"run config '{key}' = {c}, but {whose} hold {rows} row(s) of which {what}: "
-        f"{c} clusters cannot be told apart in them (several centers would sit on one point, "
-        f"with an objective of about 0 reported as convergence). Allowed: at most "
-        f"{distinct} cluster(s) here. Fix: check the data (a constant or duplicated "
-        f"table, the wrong column), or lower {key}")
-
-
-def preflight(cfg: dict[str, Any]) -> None:
-    """Server-side check before any work: the dataset exists and can be partitioned as asked.
+def preflight(cfg: dict[str, Any], settings: type[FamilySettings] | None = None) -> None:
+    """Server-side check before any work: the dataset exists, holds the run's clusters
+    (:func:`capacity` of ``settings``, exact FCM's by default) and can be partitioned as
+    asked.
 
     ``dataset="local"`` means every node reads its own ``data-path`` (deployment); nothing to
     check on the server then.
@@ -278,8 +206,7 @@ def preflight(cfg: dict[str, Any]) -> None:
     from fedclust.data.tabular import load_dataset
 
     ds = load_dataset(cfg)
-    check_rows(cfg, int(ds.x.shape[0]), f"dataset {cfg['dataset']!r}")
-    check_distinct(cfg, [ds.x], f"dataset {cfg['dataset']!r}")
+    check_distinct(capacity(cfg, settings), [ds.x], f"dataset {cfg['dataset']!r}")
     if cfg["num-clients"]:   # 0: the engine's node count, checked when the run starts
         make_partition(cfg["partition.kind"], ds, cfg["num-clients"], cfg["seed"],
                        cfg["partition.alpha"], cfg["partition.column"], options=cfg)

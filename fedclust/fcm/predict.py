@@ -2,7 +2,8 @@
 then FCM memberships to its final centers (FedFCM: at the chosen K).
 
 :func:`predict_fcm` is what :func:`fedclust.predict.predict` calls for ``method`` ``exact-fcm``
-and ``fedfcm``; columns ``row,cluster,u0,…,u<C−1>``.
+(for ``fedfcm`` through :func:`fedclust.fedfcm.predict.predict_fedfcm`); columns
+``row,cluster,u0,…,u<C−1>``.
 """
 
 from __future__ import annotations
@@ -16,16 +17,17 @@ from fedclust.predict.base import FAR_FACTOR, FIX_RUN, PredictError, Prediction,
 
 
 def predict_fcm(run_dir: Path, summary: dict[str, Any], x: np.ndarray,
-                options: dict[str, Any]) -> Prediction:
+                options: dict[str, Any], m_key: str = "") -> Prediction:
     """FCM memberships (paper 004 eq. 3 / paper 003 eq. 2) to the run's final centers, in the
-    run's federated scaling."""
+    run's federated scaling; ``m`` from the run config's ``m_key`` (default: exact FCM's
+    ``fcm.m``; FedFCM: :func:`fedclust.fedfcm.predict.predict_fedfcm`)."""
     from fedclust import fcm
     from fedclust.data import scaling
 
     if options:
         raise PredictError(f"method {summary['method']} takes no options, got {sorted(options)}."
                            f" Allowed: none. Fix: leave out --cluster")
-    centers, shift, scale, m = fcm_model(run_dir, summary)
+    centers, shift, scale, m = fcm_model(run_dir, summary, m_key)
     check_width(x, centers.shape[1], "centers have")
     scaled = scaling.apply(x, shift, scale)
     u = fcm.memberships(scaled, centers, m)
@@ -55,7 +57,7 @@ def far_rows(scaled: np.ndarray, centers: np.ndarray) -> int:
         return int(np.sum(~(d <= FAR_FACTOR * spread)))
 
 
-def fcm_model(run_dir: Path, summary: dict[str, Any]
+def fcm_model(run_dir: Path, summary: dict[str, Any], m_key: str = ""
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """The final centers ``(C, F)``, the scaling ``shift, scale`` ``(F,)`` and ``m`` of an FCM
     run folder, each checked: centers 2-D and finite, scaling of their width, finite, ``scale
@@ -87,9 +89,8 @@ def fcm_model(run_dir: Path, summary: dict[str, Any]
                            f"value(s) <= 0 (rows are divided by it). Allowed: values > 0. "
                            f"Fix: {FIX_RUN}")
     from fedclust.fcm.keys import FCMSettings
-    from fedclust.fedfcm.keys import FedFCMSettings
 
-    key = (FCMSettings if summary["method"] == FCMSettings.method else FedFCMSettings).m_key
+    key = m_key or FCMSettings.m_key
     src = run_dir / ("predict.json" if summary.get("scope") == "client" else "summary.json")
     if key not in summary["config"]:
         raise PredictError(f"{src} has no {key!r} in its config. Allowed: the run's fuzzifier, "

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fedclust.data.capacity import Capacity
 from fedclust.schema import Key, require
 
 IMAGE_DATASETS = ("digits", "mnist", "fashion-mnist", "emnist-digits", "kmnist", "k49", "local",
@@ -480,3 +481,9 @@ class ClientSettings:
                    torch_threads=int(cfg["fedcref.torch-threads"]),
                    evaluate=bool(cfg["evaluate"]), seed=int(cfg["seed"]),
                    device=str(cfg["fedcref.device"]))
+
+
+def capacity(cfg: Mapping[str, Any]) -> Capacity:
+    """What every client's rows must hold: ``fedcref.k-min`` clusters (at least 2)."""
+    return Capacity("fedcref", "fedcref.k-min", max(2, int(cfg.get("fedcref.k-min", 2))),
+                    per_client=True)

@@ -2,9 +2,10 @@ r"""FedFCM: federated fuzzy c-means with k-means averaging (paper 003, §2.2.1),
 the choice of K.
 
 This module holds the averaging functions and the local step. The server's loop is
-:mod:`fedclust.fedfcm.loop`; the client steps :mod:`fedclust.fedfcm.client`; the index
-:mod:`fedclust.fedfcm.validity`; the run-config keys and settings :mod:`fedclust.fedfcm.keys`;
-in-memory clients :mod:`fedclust.fedfcm.inmemory`.
+:mod:`fedclust.fedfcm.loop`; the client steps :mod:`fedclust.fedfcm.client`; the choice of K
+:mod:`fedclust.fedfcm.validity` (the index: :mod:`fedclust.fcm.validity`); the run-config
+keys and settings :mod:`fedclust.fedfcm.keys`; in-memory clients
+:mod:`fedclust.fedfcm.inmemory`.
 
 Protocol (paper 003, steps 1–6): the server shares global centers; every client runs local
 FCM to convergence from them (:func:`fedclust.fcm.fcm_until_stable`) and returns its local

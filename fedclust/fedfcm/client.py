@@ -12,9 +12,9 @@ from numpy.typing import NDArray
 
 from fedclust import fcm
 from fedclust.fcm.client import eval_table
+from fedclust.fcm.validity import DBStatistics, db_statistics, fuzzy_db
 from fedclust.fedfcm import local_step
 from fedclust.fedfcm.keys import FedFCMSettings
-from fedclust.fedfcm.validity import DBStatistics, db_statistics, fuzzy_db
 
 Float = NDArray[np.float64]
 

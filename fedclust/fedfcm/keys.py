@@ -7,7 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from fedclust.data.capacity import Capacity
 from fedclust.fcm import M_MAX, MAX_UNDERFLOW_DIGITS
+from fedclust.fcm import keys as fcm_keys
 from fedclust.fcm.keys import FamilySettings, check_m
 from fedclust.schema import Key, require
 
@@ -142,3 +144,14 @@ def check_fedfcm(cfg: dict[str, Any]) -> None:
             "pass fedfcm.local-k-max=0, or fedfcm.local-index=false")
     largest = max(cfg["fedfcm.k-max"], local)
     check_m(cfg, "fedfcm.m", largest, "the largest K (fedfcm.k-max, fedfcm.local-k-max)")
+
+
+def capacity(cfg: Mapping[str, Any]) -> Capacity | None:
+    """What the run's rows must hold: ``fedfcm.k-max`` clusters on the pooled rows."""
+    return fcm_keys.capacity(cfg, FedFCMSettings)
+
+
+def preflight(cfg: dict[str, Any]) -> None:
+    """The FCM family's server-side preflight (:func:`fedclust.fcm.keys.preflight`) with
+    FedFCM's capacity."""
+    fcm_keys.preflight(cfg, FedFCMSettings)

@@ -22,8 +22,8 @@ messages (:class:`strategies.fcm.fedfcm.FlowerClients`) or by direct calls in on
    ends when every K has stopped or after ``max-rounds``.
 4. **FedFuzzDB** (eq. 15–17): one message asks every client, for every K, its sums
    :math:`N_l`, :math:`\sum_j \|x_j - c_i\|^q`, :math:`\sum_j u_{ij}`
-   (:func:`fedclust.fedfcm.validity.db_statistics`) and, optionally, its own (local) index;
-   the server adds them up (:func:`~fedclust.fedfcm.validity.federated_fuzzy_db`) and takes
+   (:func:`fedclust.fcm.validity.db_statistics`) and, optionally, its own (local) index;
+   the server adds them up (:func:`~fedclust.fcm.validity.federated_fuzzy_db`) and takes
    the K of the lowest index, with the elbow beside it (:func:`~fedclust.fedfcm.validity.choose_k`).
 5. **Final phase**: the centers of the chosen K reach every client, which keeps its owner's
    results and returns its objective share there.
@@ -47,9 +47,10 @@ from fedclust.fcm.phases import (
     federate_scaling,
     no_statistic_message,
 )
+from fedclust.fcm.validity import DBStatistics, federated_fuzzy_db
 from fedclust.fedfcm import average, center_shift
 from fedclust.fedfcm.keys import FedFCMSettings
-from fedclust.fedfcm.validity import DBStatistics, choose_k, federated_fuzzy_db
+from fedclust.fedfcm.validity import choose_k
 from fedclust.results import Progress, Record, coverage, eval_coverage
 
 Float = np.ndarray
@@ -64,7 +65,7 @@ class IndexStats:
     Attributes
     ----------
     db : dict
-        K -> its :class:`~fedclust.fedfcm.validity.DBStatistics` at the global centers of K.
+        K -> its :class:`~fedclust.fcm.validity.DBStatistics` at the global centers of K.
     local_index : list of float, or None
         Its own fuzzy DB index per K (NaN beyond ``local-k-max`` or with too few rows), when
         the run asks for it.

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import os
 import sys
@@ -26,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from fedclust.predict.base import FAR_FACTOR, FIX_RUN, PredictError, Prediction
-from fedclust.registry import METHODS
+from fedclust.registry import METHODS, load
 
 # method -> "module:function(run_dir, summary, x, options) -> Prediction"
 PREDICTORS: dict[str, str] = {name: spec.predictor for name, spec in METHODS.items()}
@@ -181,9 +180,7 @@ def predict(run_dir: str | Path, data: str | Path | np.ndarray, out: str | Path 
                            f"one row. Fix: pass the rows to predict")
     x = match_columns(x, names, run_features(run_dir, summary),
                       "the DataFrame" if frame else "the array" if array else "DATA")
-    module, _, fn = PREDICTORS[method].partition(":")
-    result: Prediction = getattr(importlib.import_module(module), fn)(run_dir, summary, x,
-                                                                      options)
+    result: Prediction = load(PREDICTORS[method])(run_dir, summary, x, options)
     far = int(result.meta.get("far_rows", 0))
     if far:
         import logging

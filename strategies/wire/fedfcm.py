@@ -35,8 +35,8 @@ import numpy as np
 from flwr.app import RecordDict
 
 from fedclust.fcm.phases import Box
+from fedclust.fcm.validity import DBStatistics
 from fedclust.fedfcm.loop import IndexStats, LocalCenters
-from fedclust.fedfcm.validity import DBStatistics
 from strategies.wire.fcm import Rows, eval_problem, rows_checked, scaling_record
 from strategies.wire.records import array_record, content
 from strategies.wire.replies import (
