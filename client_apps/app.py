@@ -6,9 +6,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-from client_apps.base import CONFIG_RECORD, PUBLIC_ERRORS, app, engine_mod, error_mod, node_info
+from client_apps.base import CONFIG_RECORD, app, engine_mod, error_mod, node_info
 
-__all__ = ["CONFIG_RECORD", "HANDLERS", "PUBLIC_ERRORS", "app", "engine_mod", "error_mod",
+__all__ = ["CONFIG_RECORD", "HANDLERS", "app", "engine_mod", "error_mod",
            "node_info"]
 
 # The ClientApp handler module of each method (:data:`fedclust.registry.METHODS`), and

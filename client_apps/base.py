@@ -27,6 +27,8 @@ from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, Record
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
+from fedclust.errors import FedclustError
+
 # The record of a message that carries the server's run config, and its two keys: the config
 # as JSON text (the first message of a run to this node) and the digest that names it (every
 # message). The same names as strategies.common, which sends them.
@@ -35,9 +37,11 @@ CONFIG_JSON = "json"
 CONFIG_DIGEST = "digest"
 
 
-class RunConfigMissing(RuntimeError):
+class RunConfigMissing(FedclustError, RuntimeError):
     """A message names a run config (by its digest) that this node does not hold: the server
     sends it again with the next message (the message says nothing of the node's data)."""
+
+    data_free = True
 
 
 class RunConfig(dict):
@@ -157,12 +161,6 @@ def engine_mod(msg: Message, context: Context, call_next) -> Message:
         context.node_config, context.run_config = node, run
 
 
-# Errors whose messages are data-free and path-free by construction (they name keys, the kind
-# of file, row and column numbers and counts, never a value read from the data nor the node's
-# paths): their text may reach the server. A LocalDataError's ``detail`` (with the path) stays
-# in the node's log.
-PUBLIC_ERRORS = ("ConfigError", "LocalDataError", "SiteFilesError", "PartitionError",
-                 "DatasetError", "RunConfigMissing", "MissingExtraError")
 LOG = logging.getLogger("fedclust.node")
 
 
@@ -186,7 +184,9 @@ def error_reply(msg: Message, exc: Exception) -> Message:
     if isinstance(detail, str) and detail != str(exc):
         # the reply names no path and no content; the operator needs both
         LOG.warning("%s on this node: %s", name, detail)
-    reason = (f"{name}: {exc}" if name in PUBLIC_ERRORS else
+    # a data-free error (FedclustError.data_free) names keys, the kind of file, row and column
+    # numbers and counts, never a value of the data nor a path: its text may reach the server
+    reason = (f"{name}: {exc}" if isinstance(exc, FedclustError) and exc.data_free else
               f"{name} in {msg.metadata.message_type} (details in this node's log)")
     return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason),
                    reply_to=msg)

@@ -714,14 +714,6 @@ def _run(strategy: FedclustStrategy, nodes: list[dict[str, Any]], seed: int,
     return result
 
 
-def bad_input_errors() -> tuple[type[Exception], ...]:
-    """:func:`server_app.sweep.bad_input_errors`: the errors whose message names the bad
-    input, what is allowed and the fix (the launchers print them alone, exit status 2)."""
-    from server_app.sweep import bad_input_errors as errors
-
-    return errors()
-
-
 def check(run_config: Mapping[str, Any]) -> dict[str, Any]:
     """``fedclust check``: the run config as the ServerApp validates it before any message
     (every key and value, the cross-key rules, the method's preflight: the data files a
@@ -730,7 +722,7 @@ def check(run_config: Mapping[str, Any]) -> dict[str, Any]:
     Raises
     ------
     ConfigError
-        Or the data checks' own errors (:func:`server_app.sweep.bad_input_errors`).
+        Or the data checks' own :class:`~fedclust.errors.BadInputError`.
     """
     from strategies.run import check_run_config
 

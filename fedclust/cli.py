@@ -21,6 +21,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from fedclust.errors import BadInputError
+
 COMMANDS = {
     "sweep": "run a Hydra sweep of jobs (fedclust sweep --help; same as fedclust-sweep)",
     "report": "mean ± sd (n) table per setting of a run, sweep or folder of runs "
@@ -52,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"fedclust {command}: interrupted", file=sys.stderr)
         return 130
-    except user_errors() as exc:   # bad input that got past a command's own checks
+    except BadInputError as exc:   # bad input that got past a command's own checks
         print(f"fedclust {command}: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     except OSError as exc:         # a file or folder this user cannot read or write
@@ -61,16 +63,6 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{exc.strerror or exc} ({type(exc).__name__}). Fix: check the path and its "
               f"permissions", file=sys.stderr)
         return 2
-
-
-def user_errors() -> tuple[type[Exception], ...]:
-    """fedclust's errors about what the user gave (their messages name the cause, what is
-    allowed and the fix): every command prints them as one line and exits with status 2."""
-    from fedclust.api import bad_input_errors
-    from fedclust.predict.base import PredictError
-    from fedclust.report import ReportError
-
-    return (*bad_input_errors(), PredictError, ReportError)
 
 
 def _dispatch(command: str, rest: list[str]) -> int:

@@ -39,6 +39,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from fedclust.errors import BadInputError
+
 LOG = logging.getLogger("fedclust")
 
 MANIFEST = ".fedclust-manifest.json"
@@ -53,7 +55,7 @@ _O_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
 _O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
-class OutputDirError(ValueError):
+class OutputDirError(BadInputError, ValueError):
     """An output folder cannot be used: it holds what fedclust did not write, another run is
     writing there, or it cannot be created."""
 

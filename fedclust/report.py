@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fedclust import outputs
+from fedclust.errors import BadInputError
 from fedclust.registry import METHODS
 
 SUMMARY = "summary.json"
@@ -46,7 +47,7 @@ MARKER = ".fedclust-report.json"
 CSV_NAME, PLOT_NAME = "report.csv", "report.png"
 
 
-class ReportError(ValueError):
+class ReportError(BadInputError, ValueError):
     """The folder holds no finished run, or an option names what the runs do not have."""
 
 

@@ -9,11 +9,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedclust.errors import BadInputError
+
 Scalar = bool | int | float | str
 
 
-class ConfigError(ValueError):
+class ConfigError(BadInputError, ValueError):
     """A run-config value is invalid; the message says which, why, and how to fix it."""
+
+    data_free = True
 
 
 class UnknownArgumentError(ConfigError, TypeError):

@@ -17,12 +17,12 @@ for item in extra:
     k, _, v = item.partition("=")
     cfg[k] = v
 from fedclust.data.sites import simulated_nodes
-from server_app.sweep import bad_input_errors
+from fedclust.errors import BadInputError
 from server_app.app import check_run_config
 try:   # bad input stops here, with the run config's message, before any SuperLink starts
     n = simulated_nodes(cfg, 5)
     check_run_config({**cfg, "num-clients": n})
-except bad_input_errors() as exc:
+except BadInputError as exc:
     print(f"run_default.sh: {exc}", file=sys.stderr)
     sys.exit(2)
 with SimulationSuperLink() as link:

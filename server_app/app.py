@@ -8,6 +8,7 @@ import logging
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
+from fedclust.errors import BadInputError
 from strategies.methods import from_run_config
 from strategies.run import check_run_config, output_dir, run_method, setup_logging
 
@@ -19,12 +20,10 @@ LOG = logging.getLogger("fedclust")
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    from server_app.sweep import bad_input_errors
-
     try:
         strategy, run_config = from_run_config(dict(context.run_config))
         strategy.start(grid, run_config=run_config)
-    except bad_input_errors() as exc:
+    except BadInputError as exc:
         # Bad input (a key, a value, a data file): its message says what and how to fix it.
         # One log line, and the error raised afresh from here, so that Flower's own report of
         # the failed run is a short trace ending in the same line, not fedclust's internals.

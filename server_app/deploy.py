@@ -584,13 +584,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"up: {misplaced} look like run-config overrides, not data files: --data "
                      f"takes every word after it. Put overrides before --data, e.g. "
                      f"'up fcm.max-rounds=1 --data c0.npz c1.npz'")
-    from server_app.sweep import bad_input_errors
+    from fedclust.errors import BadInputError
 
     try:
         overrides = _parse_overrides(args.overrides)
         run_cfg = {"dataset": "local", "num-clients": len(args.data), **overrides}
         preflight_up(run_cfg, args.data, args.label_column)
-    except bad_input_errors() as exc:
+    except BadInputError as exc:
         print(f"fedclust deploy up: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     label = {"label-column": args.label_column} if args.label_column else {}

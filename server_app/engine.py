@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
+from fedclust.errors import FedclustError
+
 APP_DIR = Path(__file__).resolve().parents[1]
 
 
@@ -50,7 +52,7 @@ def log_tail(path: Path, n: int = 4000) -> str:
         return ""
 
 
-class PortClash(RuntimeError):
+class PortClash(FedclustError, RuntimeError):
     """Another process holds the port a server was started on."""
 
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedclust.errors import FedclustError
+
 FLEET_REQUEST = re.compile(rb"POST /v1/fleet/[a-z][a-z-]{0,63} HTTP/1\.1")
 HEADER_NAME = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"te", b"trailer", b"upgrade"}
@@ -24,7 +26,7 @@ MAX_HEAD = 16 * 1024
 MAX_BODY = 512 * 1024 * 1024
 
 
-class Refused(Exception):
+class Refused(FedclustError):
     """A request the gateway does not forward (HTTP status and a data-free reason)."""
 
     def __init__(self, status: str, reason: str) -> None:

@@ -31,6 +31,8 @@ import hydra
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from fedclust.errors import BadInputError
+
 LOG = logging.getLogger("fedclust.sweep")
 _LINK = None
 #: ``(job number, overrides, error)`` of every job of this process that failed; the sweep goes
@@ -96,21 +98,6 @@ def total_jobs(argv: list[str], sweeper_params: dict[str, Any] | None) -> int | 
         return math.prod(sizes) if sizes else 1
     except Exception:  # the count is cosmetic; never fail a sweep over it
         return None
-
-
-def bad_input_errors() -> tuple[type[Exception], ...]:
-    """Exceptions whose message already names the bad input, what is allowed and the fix: the
-    launchers print the message alone (no traceback) and exit with status 2."""
-    from fedclust.config import ConfigError
-    from fedclust.data.local import LocalDataError
-    from fedclust.data.partition import PartitionError
-    from fedclust.data.sites import SiteFilesError
-    from fedclust.data.tabular import DatasetError
-    from fedclust.fedcref.system import SystemSizeError
-    from fedclust.results import OutputDirError
-
-    return (ConfigError, SiteFilesError, OutputDirError, DatasetError, PartitionError,
-            LocalDataError, SystemSizeError)
 
 
 def _flower_link():
@@ -248,7 +235,7 @@ def grid_problems(config: DictConfig, config_name: str | None = None
                     raise OutputDirError(f"{exc} (this job's folder under hydra.sweep.dir: "
                                          f"pass another hydra.sweep.dir, or app.overwrite="
                                          f"true to replace an earlier sweep's results)") from None
-        except bad_input_errors() as exc:
+        except BadInputError as exc:
             problems.append((num, " ".join(overrides), " ".join(str(exc).split())))
             continue
         except Exception as exc:      # noqa: BLE001 - a composition error names the override
@@ -365,7 +352,7 @@ def _main(cfg: DictConfig) -> None:
         _say(f"{job} ({cfg.engine}): {overrides}")
         try:
             summary = run_job(cfg)
-        except bad_input_errors() as exc:   # a clear message: no traceback (Hydra prints one)
+        except BadInputError as exc:   # a clear message: no traceback (Hydra prints one)
             _say(f"{job} refused: {exc}", error=True)
             FAILED.append((num, overrides, exc))
             return
@@ -468,7 +455,7 @@ def main() -> None:
                               for num, overrides, exc in FAILED)
             print(f"[fedclust-sweep] {len(FAILED)} job(s) did not finish:\n{lines}",
                   file=sys.stderr, flush=True)
-        bad = all(isinstance(exc, bad_input_errors()) for _, _, exc in FAILED)
+        bad = all(isinstance(exc, BadInputError) for _, _, exc in FAILED)
         raise SystemExit(2 if bad else 1)
 
 

@@ -22,10 +22,10 @@ import pytest
 
 from fedclust.config import ConfigError, validate
 from fedclust.data.sites import SiteFilesError, simulated_nodes
+from fedclust.errors import BadInputError
 from fedclust.results import OutputDirError
 from server_app.app import check_run_config
 from server_app.inprocess import run_server
-from server_app.sweep import bad_input_errors
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("exact-fcm", "fedfcm", "fedcref", "emdcfl")
@@ -39,7 +39,7 @@ SMALL = {
                "emdcfl.conv1": 4, "emdcfl.conv2": 4, "emdcfl.embed-dim": 8,
                "emdcfl.max-samples": 16, "emdcfl.workers": 1},
 }
-BAD = bad_input_errors()
+BAD = BadInputError
 SEED_MAX = 2**32 - 1
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from fedclust.cli import check_main
+from fedclust.errors import BadInputError
 from fedclust.examples import write_sites
 from server_app.inprocess import run_server
-from server_app.sweep import bad_input_errors
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +35,7 @@ def check_verdict(cfg: dict, n: int) -> bool:
 def run_verdict(cfg: dict, n: int) -> bool:
     try:
         run_server(cfg, num_nodes=n)
-    except bad_input_errors():
+    except BadInputError:
         return False
     return True
 

@@ -248,3 +248,37 @@ def test_the_package_checks_see_a_circle_and_a_method_crossing() -> None:
                                               ["fedclust.fcm", "fedclust.fedfcm"]]
     assert crossing_methods(planted) == ["fedclust.data -> fedclust.emdcfl",
                                          "fedclust.fcm -> fedclust.fedfcm"]
+
+
+def builtin_only_errors(paths: dict[str, Path]) -> list[str]:
+    """Classes that derive from a built-in exception and from no class of the project: every
+    error fedclust raises on purpose is a :class:`fedclust.errors.FedclustError`."""
+    import builtins
+
+    trees = {name: ast.parse(path.read_text()) for name, path in paths.items()}
+    ours = {n.name for tree in trees.values() for n in ast.walk(tree)
+            if isinstance(n, ast.ClassDef)}
+    bad = []
+    for name, tree in trees.items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            bases = [b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute)
+                     else "" for b in node.bases]
+            builtin = [b for b in bases if isinstance(getattr(builtins, b, None), type)
+                       and issubclass(getattr(builtins, b), BaseException)]
+            if builtin and not any(b in ours for b in bases) and node.name != "FedclustError":
+                bad.append(f"{name}.{node.name}")
+    return bad
+
+
+def test_every_error_class_is_a_fedclust_error() -> None:
+    assert builtin_only_errors(modules()) == []
+
+
+def test_the_error_check_sees_a_class_outside_the_base(tmp_path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text("class FedclustError(Exception):\n    pass\n\nclass A(ValueError):\n"
+                   "    pass\n\nclass B(A, TypeError):\n    pass\n\n"
+                   "class C(FedclustError, RuntimeError):\n    pass\n")
+    assert builtin_only_errors({"fedclust.m": src}) == ["fedclust.m.A"]

@@ -51,7 +51,7 @@ def test_both_ends_name_the_config_record_alike():
     assert (common.CONFIG_RECORD, common.CONFIG_JSON, common.CONFIG_DIGEST) == (
         base.CONFIG_RECORD, base.CONFIG_JSON, base.CONFIG_DIGEST)
     assert common.CONFIG_MISSING == base.RunConfigMissing.__name__
-    assert base.RunConfigMissing.__name__ in base.PUBLIC_ERRORS
+    assert base.RunConfigMissing.data_free
 
 
 def test_the_whole_config_reaches_each_node_once_per_run(tmp_path):

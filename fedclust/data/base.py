@@ -7,9 +7,13 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from fedclust.errors import BadInputError
 
-class DatasetError(ValueError):
+
+class DatasetError(BadInputError, ValueError):
     """A dataset cannot be loaded; the message says which file is missing and where to get it."""
+
+    data_free = True
 
 
 @dataclass

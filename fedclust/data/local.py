@@ -48,6 +48,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from fedclust.errors import BadInputError
+
 MAX_BYTES = 2 * 1024 ** 3
 """Default size limit of a node's data (a file, or all images of a folder together)."""
 
@@ -72,12 +74,14 @@ FORMATS = ("npz", "npy", "csv", "tsv", "txt", "parquet")
 """The file formats of ``data-format`` (``pq`` is ``parquet``; a folder is ``images``)."""
 
 
-class LocalDataError(ValueError):
+class LocalDataError(BadInputError, ValueError):
     """A node's local data is missing, unreadable or invalid.
 
     ``str(exc)`` is data-free and path-free (it may reach the server, see the module
     docstring); ``detail`` is the same problem with the file's path, for the node's own log.
     """
+
+    data_free = True
 
     def __init__(self, message: str, detail: str | None = None) -> None:
         super().__init__(message)

@@ -8,11 +8,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from fedclust.errors import BadInputError
+
 Index = NDArray[np.int64]
 
 
-class PartitionError(ValueError):
+class PartitionError(BadInputError, ValueError):
     """A partition cannot be made with the given settings."""
+
+    data_free = True
 
 
 def iid(n: int, num_clients: int, seed: int) -> list[Index]:

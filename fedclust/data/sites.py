@@ -16,14 +16,17 @@ from typing import Any
 
 from fedclust.data.capacity import Capacity, check_distinct
 from fedclust.data.local import SUFFIXES
+from fedclust.errors import BadInputError
 from fedclust.registry import METHODS, MethodSpec, load
 
 #: what fedclust writes next to a node's data (``client_apps.results``): never a site
 RESULTS_FOLDER = "fedclust-results"
 
 
-class SiteFilesError(ValueError):
+class SiteFilesError(BadInputError, ValueError):
     """``data-dir`` does not hold one usable file per client."""
+
+    data_free = True
 
 
 def is_simulated(node_config: Mapping[str, Any], cfg: Mapping[str, Any] | None = None) -> bool:

@@ -33,6 +33,8 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from fedclust.errors import FedclustError
+
 # POT 0.9 (ot/bregman/_sinkhorn.py, sinkhorn_knopp) reports both failures only as UserWarnings
 SINKHORN_NOT_CONVERGED = "Sinkhorn did not converge"     # numItermax reached
 SINKHORN_NUMERICAL = "numerical errors at iteration"      # u/v hit 0, inf or NaN; last iterate
@@ -40,7 +42,7 @@ SINKHORN_STOP = 1e-9                                     # marginal-violation to
 BOUND = "bound"         # pairwise_wasserstein's solver that returns dual_lower_bound, no W
 
 
-class EMDError(RuntimeError):
+class EMDError(FedclustError, RuntimeError):
     """The optimal-transport solver did not converge."""
 
 

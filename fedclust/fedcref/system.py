@@ -19,8 +19,10 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from fedclust.errors import BadInputError
 
-class SystemSizeError(ValueError):
+
+class SystemSizeError(BadInputError, ValueError):
     """The dataset cannot supply the requested system without duplicating samples."""
 
 

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from fedclust.errors import BadInputError
+
 #: the fix every refusal of a damaged or unknown run folder names
 FIX_RUN = ("point RUN_DIR at the unchanged results folder of a finished run (or a site's own "
            "results folder), or run the federation again")
@@ -18,7 +20,7 @@ FIX_RUN = ("point RUN_DIR at the unchanged results folder of a finished run (or 
 FAR_FACTOR = 10.0
 
 
-class PredictError(ValueError):
+class PredictError(BadInputError, ValueError):
     """The run folder or the rows cannot be used for prediction."""
 
 

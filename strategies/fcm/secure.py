@@ -27,6 +27,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid
 
+from fedclust.errors import FedclustError
 from fedclust.fcm.keys import FCMSettings
 from fedclust.fcm.loop import RoundSums
 from fedclust.fcm.phases import FinalStats, Replies, Scaling, check_pooled_rows
@@ -183,7 +184,7 @@ def secure_final(grid: Grid, node_ids: list[int], centers: np.ndarray, sc: Scali
     return j, (table if eval_rows > 0 else None), ex, n, rows
 
 
-class SecureAggregationFailed(RuntimeError):
+class SecureAggregationFailed(FedclustError, RuntimeError):
     """A SecAgg+ round summed nothing and its recovery failed: the run stops."""
 
 
