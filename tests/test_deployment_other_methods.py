@@ -68,9 +68,13 @@ def emdcfl_files(cfg: dict, directory: Path) -> list[dict[str, Any]]:
     return nodes
 
 
-# Metrics that may legitimately differ between engines, per method (none at present: FedCRef
-# seeds every client stream from the client's own data key, not from engine node ids).
-PROCESS_DEPENDENT: dict[str, tuple[str, ...]] = {}
+# Metrics that may legitimately differ between engines, per method. FedCRef: none (it seeds
+# every client stream from the client's own data key, not from engine node ids). EMD-CFL: a
+# deployed node draws its X25519 key from the OS, so each pair's secret projection, the
+# excess values and the automatic ε read from them (its gap, cap and the median reference)
+# differ from a simulation's, whose keys come from the run seed; the clusters, the models
+# and every accuracy do not.
+PROCESS_DEPENDENT: dict[str, tuple[str, ...]] = {"emdcfl": ("epsilon", "reference_median")}
 
 
 def _comparable(metrics: dict[str, Any], method: str = "") -> dict[str, Any]:
