@@ -33,6 +33,7 @@ from client_apps.base import app, batched
 from client_apps.common import LazyModule, reply, run_config, run_settings
 from client_apps.evaluation import ALLOW_KEY, allows_evaluation, is_simulated
 from fedclust.config import ConfigError
+from fedclust.fedcref import wire
 from fedclust.fedcref.keys import ClientSettings
 from strategies.wire import fedcref as fw
 
@@ -47,6 +48,7 @@ def initial_clustering(*args: Any, **kwargs: Any) -> Any:
     return _initial.initial_clustering(*args, **kwargs)
 
 STATE, CACHE, OWNER = "fedcref.state", "fedcref.cache", "fedcref.owner"
+HELD = "fedcref.held"   # the community models received in the last round (int8-delta bases)
 NODE = "fedcref.node"   # the client's identity key (and true classes), computed once
 LOG = logging.getLogger("fedclust")
 ISOLATED, NO_MODEL = -1, -2     # community entries of the owner state
@@ -242,10 +244,63 @@ def _eval(st: core.ClientState, y: np.ndarray | None, s: ClientSettings) -> np.n
     return core.class_histograms(st.labels, y, st.k, int(y.max()) + 1)
 
 
-def _received(msg: Message) -> ae.Params:
-    """The models of a message's ``models`` record, decoded (none: an empty list)."""
-    models = fw.read_models(msg.content)
-    return ae.from_numpy(models) if models is not None else []
+def _received(msg: Message, s: ClientSettings, held: dict[int, dict[str, np.ndarray]]
+              ) -> dict[str, np.ndarray] | None:
+    """The models of a message's ``models`` record, decoded (None: there are none), their
+    int8-delta bases built from the seeded initialisations they name and the community
+    copies ``held`` (:func:`_load_held`)."""
+    return fw.read_models(msg.content, resolve=_resolver(s, held))
+
+
+def _resolver(s: ClientSettings, held: dict[int, dict[str, np.ndarray]] | None = None
+              ) -> fw.Resolver:
+    def copy(g: int) -> dict[str, np.ndarray]:
+        if g not in held_:
+            raise wire.BaseMismatch(f"this node keeps no copy of community {g}")
+        return held_[g]
+
+    held_ = held or {}
+    return lambda ids, sizes: wire.resolve(ids, sizes, s.ae_init, copy)
+
+
+def _load_held(context: Context) -> dict[int, dict[str, np.ndarray]]:
+    """The community models this node received in the last round, by community."""
+    out: dict[int, dict[str, np.ndarray]] = {}
+    if HELD in context.state:
+        for name, arr in context.state[HELD].items():
+            g, _, layer = name.partition("/")
+            out.setdefault(int(g), {})[layer] = arr.numpy()
+    return out
+
+
+def _save_held(context: Context, ids: list[int], models: dict[str, np.ndarray] | None) -> None:
+    """Keep the community models ``ids`` of this round (and no others) as the bases of the
+    next round's int8-delta models."""
+    rec = ArrayRecord()
+    if models is not None:
+        for j, g in enumerate(ids):
+            for k, v in models.items():
+                rec[f"{int(g)}/{k}"] = Array(np.ascontiguousarray(v[j:j + 1]))
+    context.state[HELD] = rec
+
+
+@functools.lru_cache(maxsize=4)
+def _init_check(hidden: tuple[int, ...], init_kind: str) -> int:
+    return wire.init_check(hidden, init_kind)
+
+
+def _local_bases(conf: dict, s: ClientSettings, seed: int, count: int, width: int
+                 ) -> tuple[dict[str, np.ndarray] | None, np.ndarray | None, bool | None]:
+    """What this node's fresh cluster models are sent against (int8-delta): their seeded
+    initialisation, when the server's initialisations match this node's (``init-check``)
+    and no model was warm-started; else nothing. Also whether they match (None: not asked)."""
+    if "init-check" not in conf:
+        return None, None, None
+    ok = int(conf["init-check"]) == _init_check(tuple(s.hidden), s.ae_init)
+    if not ok or s.wire != wire.DELTA or s.warm_start or not count:
+        return None, None, ok
+    ids = fw.init_ids(seed, count)
+    return wire.resolve(ids, ae.layer_sizes(width, s.hidden), s.ae_init), ids, ok
 
 
 # ---------------------------------------------------------------------------------------------
@@ -347,6 +402,7 @@ def _local_end(msg: Message, context: Context, begun: tuple, trained: list) -> M
     s, x, y, st, conf, key, plan, device = begun
     models, clusters = None, None
     seconds = 0.0
+    seed = _client_seed(conf, key)
     if plan is not None:
         info = core.finish_local(st, x, plan, trained, device)
         seconds = info["seconds"]
@@ -354,7 +410,10 @@ def _local_end(msg: Message, context: Context, begun: tuple, trained: list) -> M
         clusters = st.model_clusters
     elif core.drop_emptied(st, s):   # inactive: the clusters left that still have a model
         clusters = st.model_clusters
+    base, ids, init_ok = _local_bases(conf, s, seed, len(models["W0"]) if models else 0,
+                                      x.shape[1])
     _save_state(context, st)
+    _save_held(context, [], None)       # a new iteration: no community copy is a base
     # a new iteration: every modelled cluster is isolated until a community round names it
     own = _owner_state(context, st.k)
     own["community"] = np.full(st.k, NO_MODEL, dtype=np.int64)
@@ -362,9 +421,11 @@ def _local_end(msg: Message, context: Context, begun: tuple, trained: list) -> M
     own["meta"][0] = int(conf.get("iteration", 0))
     _save_owner(context, own)
     _keep_owner_results(msg, context, s, st, own, len(x), refined=False)
-    return Message(fw.local_reply(models, clusters, _eval(st, y, s), s.wire,
-                                  {"seconds": seconds, "k": st.k, "version": st.version,
-                                   "n": len(x), "key": key}), reply_to=msg)
+    metrics = {"seconds": seconds, "k": st.k, "version": st.version, "n": len(x), "key": key}
+    if init_ok is not None:
+        metrics["init-ok"] = int(init_ok)
+    return Message(fw.local_reply(models, clusters, _eval(st, y, s), s.wire, metrics, base, ids),
+                   reply_to=msg)
 
 
 @app.query("fedcref_assoc")
@@ -373,9 +434,11 @@ def fedcref_assoc(msg: Message, context: Context) -> Message:
     model version) and report which foreign clusters each local cluster accepts."""
     _, s, x, _, st, conf, _ = _setup(msg, context, with_cache=True)
     keys = [str(k) for k in conf.get("keys", [])]
-    new = ({k: ae.from_numpy(v) for k, v
-            in fw.keyed_models(msg.content.array_records["models"]).items()}
-           if "models" in msg.content.array_records else {})
+    # a model whose base this node cannot build is left out: it is reported missing and sent
+    # again without one
+    got, _ = (fw.keyed_models(msg.content.array_records["models"], _resolver(s))
+              if "models" in msg.content.array_records else ({}, []))
+    new = {k: ae.from_numpy(v) for k, v in got.items()}
     acc, missing, seconds = core.associate(st, x, keys, new, s, s.torch_device())
     _save_state(context, st, with_cache=True)
     if missing:
@@ -395,16 +458,19 @@ def _comm_begin(msg: Message, context: Context) -> tuple:
     (:func:`fedclust.fedcref.client.community_call`) of the node's communities."""
     _, s, x, _, st, conf, key = _setup(msg, context)
     t0 = time.perf_counter()
+    got = _received(msg, s, _load_held(context))
     ids, members = fw.read_members(conf)
-    call, counts = core.community_call(x, st.labels, _received(msg), members, s,
+    _save_held(context, ids, got)
+    params = ae.from_numpy(got) if got is not None else []
+    call, counts = core.community_call(x, st.labels, params, members, s,
                                        _client_seed(conf, key))
-    return s, x, st, ids, members, counts, t0, call, s.torch_device()
+    return s, x, st, ids, members, counts, t0, got, call, s.torch_device()
 
 
 def _comm_end(msg: Message, context: Context, begun: tuple, out: Any) -> Message:
     """A community round after its training (``out``: the trained models): owner results,
     reply."""
-    s, x, st, ids, members, counts, t0, _, _ = begun
+    s, x, st, ids, members, counts, t0, got, _, _ = begun
     own = _owner_state(context, st.k)
     before = own["community"].copy()
     for g, qs in zip(ids, members, strict=True):
@@ -412,7 +478,8 @@ def _comm_end(msg: Message, context: Context, begun: tuple, out: Any) -> Message
     if not np.array_equal(before, own["community"]):   # the first round of an iteration
         _save_owner(context, own)
         _keep_owner_results(msg, context, s, st, own, len(x), refined=False)
-    return Message(fw.comm_reply(ae.to_numpy(out), counts, s.wire, time.perf_counter() - t0),
+    return Message(fw.comm_reply(ae.to_numpy(out), counts, s.wire, time.perf_counter() - t0,
+                                 got, fw.held_ids(ids) if s.wire == wire.DELTA else None),
                    reply_to=msg)
 
 
@@ -436,7 +503,8 @@ def fedcref_refine(msg: Message, context: Context) -> Message:
     with the previous labeling (stability test)."""
     _, s, x, y, st, conf, _ = _setup(msg, context)
     t0 = time.perf_counter()
-    comm = _received(msg)
+    got = _received(msg, s, _load_held(context))
+    comm = ae.from_numpy(got) if got is not None else []
     ids_given, parts = fw.read_members(conf)
     ids = np.asarray(ids_given if "communities" in conf else range(ae.n_models(comm)),
                      dtype=np.int64)

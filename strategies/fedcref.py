@@ -34,7 +34,7 @@ the explicit ``association=perfect`` baseline, which refuses to run without ever
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -49,6 +49,7 @@ from fedclust.fedcref.algorithm import (
     Model,
     Node,
     RefineReply,
+    community_seed,
     foreign_nodes,
 )
 from fedclust.fedcref.client import refine_inputs as core_refine_inputs
@@ -168,6 +169,11 @@ class FlowerClients:
         self.ks: dict[int, int] = {}
         self.evaluated: dict[int, set[str]] = {nid: set() for nid in nodes}
         self.arrays: dict[str, dict[str, Array]] = {}    # model key -> arrays as sent
+        self.plain: dict[str, dict[str, Array]] = {}     # ... without a base (int8-delta)
+        self.delta = s.wire == wire.DELTA
+        self.init_check = wire.init_check(s.hidden, s.ae_init) if self.delta else None
+        self.init_ok: dict[int, bool] = {}    # node rebuilds the seeded initialisations
+        self.copies = _Copies()
         self.hists: dict[int, np.ndarray] = {}
         self.traffic = _Traffic()
         self.dropped_now: dict[str, dict[int, str]] = {}
@@ -183,17 +189,24 @@ class FlowerClients:
         self.dropped_now = {}
         act = {self.nodes[i] for i in active}
 
+        self.copies = _Copies()        # a new iteration: no community copy is a base
+        check_init = {} if self.init_check is None else {"init-check": self.init_check}
+
         def content(nid: int) -> RecordDict:
             return RecordDict({"config": ConfigRecord({
-                "active": nid in act, "iteration": t, "seed": seed}),
+                "active": nid in act, "iteration": t, "seed": seed, **check_init}),
                 "result": result_record(self.result)})
 
         # warm-started models carry earlier iterations' training: only their shapes and
         # finiteness are checked
         limits = None if self.s.warm_start else self.s
+        phase_seed = seed if self.delta else None
+        decoded: dict[int, dict[str, np.ndarray]] = {}
 
         def check(nid: int, c: RecordDict) -> str | None:
-            problem = fw.check_local(c, self.layer, self.hidden, limits)
+            decoded[nid] = {}
+            problem = fw.check_local(c, self.layer, self.hidden, limits, phase_seed,
+                                     self.s.ae_init, decoded[nid])
             if problem is None and nid in self.declared:
                 met = c.metric_records["metrics"]
                 now = (int(met["key"]), int(met["n"]), int(met["k"]))
@@ -201,7 +214,8 @@ class FlowerClients:
                     problem = (f"identity key, rows or k changed during the run: "
                                f"{self.declared[nid]} -> {now}")
             if problem is None and self.layer is None and "models" in c.array_records:
-                self.layer = ae.layer_sizes(fw.decoded(c, "models")["W0"].shape[1], self.hidden)
+                width = fw.input_width(c.array_records["models"])
+                self.layer = ae.layer_sizes(int(width or 0), self.hidden)
             return problem
 
         ex = send_and_collect(self.grid, self.nodes, content, "train.fedcref_local",
@@ -236,20 +250,22 @@ class FlowerClients:
             met = c.metric_records["metrics"]
             i = self.index[nid]
             self.ks[i] = int(met["k"])
+            self.init_ok[nid] = bool(met.get("init-ok", 0))
             reply = LocalReply(k=int(met["k"]), version=int(met["version"]), hist=fw.read_hist(c))
             if "clusters" in c.array_records:
                 clusters = [int(q) for q in c.array_records["clusters"]["clusters"].numpy()]
                 reply.modelled = clusters
                 if "models" in c.array_records:
-                    rec = c.array_records["models"]
-                    models = fw.decoded(c, "models")
+                    raw = {name: a.numpy() for name, a in c.array_records["models"].items()}
+                    models = decoded[nid]
                     reply.models = {}
                     for j, q in enumerate(clusters):
                         reply.models[q] = {name: a[j:j + 1] for name, a in models.items()}
                         # relayed for cross-evaluation as sent, in the wire format
-                        self.arrays[_key((i, q), reply.version)] = {
-                            name: Array(np.ascontiguousarray(rec[name].numpy()[j:j + 1]))
-                            for name in rec}
+                        self.arrays[_key((i, q), reply.version)] = (
+                            fw.flower_arrays(wire.rows(raw, [j])) if "z" in raw else
+                            {name: Array(np.ascontiguousarray(a[j:j + 1]))
+                             for name, a in raw.items()})
             if reply.hist is not None:
                 self.hists[i] = reply.hist
             out[i] = reply
@@ -265,9 +281,21 @@ class FlowerClients:
         current = set(keys_all.values())
         for key in [k for k in self.arrays if k not in current]:
             del self.arrays[key]
+        for key in [k for k in self.plain if k not in current]:
+            del self.plain[key]
+        by_key = {keys_all[node]: model for node, (_, model) in models.items()}
         for node, (_, model) in models.items():
             if keys_all[node] not in self.arrays:
                 self.arrays[keys_all[node]] = fw.encoded_arrays(model, self.s.wire)
+
+        def relayed(key: str, nid: int, resend: bool) -> dict[str, Array]:
+            # int8-delta models against an initialisation the node cannot rebuild (or asked
+            # for again) go without a base: the same weights, more bytes
+            if not self.delta or (self.init_ok.get(nid, False) and not resend):
+                return self.arrays[key]
+            if key not in self.plain:
+                self.plain[key] = fw.encoded_arrays(by_key[key], self.s.wire)
+            return self.plain[key]
 
         def foreign(nid: int) -> list[Node]:
             return foreign_nodes(models, self.index[nid], only)
@@ -279,7 +307,7 @@ class FlowerClients:
                     and (resend is None or keys_all[k] in resend)]
             c = RecordDict({"config": ConfigRecord(
                 {"keys": names} if names else {"no-keys": True})})
-            rec = fw.keyed_record({key: self.arrays[key] for key in send})
+            rec = fw.keyed_record({key: relayed(key, nid, resend is not None) for key in send})
             if rec is not None:
                 c["models"] = rec
             return c
@@ -329,37 +357,53 @@ class FlowerClients:
                         members: dict[int, list[tuple[int, list[int]]]], seed: int
                         ) -> dict[int, list[Contribution]]:
         np_params = ae.to_numpy(params)
+        assert self.layer is not None    # communities exist only once models do
+        if rnd == 1 and self.delta:
+            self.copies.start(np_params, community_seed(self.s.seed, t), self.layer,
+                              self.s.ae_init)
+        encode = self.copies.encoder(np_params, self.s.wire)
 
         def content(nid: int) -> RecordDict:
             mine = members[self.index[nid]]
             gs = [g for g, _ in mine]
             return RecordDict({
-                "models": fw.models_record({k: v[gs] for k, v in np_params.items()},
-                                           self.s.wire),
+                "models": fw.arrays(encode(nid, gs, self.init_ok.get(nid, False))),
                 "config": ConfigRecord({**fw.members_config(gs, [qs for _, qs in mine]),
                                         "seed": seed}),
                 "result": result_record(self.result)})
 
-        assert self.layer is not None    # communities exist only once models do
         targets = [self.nodes[ci] for ci in sorted(members)]
         shapes = {nid: fw.model_shapes(self.layer, len(members[self.index[nid]]))
                   for nid in targets}
         fmt = self.s.wire
 
-        def check(nid: int, c: RecordDict) -> str | None:
+        copies = {g: wire.roundtrip({k: v[[g]] for k, v in np_params.items()}, fmt)
+                  for g in {g for m in members.values() for g, _ in m}}
+
+        def received(nid: int) -> tuple[dict[str, np.ndarray], fw.Resolver]:
+            # what the node decoded: its replies are sent against it (int8-delta)
             gs = [g for g, _ in members[self.index[nid]]]
-            sent = wire.roundtrip({k: v[gs] for k, v in np_params.items()}, fmt)
+            sent = {k: np.concatenate([copies[g][k] for g in gs]) for k in copies[gs[0]]}
+            return sent, fw.expected_resolver(fw.held_ids(gs), sent)
+
+        decoded: dict[int, dict[str, np.ndarray]] = {}
+
+        def check(nid: int, c: RecordDict) -> str | None:
+            sent, resolve = received(nid)
+            decoded[nid] = {}
             return fw.check_comm(c, shapes[nid], sent, self.declared.get(nid, (0, None))[1],
-                               self.s)
+                                 self.s, resolve, decoded[nid])
 
         ex = send_and_collect(self.grid, targets, content, "train.fedcref_comm",
                               f"comm-{t}-{rnd}", self.timeout)
         check_each(ex, check, f"comm-{t}-{rnd}")
         require_honest(ex, f"comm-{t}-{rnd}", len(ex.replies), len(targets), self.cfg)
         self._account("community_training", ex, "comm")
+        self.copies.answered({nid: [g for g, _ in members[self.index[nid]]]
+                              for nid in ex.replies}, copies)
         out: dict[int, list[Contribution]] = {}
         for nid, c in ex.replies.items():
-            models, counts = fw.read_comm(c)
+            models, counts = decoded[nid], c.array_records["counts"]["counts"].numpy()
             got = ae.from_numpy(models)
             out[self.index[nid]] = [
                 Contribution(g, [p[j:j + 1] for p in got], float(counts[j]))
@@ -373,6 +417,7 @@ class FlowerClients:
         mode = self.s.refine
         np_params = ae.to_numpy(params) if ae.n_models(params) else {}
         sent: dict[int, int] = {}
+        encode = self.copies.encoder(np_params, self.s.wire)
 
         def content(nid: int) -> RecordDict:
             i = self.index[nid]
@@ -382,8 +427,8 @@ class FlowerClients:
                                                     **fw.members_config(ids, mine)}),
                             "result": result_record(self.result)})
             if len(ids):
-                c["models"] = fw.models_record({k: v[ids] for k, v in np_params.items()},
-                                               self.s.wire)
+                c["models"] = fw.arrays(encode(nid, [int(g) for g in ids],
+                                               self.init_ok.get(nid, False)))
             return c
 
         def check(nid: int, c: RecordDict) -> str | None:
@@ -430,6 +475,68 @@ class FlowerClients:
         rec.update(self.traffic.since_mark())
         rec["bytes_per_client_iter"] = ((rec["bytes_sent_iter"] + rec["bytes_received_iter"])
                                         / max(self.n, 1))
+
+
+class _Copies:
+    """The int8-delta bases of one iteration's community models (:mod:`fedclust.fedcref.wire`).
+
+    A node that answered the last community round holds the models it received in it, so the
+    next round's models (and the refinement's) go as their difference from those; a fresh
+    community model goes to a node that rebuilds the seeded initialisations as its difference
+    from that initialisation; any other as its codes (no base). Every base gives the
+    receiver the same ``int8`` weights: the choice changes the bytes, never the trajectory.
+    """
+
+    def __init__(self) -> None:
+        self.held: dict[int, set[int]] = {}       # node -> communities it holds a copy of
+        self.last: dict[int, dict[str, np.ndarray]] = {}   # community -> that copy
+        self.fresh: set[int] = set()              # communities that start from their init
+        self.init: dict[str, np.ndarray] = {}
+        self.seed = self.count = 0
+
+    def start(self, np_params: dict[str, np.ndarray], seed: int, layer: list[int],
+              ae_init: str) -> None:
+        """Round 1: which communities start from the seeded initialisation of all of them."""
+        self.seed, self.count = int(seed), int(np_params["W0"].shape[0])
+        self.init = ae.to_numpy(ae.init_params(self.count, layer, self.seed, ae_init))
+        self.fresh = {g for g in range(self.count)
+                      if all(np.array_equal(np_params[k][g], self.init[k][g]) for k in np_params)}
+        self.held, self.last = {}, {}
+
+    def answered(self, gs: dict[int, list[int]], copies: dict[int, dict[str, np.ndarray]]
+                 ) -> None:
+        """After a round: the nodes that answered hold the copies of their communities."""
+        self.held = {nid: set(g) for nid, g in gs.items()}
+        self.last = copies
+
+    def encoder(self, np_params: dict[str, np.ndarray], fmt: str
+                ) -> Callable[[int, list[int], bool], dict[str, np.ndarray]]:
+        """``encode(node, communities, rebuilds inits)``: the encoded models of
+        ``communities`` for ``node`` (each model encoded once per base)."""
+        done: dict[tuple[int, int], dict[str, np.ndarray]] = {}
+
+        def one(g: int, kind: int) -> dict[str, np.ndarray]:
+            if (g, kind) not in done:
+                row = {k: v[[g]] for k, v in np_params.items()}
+                if kind == wire.HELD:
+                    base, ids = self.last[g], fw.held_ids([g])
+                elif kind == wire.INIT:
+                    base = {k: v[[g]] for k, v in self.init.items()}
+                    ids = np.array([[wire.INIT, self.seed, self.count, g]], dtype=np.int64)
+                else:
+                    base, ids = None, None
+                done[(g, kind)] = wire.encode(row, fmt, base, ids)
+            return done[(g, kind)]
+
+        def encode(nid: int, gs: list[int], init_ok: bool) -> dict[str, np.ndarray]:
+            if fmt != wire.DELTA:
+                return wire.encode({k: v[gs] for k, v in np_params.items()}, fmt)
+            held = self.held.get(nid, set())
+            return wire.join([one(g, wire.HELD if g in held else wire.INIT
+                                  if init_ok and g in self.fresh else wire.NONE)
+                              for g in gs])
+
+        return encode
 
 
 def _key(node: Node, version: int) -> str:

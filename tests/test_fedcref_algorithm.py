@@ -373,7 +373,7 @@ def test_nearest_model_is_the_one_with_most_members_in_common() -> None:
     assert reuse.nearest([(5, 0), (6, 0)]) is None
 
 
-@pytest.mark.parametrize("wire_format", ["int8", "float16"])
+@pytest.mark.parametrize("wire_format", ["int8", "float16", "int8-delta"])
 def test_direct_calls_follow_the_flower_trajectory_with_the_confident_test(
         root: Path, tmp_path: Path, wire_format: str) -> None:
     # the confident test, the covered refinement and models on the wire in 8 or 16 bits: the

@@ -139,14 +139,14 @@ def test_held_out_rules_send_only_bits_and_models(data_root: Path, tmp_path: Pat
 
 
 def test_the_default_recovers_planted_clusters(data_root: Path, tmp_path: Path) -> None:
-    # the default (the confident test, the covered refinement, int8 weights on the wire) on
+    # the default (the confident test, the covered refinement, int8-delta weights) on
     # the planted system with 60 samples per cluster (9 held out): communities, no wrong one
     cfg = {k: v for k, v in _cfg(data_root, tmp_path).items()
            if k not in ("fedcref.assoc-rule", "fedcref.refine", "fedcref.wire")}
     cfg["fedcref.samples-per-cluster"] = 60
     checked = validate(cfg)
     assert (checked["fedcref.assoc-rule"], checked["fedcref.refine"],
-            checked["fedcref.wire"]) == ("confident", "covered", "int8")
+            checked["fedcref.wire"]) == ("confident", "covered", "int8-delta")
     summary, _ = run_server(cfg)
     m = summary["metrics"]
     hist = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
@@ -383,3 +383,139 @@ def test_with_new_links_partners_later_iterations_send_only_the_partners(data_ro
     assert all({int(k.split(":")[0]) for k in ks} < clients for ks in keys[2].values())
     by_phase = [h["bytes_by_phase_iter"]["cross_evaluation"] for h in hist]
     assert by_phase[1] < by_phase[0]
+
+
+# -- int8-delta: the int8 weights in fewer bytes, and what happens when a base is missing -------
+
+def _history(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "history.jsonl").read_text().splitlines()]
+
+
+TRAJECTORY = ("communities", "isolated", "edges", "clusters", "sizes", "active_after",
+              "mean_agreement", "eval_acc")
+
+
+def _trajectory(hist: list[dict]) -> list[dict]:
+    return [{k: h.get(k) for k in TRAJECTORY} for h in hist]
+
+
+@pytest.fixture(scope="module")
+def int8_runs(data_root: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The same system with int8 and with int8-delta weights (the main run's settings)."""
+    out = {}
+    for fmt in ("int8", "int8-delta"):
+        d = tmp_path_factory.mktemp(fmt)
+        summary, grid = run_server(_cfg(data_root, d, **{"fedcref.wire": fmt}), keep_sent=True)
+        out[fmt] = (summary["metrics"], _history(d), grid)
+    return out
+
+
+def _bases(msg, record: str = "models") -> list[int]:
+    """The base kinds of the int8-delta models a message carries."""
+    rec = msg.content.array_records[record]
+    return [int(row[0]) for name in rec if name.endswith("base") for row in rec[name].numpy()]
+
+
+def test_int8_delta_follows_the_int8_trajectory_in_fewer_bytes(int8_runs) -> None:
+    from fedclust.fedcref import wire
+
+    m8, h8, _ = int8_runs["int8"]
+    md, hd, grid = int8_runs["int8-delta"]
+    assert h8[0]["communities"] >= 3
+    assert _trajectory(hd) == _trajectory(h8)
+    b8, bd = m8["bytes_per_client_iter_by_phase"], md["bytes_per_client_iter_by_phase"]
+    assert bd["cross_evaluation"] < 0.8 * b8["cross_evaluation"]
+    assert bd["community_training"] < 0.6 * b8["community_training"]
+    # fresh cluster models against their seeded initialisation; community models of the first
+    # round against theirs, of later rounds and of the refinement against the last round's
+    sent = {(m.metadata.message_type, m.metadata.group_id): m for m in grid.sent}
+    assocs = [m for (t, _), m in sent.items() if t == "query.fedcref_assoc"
+              and "models" in m.content.array_records]
+    assert assocs and all(set(_bases(m)) == {wire.INIT} for m in assocs)
+    assert set(_bases(sent[("train.fedcref_comm", "comm-1-1")])) == {wire.INIT}
+    assert set(_bases(sent[("train.fedcref_comm", "comm-1-2")])) == {wire.HELD}
+    refines = [m for (t, g), m in sent.items() if g == "refine-1"
+               and "models" in m.content.array_records]
+    # (refine=paper: a client also gets the communities it is not in, against their init)
+    assert refines and all(set(_bases(m)) <= {wire.HELD, wire.INIT} for m in refines)
+    assert any(wire.HELD in _bases(m) for m in refines)
+
+
+def _wrapped(change):
+    """The real ClientApp, with ``change(msg, context)`` applied to each message first."""
+    from client_apps.app import app as client_app
+
+    def app(msg, context):
+        change(msg, context)
+        return client_app(msg, context)
+
+    return app
+
+
+def _run_with(data_root: Path, out: Path, change, **extra):
+    from server_app.app import run_method
+    from server_app.inprocess import InProcessGrid
+
+    cfg = _cfg(data_root, out, **{"fedcref.wire": "int8-delta", **extra})
+    grid = InProcessGrid(_wrapped(change), cfg["num-clients"], cfg, keep_sent=True)
+    summary = run_method(grid, dict(cfg))
+    return summary, _history(out), grid
+
+
+def test_a_node_that_cannot_rebuild_the_initialisations_gets_models_without_them(
+        data_root: Path, tmp_path: Path, int8_runs) -> None:
+    from fedclust.fedcref import wire
+
+    def other_torch(msg, context) -> None:      # node 1000 draws other initial weights
+        conf = msg.content.config_records.get("config")
+        if context.node_id == 1000 and conf is not None and "init-check" in conf:
+            conf["init-check"] = int(conf["init-check"]) ^ 1
+
+    summary, hist, grid = _run_with(data_root, tmp_path, other_torch)
+    assert _trajectory(hist) == _trajectory(int8_runs["int8-delta"][1])
+    assert not summary["metrics"]["dropped_nodes"] and not summary["excluded_nodes"]
+    to_it = [msg for msg in grid.sent if msg.metadata.dst_node_id == 1000
+             and "models" in msg.content.array_records]
+    kinds = {(msg.metadata.message_type, k) for msg in to_it for k in _bases(msg)}
+    assert ("query.fedcref_assoc", wire.NONE) in kinds
+    assert not any(k == wire.INIT for _, k in kinds)
+    assert ("train.fedcref_comm", wire.HELD) in kinds     # its own copies still serve
+
+
+def test_a_node_that_lost_its_copies_misses_one_round_and_rejoins(data_root: Path,
+                                                                 tmp_path: Path) -> None:
+    from client_apps.fedcref_handlers import HELD
+    from fedclust.fedcref import wire
+
+    def forget(msg, context) -> None:
+        if context.node_id == 1001 and msg.metadata.group_id == "comm-1-2":
+            del context.state[HELD]
+
+    summary, hist, grid = _run_with(data_root, tmp_path, forget)
+    m = summary["metrics"]
+    assert 1001 in m["dropped_nodes"]
+    assert "1001" in hist[0]["dropped_nodes"]["comm"]
+    # it is sent the next round's models against their initialisation, and answers
+    again = [msg for msg in grid.sent if msg.metadata.dst_node_id == 1001
+             and msg.metadata.group_id == "comm-1-3"]
+    assert again and wire.INIT in set(_bases(again[0]))
+    assert hist[0]["communities"] >= 3 and m["eval_acc_end"] > 0.8
+
+
+def test_a_cross_evaluation_model_whose_base_differs_is_sent_again_without_it(
+        data_root: Path, tmp_path: Path, int8_runs) -> None:
+    from flwr.app import Array
+
+    from fedclust.fedcref import wire
+
+    def spoil(msg, context) -> None:            # one model's base digest arrives wrong
+        rec = msg.content.array_records.get("models")
+        if context.node_id == 1002 and msg.metadata.group_id == "assoc-1" and rec:
+            name = sorted(n for n in rec if n.endswith("/digest"))[0]
+            rec[name] = Array(rec[name].numpy() ^ 1)
+
+    summary, hist, grid = _run_with(data_root, tmp_path, spoil)
+    assert _trajectory(hist) == _trajectory(int8_runs["int8-delta"][1])
+    resent = [msg for msg in grid.sent if msg.metadata.group_id == "assoc-1-resend"]
+    assert [msg.metadata.dst_node_id for msg in resent] == [1002]
+    assert set(_bases(resent[0])) == {wire.NONE} and not summary["metrics"]["dropped_nodes"]

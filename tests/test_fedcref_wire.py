@@ -19,12 +19,13 @@ def test_roundtrip_is_close_and_idempotent(fmt: str) -> None:
     m = _models()
     back = wire.roundtrip(m, fmt)
     assert set(back) == set(m)
+    int8 = fmt in ("int8", wire.DELTA)
     for k, v in m.items():
         assert back[k].dtype == np.float32 and back[k].shape == v.shape
         # int8: within half a step of the column's scale; float16: 11-bit mantissa
-        step = np.abs(v).max(axis=1, keepdims=True) / 127 if (fmt == "int8" and k[0] == "W") \
+        step = np.abs(v).max(axis=1, keepdims=True) / 127 if (int8 and k[0] == "W") \
             else np.abs(v) * 2.0 ** -10 + 1e-7
-        assert np.all(np.abs(back[k] - v) <= (step * 0.5001 if fmt == "int8" else step) + 1e-7)
+        assert np.all(np.abs(back[k] - v) <= (step * 0.5001 if int8 else step) + 1e-7)
         np.testing.assert_array_equal(wire.roundtrip(back, fmt)[k], back[k])
 
 
@@ -71,9 +72,151 @@ def test_each_message_reads_back_what_its_builder_wrote() -> None:
         == (0.5, [True, False], 0.25)
     assert fw.read_refine(fw.refine_reply(1.0, 0.0, None, None, 0.0))[1] is None
     named = {f"1:0:2/{k}": v for k, v in wire.encode(m, "float16").items()}
-    assert set(fw.keyed_models(array_record(**named))) == {"1:0:2"}
-    keyed = fw.keyed_models(fw.keyed_record({"1:0:2": fw.encoded_arrays(m, "int8"),
-                                             "3:1:1": fw.encoded_arrays(m, "int8")}))
-    assert set(keyed) == {"1:0:2", "3:1:1"}
+    assert set(fw.keyed_models(array_record(**named))[0]) == {"1:0:2"}
+    keyed, unreadable = fw.keyed_models(fw.keyed_record({"1:0:2": fw.encoded_arrays(m, "int8"),
+                                                         "3:1:1": fw.encoded_arrays(m, "int8")}))
+    assert set(keyed) == {"1:0:2", "3:1:1"} and unreadable == []
     np.testing.assert_array_equal(keyed["3:1:1"]["W0"], wire.roundtrip(m, "int8")["W0"])
     assert fw.keyed_record({}) is None
+    # int8-delta: against the bases the receiver builds; a base it cannot build is named
+    init = ae.to_numpy(ae.init_params(3, ae.layer_sizes(784, [100, 64, 32]), 4))
+    ids = fw.init_ids(4, 3)
+    enc = wire.encode(m, wire.DELTA, init, ids)
+    resolve = lambda ids_, sizes: wire.resolve(ids_, sizes, "keras")  # noqa: E731
+    keyed, unreadable = fw.keyed_models(fw.keyed_record({
+        "1:0:2": fw.flower_arrays(wire.rows(enc, [1])),
+        "3:1:1": fw.flower_arrays(dict(wire.rows(enc, [2]), digest=np.array([5])))}), resolve)
+    assert set(keyed) == {"1:0:2"} and unreadable == ["3:1:1"]
+    np.testing.assert_array_equal(keyed["1:0:2"]["W3"], wire.roundtrip(m, "int8")["W3"][1:2])
+    got = fw.read_models(fw.local_reply(m, np.array([0, 1, 2]), None, wire.DELTA, {"k": 3},
+                                        init, ids), resolve=resolve)
+    np.testing.assert_array_equal(got["W0"], wire.roundtrip(m, "int8")["W0"])
+    held = fw.expected_resolver(fw.held_ids([4, 2, 0]), init)
+    models, counts = fw.read_comm(fw.comm_reply(m, np.array([1, 2, 3]), wire.DELTA, 0.0, init,
+                                                fw.held_ids([4, 2, 0])), held)
+    np.testing.assert_array_equal(models["b1"], wire.roundtrip(m, "int8")["b1"])
+    with pytest.raises(wire.BaseMismatch, match="expected"):
+        fw.read_comm(fw.comm_reply(m, np.array([1, 2, 3]), wire.DELTA, 0.0, init,
+                                   fw.held_ids([4, 2, 1])), held)
+
+
+# -- int8-delta ---------------------------------------------------------------------------------
+
+SIZES = ae.layer_sizes(784, [100, 64, 32])
+
+
+def _trained(start: dict[str, np.ndarray], epochs: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """``start`` trained ``epochs`` epochs on 64 random sparse 'images' per model."""
+    rng = np.random.default_rng(seed)
+    m = start["W0"].shape[0]
+    data = [(rng.random((64, 784)) < 0.2).astype(np.float32) * rng.random((64, 784),
+                                                                         dtype=np.float32)
+            for _ in range(m)]
+    out, _ = ae.train(ae.from_numpy(start), data, epochs, 32, 1e-3, 0, seed)
+    return ae.to_numpy(out)
+
+
+def _nbytes(enc: dict[str, np.ndarray]) -> int:
+    return sum(v.nbytes for v in enc.values())
+
+
+def test_int8_delta_delivers_the_int8_weights_whatever_the_base() -> None:
+    init = _models(3)
+    m = _trained(init, 3)
+    want = wire.roundtrip(m, "int8")
+    held = wire.roundtrip(_trained(init, 2, seed=1), "int8")
+    cases = [(None, None), (init, fw_init_ids(5, 3)),
+             (held, np.array([[wire.HELD, 0, 0, g] for g in (4, 7, 9)])),
+             ({k: v * 50 for k, v in init.items()}, np.array([[wire.HELD, 0, 0, 1]] * 3))]
+    for base, ids in cases:
+        back = wire.decode(wire.encode(m, wire.DELTA, base, ids), base)
+        for k, v in want.items():
+            np.testing.assert_array_equal(back[k], v)
+
+
+def fw_init_ids(seed: int, count: int) -> np.ndarray:
+    return np.array([[wire.INIT, seed, count, j] for j in range(count)])
+
+
+def test_int8_delta_sends_the_difference_from_the_base_in_fewer_bytes() -> None:
+    init = ae.to_numpy(ae.init_params(2, SIZES, 5))
+    fresh = _trained(init, 5)
+    int8 = _nbytes(wire.encode(fresh, "int8"))
+    # a fresh model against its seeded initialisation: well under int8's bytes
+    assert _nbytes(wire.encode(fresh, wire.DELTA, init, fw_init_ids(5, 2))) < 0.75 * int8
+    # without a base: int8, compressed (uniform initial weights hardly compress)
+    assert _nbytes(wire.encode(fresh, wire.DELTA)) > 0.9 * int8
+    # one more round from the copy the receiver holds: a small fraction
+    held = wire.roundtrip(fresh, "int8")
+    again = _trained(held, 1, seed=2)
+    ids = np.array([[wire.HELD, 0, 0, 0], [wire.HELD, 0, 0, 1]])
+    assert _nbytes(wire.encode(again, wire.DELTA, held, ids)) < 0.5 * int8
+
+
+def test_int8_delta_refuses_a_base_other_than_the_senders() -> None:
+    init = _models(3)
+    m = _trained(init, 1)
+    enc = wire.encode(m, wire.DELTA, init, fw_init_ids(3, 3))
+    wrong = {k: v.copy() for k, v in init.items()}
+    wrong["W5"][1, 0, 0] += 1e-6
+    with pytest.raises(wire.BaseMismatch, match="differs"):
+        wire.decode(enc, wrong)
+    with pytest.raises(wire.BaseMismatch):
+        wire.decode(enc)                       # names a base, none given
+    with pytest.raises(ValueError, match="need that base"):
+        wire.encode(m, wire.DELTA, None, fw_init_ids(3, 3))
+
+
+def test_resolve_builds_the_named_bases() -> None:
+    ids = np.array([[wire.INIT, 9, 3, 2], [wire.NONE, 0, 0, 0], [wire.HELD, 0, 0, 4]])
+    kept = {k: v[:1] + 1.0 for k, v in _models(1).items()}
+    base = wire.resolve(ids, SIZES, "keras", {4: kept}.__getitem__)
+    init = ae.to_numpy(ae.init_params(3, SIZES, 9))
+    for k in init:
+        np.testing.assert_array_equal(base[k][0], init[k][2])
+        assert not base[k][1].any()
+        np.testing.assert_array_equal(base[k][2], kept[k][0])
+    with pytest.raises(wire.BaseMismatch):
+        wire.resolve(ids, SIZES, "keras")            # a held copy, but none kept
+    with pytest.raises(wire.BaseMismatch):
+        wire.resolve(np.array([[wire.INIT, 9, 3, 3]]), SIZES, "keras")
+    assert wire.init_check([100, 64, 32], "keras") == wire.init_check([100, 64, 32], "keras")
+    assert wire.init_check([100, 64, 32], "keras") != wire.init_check([100, 64, 32], "torch")
+
+
+def test_int8_delta_records_split_and_join_by_model() -> None:
+    init = _models(3)
+    m = _trained(init, 1)
+    enc = wire.encode(m, wire.DELTA, init, fw_init_ids(3, 3))
+    part = wire.join([wire.rows(enc, [2]), wire.rows(enc, [0])])
+    back = wire.decode(part, {k: v[[2, 0]] for k, v in init.items()})
+    want = wire.roundtrip(m, "int8")
+    for k, v in want.items():
+        np.testing.assert_array_equal(back[k], v[[2, 0]])
+
+
+def test_a_damaged_int8_delta_record_is_named() -> None:
+    import zlib
+
+    m = _trained(_models(2), 1)
+    enc = wire.encode(m, wire.DELTA)
+    assert wire.problem(enc) is None
+    assert "expected" in wire.problem({k: v for k, v in enc.items() if k != "digest"})
+    assert "lengths" in wire.problem(dict(enc, zn=enc["zn"] + 1))
+    assert "finite and positive" in wire.problem(dict(enc, scale=-enc["scale"]))
+    assert "descriptors" in wire.problem(dict(enc, base=enc["base"] + 7))
+    assert "layer widths" in wire.problem(dict(enc, sizes=np.array([784])))
+    # bytes that do not inflate, inflate to more than a model, or to codes beyond int8
+    bad = dict(enc, z=enc["z"][::-1].copy())
+    with pytest.raises(ValueError, match="inflate|bytes"):
+        wire.decode(bad)
+    n = 784 * 100 * 10
+    bomb = np.frombuffer(zlib.compress(b"\x01" + bytes(n)), dtype=np.uint8)
+    one = wire.rows(enc, [0])
+    with pytest.raises(ValueError, match="end where|bytes"):
+        wire.decode(dict(one, z=bomb, zn=np.array([len(bomb)])))
+    n_w = sum(a * b for a, b in zip(SIZES[:-1], SIZES[1:], strict=False))
+    big = np.frombuffer(zlib.compress(b"\x01" + bytes([255]) * n_w + bytes(2 * sum(SIZES[1:]))),
+                        dtype=np.uint8)
+    with pytest.raises(ValueError, match="int8 range"):
+        wire.decode(dict(one, z=big, zn=np.array([len(big)])))

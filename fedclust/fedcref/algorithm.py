@@ -198,6 +198,12 @@ def community_members(groups: list[list[Node]]) -> dict[int, list[tuple[int, lis
     return by_client
 
 
+def community_seed(seed: int, t: int) -> int:
+    """The seed of iteration ``t``'s fresh community models (``ae.init_params`` over all
+    communities): a receiver can rebuild them (int8-delta bases, :mod:`fedclust.fedcref.wire`)."""
+    return derive_seed(seed, 7, t, 2)
+
+
 def train_communities(clients: Clients, t: int, groups: list[list[Node]], layer: list[int],
                       s: Settings, kept: list[ae.Params | None] | None = None,
                       warm: list[ae.Params | None] | None = None) -> ae.Params:
@@ -210,7 +216,7 @@ def train_communities(clients: Clients, t: int, groups: list[list[Node]], layer:
     the model community g starts from instead of a fresh initialisation; it is trained for
     ``s.warm_rounds`` rounds (at most ``fl-rounds``) instead of ``fl-rounds``.
     """
-    params = ae.init_params(len(groups), layer, derive_seed(s.seed, 7, t, 2), s.ae_init)
+    params = ae.init_params(len(groups), layer, community_seed(s.seed, t), s.ae_init)
     kept = kept or [None] * len(groups)
     warm = warm or [None] * len(groups)
     start = [k if k is not None else w for k, w in zip(kept, warm, strict=True)]

@@ -76,9 +76,12 @@ KEYS: list[Key] = [
     Key("fedcref.best-margin-growth", float, 0.3, "assoc-rule=confident: a cluster of n "
         "samples uses best-margin * max(1, n/60)^best-margin-growth (0 = best-margin at every "
         "size)", low=0.0),
-    Key("fedcref.wire", str, "int8", "number format of model weights in messages: "
-        "'float32', 'float16' or 'int8' (8-bit weights with one scale per output unit: about "
-        "a quarter of the bytes)", choices=("float32", "float16", "int8")),
+    Key("fedcref.wire", str, "int8-delta", "number format of model weights in messages: "
+        "'float32', 'float16', 'int8' (8-bit weights with one scale per output unit: about "
+        "a quarter of the bytes) or 'int8-delta' (the same 8-bit weights, sent as the "
+        "compressed difference of their codes from a model both ends hold: the model's seeded "
+        "initialisation or the previous FedAvg round's model; about half to a third of "
+        "int8's bytes)", choices=("int8-delta", "float32", "float16", "int8")),
     Key("fedcref.cannot-link", bool, True, "cut the cluster graph so that no community holds "
         "two clusters of one client (a minimum edge cut between them; not in the paper)"),
     Key("fedcref.bridge-cut", int, 3, "cut a link that alone joins two groups of at least "

@@ -20,17 +20,42 @@ from fedclust.fedcref.keys import ClientSettings
 from strategies.wire.records import array_record
 from strategies.wire.records import content as _content
 
+#: ``resolve(ids, sizes)``: the bases that int8-delta descriptors ``ids`` name, for models of
+#: layer sizes ``sizes`` (:func:`fedclust.fedcref.wire.resolve` with the receiver's copies)
+Resolver = Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]]
+
 
 def arrays(named: dict[str, np.ndarray]) -> ArrayRecord:
     """The ArrayRecord of named model arrays (:func:`strategies.wire.records.array_record`)."""
     return array_record(**named)
 
 
+def decode(raw: Mapping[str, np.ndarray], resolve: Resolver | None = None
+           ) -> dict[str, np.ndarray]:
+    """Decoded models of an encoded record (any ``fedcref.wire`` format); the bases its
+    int8-delta models name come from ``resolve`` (raises
+    :class:`~fedclust.fedcref.wire.BaseMismatch` where they cannot be had, ValueError for a
+    damaged record)."""
+    problem = wire.problem(raw)
+    if problem:
+        raise ValueError(problem)
+    ids = wire.base_ids(raw)
+    base = None
+    if ids is not None and np.any(ids[:, 0] != wire.NONE):
+        if resolve is None:
+            raise wire.BaseMismatch("the models name bases this receiver cannot build")
+        base = resolve(ids, np.asarray(raw["sizes"]))
+    return wire.decode(raw, base)
+
+
 # -- requests: server -> node ------------------------------------------------------------------
 
-def models_record(models: Mapping[str, np.ndarray], fmt: str) -> ArrayRecord:
-    """Stacked autoencoders (``W0`` (m, in, out) …) encoded in the wire format ``fmt``."""
-    return arrays(wire.encode(dict(models), fmt))
+def models_record(models: Mapping[str, np.ndarray], fmt: str,
+                  base: Mapping[str, np.ndarray] | None = None,
+                  ids: np.ndarray | None = None) -> ArrayRecord:
+    """Stacked autoencoders (``W0`` (m, in, out) …) encoded in the wire format ``fmt``
+    (int8-delta: against ``base``, named by the descriptors ``ids``)."""
+    return arrays(wire.encode(dict(models), fmt, base, ids))
 
 
 def members_config(communities: Sequence[int], members: Sequence[Sequence[int]]
@@ -51,15 +76,22 @@ def read_members(conf: Mapping[str, Any]) -> tuple[list[int], list[np.ndarray]]:
     return ids, [np.asarray(qs, dtype=np.int64) for qs in members]
 
 
-def read_models(rd: RecordDict, name: str = "models") -> dict[str, np.ndarray] | None:
+def read_models(rd: RecordDict, name: str = "models", resolve: Resolver | None = None
+                ) -> dict[str, np.ndarray] | None:
     """The decoded stacked models of record ``name`` (None: the message has none)."""
-    return decoded(rd, name) if name in rd.array_records else None
+    return decoded(rd, name, resolve) if name in rd.array_records else None
 
 
 def encoded_arrays(model: Mapping[str, np.ndarray], fmt: str) -> dict[str, Array]:
-    """One model encoded in the wire format ``fmt``, as Flower arrays (kept by the server
-    between iterations, so that an unchanged model is encoded once)."""
-    return {k: Array(np.ascontiguousarray(v)) for k, v in wire.encode(dict(model), fmt).items()}
+    """One model encoded in the wire format ``fmt`` (int8-delta: without a base), as Flower
+    arrays (kept by the server between iterations, so that an unchanged model is encoded
+    once)."""
+    return flower_arrays(wire.encode(dict(model), fmt))
+
+
+def flower_arrays(named: Mapping[str, np.ndarray]) -> dict[str, Array]:
+    """Encoded arrays as Flower arrays."""
+    return {k: Array(np.ascontiguousarray(v)) for k, v in named.items()}
 
 
 def keyed_record(arrays_by_key: Mapping[str, Mapping[str, Array]]) -> ArrayRecord | None:
@@ -70,13 +102,21 @@ def keyed_record(arrays_by_key: Mapping[str, Mapping[str, Array]]) -> ArrayRecor
     return ArrayRecord(arrs) if arrs else None
 
 
-def keyed_models(rec: ArrayRecord) -> dict[str, dict[str, np.ndarray]]:
-    """Cross-evaluation models, sent as ``"<model key>/<array name>"``: decoded per key."""
+def keyed_models(rec: ArrayRecord, resolve: Resolver | None = None
+                 ) -> tuple[dict[str, dict[str, np.ndarray]], list[str]]:
+    """Cross-evaluation models, sent as ``"<model key>/<array name>"``: decoded per key, and
+    the keys whose base the receiver cannot build as the sender did (to be sent again)."""
     grouped: dict[str, dict[str, np.ndarray]] = {}
     for name, arr in rec.items():
         key, _, layer = name.rpartition("/")
         grouped.setdefault(key, {})[layer] = arr.numpy()
-    return {k: wire.decode(v) for k, v in grouped.items()}
+    out, unreadable = {}, []
+    for k, v in grouped.items():
+        try:
+            out[k] = decode(v, resolve)
+        except wire.BaseMismatch:
+            unreadable.append(k)
+    return out, unreadable
 
 
 # -- replies: node -> server -------------------------------------------------------------------
@@ -86,12 +126,15 @@ def _hist(hist: np.ndarray | None) -> dict[str, dict[str, np.ndarray]]:
 
 
 def local_reply(models: Mapping[str, np.ndarray] | None, clusters: np.ndarray | None,
-                hist: np.ndarray | None, fmt: str, metrics: Mapping[str, Any]) -> RecordDict:
-    """Lines 6–8: the retrained cluster models (None: unchanged) and the clusters that have a
-    model (None: unchanged), with the evaluation histograms when asked."""
+                hist: np.ndarray | None, fmt: str, metrics: Mapping[str, Any],
+                base: Mapping[str, np.ndarray] | None = None,
+                ids: np.ndarray | None = None) -> RecordDict:
+    """Lines 6–8: the retrained cluster models (None: unchanged; int8-delta: against
+    ``base``, named by ``ids``) and the clusters that have a model (None: unchanged), with
+    the evaluation histograms when asked."""
     out: dict[str, dict[str, np.ndarray]] = {}
     if models:
-        out["models"] = wire.encode(dict(models), fmt)
+        out["models"] = wire.encode(dict(models), fmt, base, ids)
     if clusters is not None:
         out["clusters"] = {"clusters": np.asarray(clusters, dtype=np.int64)}
     return _content({**out, **_hist(hist)}, metrics)
@@ -113,14 +156,17 @@ def read_accept(rd: RecordDict) -> np.ndarray:
 
 
 def comm_reply(models: Mapping[str, np.ndarray], counts: np.ndarray, fmt: str,
-               seconds: float) -> RecordDict:
-    """Line 22: the node's trained copy of each of its communities and its sample counts."""
-    return _content({"models": wire.encode(dict(models), fmt), "counts": {"counts": counts}},
-                   {"seconds": seconds})
+               seconds: float, base: Mapping[str, np.ndarray] | None = None,
+               ids: np.ndarray | None = None) -> RecordDict:
+    """Line 22: the node's trained copy of each of its communities (int8-delta: against
+    ``base``, the copies it received, named by ``ids``) and its sample counts."""
+    return _content({"models": wire.encode(dict(models), fmt, base, ids),
+                     "counts": {"counts": counts}}, {"seconds": seconds})
 
 
-def read_comm(rd: RecordDict) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    return decoded(rd, "models"), rd.array_records["counts"]["counts"].numpy()
+def read_comm(rd: RecordDict, resolve: Resolver | None = None
+              ) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    return decoded(rd, "models", resolve), rd.array_records["counts"]["counts"].numpy()
 
 
 def refine_reply(agreement: float, community_share: float, confirmed: np.ndarray | None,
@@ -178,25 +224,82 @@ def model_shapes(sizes: list[int], rows: int) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def decoded(content: RecordDict, name: str) -> dict[str, np.ndarray]:
+def decoded(content: RecordDict, name: str, resolve: Resolver | None = None
+            ) -> dict[str, np.ndarray]:
     """The float32 model arrays of array record ``name`` (any ``fedcref.wire`` format)."""
-    return wire.decode({k: v.numpy() for k, v in content.array_records[name].items()})
+    return decode({k: v.numpy() for k, v in content.array_records[name].items()}, resolve)
+
+
+def expected_resolver(expect: np.ndarray,
+                      base: Mapping[str, np.ndarray] | Callable[[], Mapping[str, np.ndarray]]
+                      ) -> Resolver:
+    """The server's resolver for a reply: each model may name no base or exactly its row of
+    the descriptors ``expect``, whose bases are ``base`` (or what ``base()`` builds, once);
+    any other descriptor is refused."""
+    expect = np.asarray(expect, dtype=np.int64)
+    built: list[Mapping[str, np.ndarray]] = []
+
+    def resolve(ids: np.ndarray, sizes: np.ndarray) -> dict[str, np.ndarray]:
+        ids = np.asarray(ids)
+        named = ids[:, 0] != wire.NONE
+        if ids.shape != expect.shape or not np.array_equal(ids[named], expect[named]):
+            raise wire.BaseMismatch(f"the models name bases {ids[named].tolist()}, expected "
+                                    f"{expect[named].tolist()} or none")
+        if not built:
+            built.append(base() if callable(base) else base)
+        return {k: np.asarray(v, dtype=np.float32) for k, v in built[0].items()}
+
+    return resolve
+
+
+def held_ids(communities: Sequence[int]) -> np.ndarray:
+    """The descriptors of models sent against the receiver's copies of ``communities``."""
+    return np.array([[wire.HELD, 0, 0, int(g)] for g in communities],
+                    dtype=np.int64).reshape(-1, 4)
+
+
+def init_ids(seed: int, count: int) -> np.ndarray:
+    """The descriptors of ``count`` models that start from the rows of the seeded
+    initialisation ``init_params(count, …, seed)``."""
+    return np.array([[wire.INIT, int(seed), int(count), j] for j in range(count)],
+                    dtype=np.int64).reshape(-1, 4)
+
+
+def _delta_sizes_problem(raw: Mapping[str, np.ndarray], shapes: dict[str, tuple[int, ...]]
+                         ) -> str | None:
+    """An int8-delta record's layer sizes and model count against the expected ``shapes``
+    (before anything is inflated)."""
+    n_layers = sum(1 for k in shapes if k.startswith("W"))
+    want = [shapes["W0"][1]] + [shapes[f"W{i}"][2] for i in range(n_layers)]
+    if np.asarray(raw["sizes"]).tolist() != want or len(raw["zn"]) != shapes["W0"][0]:
+        return (f"int8-delta models of sizes {np.asarray(raw['sizes']).tolist()} x "
+                f"{len(raw['zn'])}, expected {want} x {shapes['W0'][0]}")
+    if np.any((np.asarray(raw["base"])[:, 0] == wire.NONE) & (np.asarray(raw["digest"]) != 0)):
+        return "a model without a base carries a base digest"
+    return None
 
 
 def models_problem(content: RecordDict, name: str, shapes: dict[str, tuple[int, ...]],
             bound: Callable[[str], float] | None = None,
-            near: dict[str, np.ndarray] | None = None, reach: float = 0.0) -> str | None:
-    """Array record ``name`` holds, once decoded (:mod:`fedclust.fedcref.wire`), exactly the
-    arrays ``shapes`` names, of those shapes, finite; with ``bound``, no weight beyond
-    ``bound(array name)`` in absolute value; with ``near``, no weight further than ``reach``
-    (plus two int8 rounding steps) from the same weight of ``near``."""
+            near: dict[str, np.ndarray] | None = None, reach: float = 0.0,
+            resolve: Resolver | None = None, out: dict[str, np.ndarray] | None = None
+            ) -> str | None:
+    """Array record ``name`` holds, once decoded (:mod:`fedclust.fedcref.wire`; int8-delta:
+    of the layer sizes and count ``shapes`` implies, against the bases ``resolve`` gives and
+    no other), exactly the arrays ``shapes`` names, of those shapes, finite; with ``bound``,
+    no weight beyond ``bound(array name)`` in absolute value; with ``near``, no weight
+    further than ``reach`` (plus two int8 rounding steps) from the same weight of ``near``.
+    ``out``, when given, receives the decoded arrays of a record that passes."""
     if name not in content.array_records:
         return f"missing array record '{name}'"
     raw = {k: v.numpy() for k, v in content.array_records[name].items()}
-    problem = wire.problem(raw)
+    problem = wire.problem(raw) or ("z" in raw and _delta_sizes_problem(raw, shapes)) or None
     if problem:
         return f"'{name}': {problem}"
-    rec = wire.decode(raw)
+    try:
+        rec = decode(raw, resolve)
+    except ValueError as exc:     # BaseMismatch included
+        return f"'{name}': {exc}"
     if set(rec) != set(shapes):
         return f"'{name}' has arrays {sorted(rec)}, expected {sorted(shapes)}"
     for k, shape in shapes.items():
@@ -213,6 +316,8 @@ def models_problem(content: RecordDict, name: str, shapes: dict[str, tuple[int, 
             if np.any(moved > reach + 1e-3):
                 return (f"'{name}.{k}' moved {float(moved.max()):.3g} from the model it was "
                         f"sent, beyond the {reach:.3g} its local epochs can move it")
+    if out is not None:
+        out.update(rec)
     return None
 
 
@@ -244,12 +349,19 @@ def fresh_bound(s: ClientSettings, sizes: list[int], rows: int) -> Callable[[str
 
 
 def check_local(content: RecordDict, sizes: list[int] | None, hidden: list[int],
-                 s: ClientSettings | None = None) -> str | None:
+                 s: ClientSettings | None = None, phase_seed: int | None = None,
+                 ae_init: str = "keras", out: dict[str, np.ndarray] | None = None
+                 ) -> str | None:
     """Reply of ``train.fedcref_local``: k, identity key, version, row count, the list of
     modelled clusters and, after a (re)training, the stacked models (layer sizes ``sizes``
-    once known, else those its own input width implies), of weights its training can reach."""
+    once known, else those its own input width implies), of weights its training can reach;
+    int8-delta models may name as base only their own seeded initialisation (the node's
+    seed from ``phase_seed`` and its key, :func:`local_resolver`); ``out`` receives the
+    decoded models of a reply that passes."""
     problem = (whole_problem(content, "n", 1, 2**53) or whole_problem(content, "key", 0, 2**63 - 1)
                or whole_problem(content, "version", 0, 2**53))
+    if problem is None and "init-ok" in content.metric_records["metrics"]:
+        problem = whole_problem(content, "init-ok", 0, 1)
     if problem:
         return problem
     n = int(content.metric_records["metrics"]["n"])
@@ -267,16 +379,43 @@ def check_local(content: RecordDict, sizes: list[int] | None, hidden: list[int],
                     f"{clusters.dtype} {clusters.shape}")
     if "models" in content.array_records:
         rec = content.array_records["models"]
-        w0 = rec.get("W0", rec.get("W0.q"))
-        if w0 is None or w0.numpy().ndim != 3:
-            return "'models' lacks a 3-D 'W0'"
+        width = input_width(rec)
+        if width is None:
+            return "'models' lacks a 3-D 'W0' (or int8-delta 'sizes')"
         if sizes is None:
             from fedclust.fedcref.autoencoder import layer_sizes  # torch: server side only
-            sizes = layer_sizes(int(w0.numpy().shape[1]), hidden)
+            sizes = layer_sizes(width, hidden)
         dims = sizes
         bound = fresh_bound(s, dims, n) if s is not None else None
-        problem = models_problem(content, "models", model_shapes(dims, len(clusters)), bound)
+        resolve = (local_resolver(phase_seed, int(content.metric_records["metrics"]["key"]),
+                                  len(clusters), dims, ae_init)
+                   if phase_seed is not None else None)
+        problem = models_problem(content, "models", model_shapes(dims, len(clusters)), bound,
+                                 resolve=resolve, out=out)
     return problem or check_hist(content, k, n)
+
+
+def input_width(rec: ArrayRecord) -> int | None:
+    """The input width of a models record (None: it shows none)."""
+    w0 = rec.get("W0", rec.get("W0.q"))
+    if w0 is not None:
+        a = w0.numpy()
+        return int(a.shape[1]) if a.ndim == 3 else None
+    if "sizes" in rec:
+        sz = rec["sizes"].numpy()
+        if sz.ndim == 1 and len(sz) >= 2 and sz.dtype.kind in "iu" and 1 <= sz[0] <= 1 << 20:
+            return int(sz[0])
+    return None
+
+
+def local_resolver(phase_seed: int, key: int, count: int, sizes: list[int], ae_init: str
+                   ) -> Resolver:
+    """The bases a node's fresh cluster models may name: row j of its seeded initialisation
+    (the node's training seed is ``derive_seed(phase_seed, key)``, as the client step's)."""
+    from fedclust.fedcref.client import derive_seed  # torch: server side only
+
+    expect = init_ids(derive_seed(phase_seed, key), count)
+    return expected_resolver(expect, lambda: wire.resolve(expect, sizes, ae_init))
 
 
 def check_hist(content: RecordDict, k: int | None, n: int | None = None) -> str | None:
@@ -315,11 +454,14 @@ def check_accept(content: RecordDict, k: int, n_foreign: int) -> str | None:
 
 def check_comm(content: RecordDict, shapes: dict[str, tuple[int, ...]],
                 sent: dict[str, np.ndarray] | None = None, rows: int | None = None,
-                s: ClientSettings | None = None) -> str | None:
-    """Reply of ``train.fedcref_comm``: the models it was sent (same names and shapes), trained
-    (no weight further from the one sent than ``fl-local-epochs`` epochs of Adam on the
-    node's ``rows`` can move it), and one whole sample count per community, at most ``rows``."""
-    problem = models_problem(content, "models", shapes)
+                s: ClientSettings | None = None, resolve: Resolver | None = None,
+                out: dict[str, np.ndarray] | None = None) -> str | None:
+    """Reply of ``train.fedcref_comm``: the models it was sent (same names and shapes; as
+    int8-delta against the bases ``resolve`` allows), trained (no weight further from the one
+    sent than ``fl-local-epochs`` epochs of Adam on the node's ``rows`` can move it), and one
+    whole sample count per community, at most ``rows``; ``out`` receives the decoded models
+    of a reply that passes."""
+    problem = models_problem(content, "models", shapes, resolve=resolve)
     if problem:
         return problem
     n_comm = shapes["W0"][0]
@@ -333,10 +475,11 @@ def check_comm(content: RecordDict, shapes: dict[str, tuple[int, ...]],
         return (f"'counts' must be {n_comm} whole numbers in [0, {rows}], got "
                 f"{counts.dtype} {counts.shape}")
     if sent is None or s is None:
-        return None
+        return models_problem(content, "models", shapes, resolve=resolve, out=out)
     reach = ADAM_STEP * s.lr * steps(s.fl_local_epochs, int(counts.max(initial=0)),
                                      s.batch_size)
-    return models_problem(content, "models", shapes, near=sent, reach=reach)
+    return models_problem(content, "models", shapes, near=sent, reach=reach, resolve=resolve,
+                          out=out)
 
 
 def int8_step(a: np.ndarray) -> np.ndarray:
