@@ -134,9 +134,11 @@ def _runs(root: Path, name: str) -> dict[int, Path]:
 def grid(root: Path) -> str:
     """The no-harm table: per system (experiments ``<system>-default``, ``-local`` and
     ``-perfect``), the default's final ACC per seed, its paired difference to local-only, the
-    largest wrong-association share in any iteration, and the perfect-association gain.
+    wrong-association share among the links of the run's final models (the last iteration's
+    communities) and, for the history, the largest in any iteration, the traffic per client
+    per iteration, and the perfect-association gain.
 
-    ``default − local ≥ −0.01`` on every seed and ``max wrong ≤ 5 %`` are the no-harm
+    ``default − local ≥ −0.01`` on every seed and ``final wrong ≤ 5 %`` are the no-harm
     criteria; where perfect associations gain ≥ 0.05 over local-only, the default should
     gain at least half of that on average.
     """
@@ -149,11 +151,15 @@ def grid(root: Path) -> str:
     systems = sorted({p.name.rsplit("-", 1)[0] for p in root.iterdir()
                       if p.is_dir() and p.name.endswith("-default")}, key=order)
     rows = ["| system | seeds | default ACC end (per seed) | local-only | default − local "
-            "(min) | wrong ass. % max in any it. (per seed) | perfect | half of the perfect "
-            "gain reached |", "|" + "---|" * 8]
+            "(min) | wrong ass. % of the final links (per seed) | wrong ass. % max in any it. "
+            "(per seed) | MB per client per iteration | perfect | half of the perfect gain "
+            "reached |", "|" + "---|" * 10]
+
+    def metrics(run: Path) -> dict:
+        return json.loads((run / "summary.json").read_text())["metrics"]
 
     def acc(run: Path) -> float:
-        return json.loads((run / "summary.json").read_text())["metrics"]["eval_acc_end"]
+        return metrics(run)["eval_acc_end"]
 
     for system in systems:
         d, lo, pf = (_runs(root, f"{system}-{arm}") for arm in ("default", "local", "perfect"))
@@ -164,6 +170,8 @@ def grid(root: Path) -> str:
         b = [acc(lo[s]) for s in seeds]
         gain = [x - y for x, y in zip(a, b, strict=True)]
         worst = [_max_wrong_pct(d[s] / "history.jsonl") for s in seeds]
+        final = [metrics(d[s]).get("eval_wrong_associations_pct") or 0.0 for s in seeds]
+        traffic = mean_ci([metrics(d[s])["bytes_per_client_iter"] / 1e6 for s in seeds])[0]
         ps = [s for s in seeds if s in pf]
         if ps:
             pgain = mean_ci([acc(pf[s]) - acc(lo[s]) for s in ps])[0]
@@ -176,8 +184,9 @@ def grid(root: Path) -> str:
         rows.append(
             f"| {system} | {', '.join(map(str, seeds))} | {mean_ci(a)[0]:.3f} "
             f"({' / '.join(f'{x:.3f}' for x in a)}) | {mean_ci(b)[0]:.3f} | "
-            f"{mean_ci(gain)[0]:+.3f} ({min(gain):+.3f}) | {max(worst):.1f} "
-            f"({' / '.join(f'{w:.1f}' for w in worst)}) | {perfect} | {half} |")
+            f"{mean_ci(gain)[0]:+.3f} ({min(gain):+.3f}) | {max(final):.1f} "
+            f"({' / '.join(f'{w:.1f}' for w in final)}) | {max(worst):.1f} "
+            f"({' / '.join(f'{w:.1f}' for w in worst)}) | {traffic:.1f} | {perfect} | {half} |")
     return "\n".join(rows)
 
 
