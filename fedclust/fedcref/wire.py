@@ -172,23 +172,22 @@ def problem(arrays: Mapping[str, NDArray]) -> str | None:
 
 def digest(named: Mapping[str, NDArray], which: NDArray[np.bool_] | None = None
            ) -> NDArray[np.int64]:
-    """Per stacked model (those of ``which``; 0 for the others), a 63-bit checksum of its
-    float32 weights and biases (layer order): CRC-32 and Adler-32, enough to tell a wrong
-    base from the right one (both ends build bases from the same seeds and messages; this
-    is not a defence against a forger, who can only spoil its own reply, which the server
-    decodes against its own bases)."""
+    """Per stacked model (those of ``which``; 0 for the others), the CRC-32 of its float32
+    weights and biases (layer order): enough to tell a wrong base from the right one (both
+    ends build bases from the same seeds and messages; this is no defence against a forger,
+    who can only spoil its own reply, which the server decodes against its own bases)."""
     n_layers = sum(1 for k in named if k.startswith("W"))
     m = int(np.asarray(named["W0"]).shape[0])
     out = np.zeros(m, dtype=np.int64)
     for r in range(m):
         if which is not None and not which[r]:
             continue
-        crc, adler = 0, 1
+        crc = 0
         for layer in range(n_layers):
             for name in (f"W{layer}", f"b{layer}"):
-                data = np.ascontiguousarray(named[name][r], dtype=np.float32).data
-                crc, adler = zlib.crc32(data, crc), zlib.adler32(data, adler)
-        out[r] = ((crc << 32) | adler) >> 1
+                crc = zlib.crc32(np.ascontiguousarray(named[name][r], dtype=np.float32).data,
+                                 crc)
+        out[r] = crc
     return out
 
 
@@ -292,7 +291,8 @@ def _delta_problem(arrays: Mapping[str, NDArray]) -> str | None:
         return f"'scale' is {scale.dtype} {scale.shape}, expected float32 {want}"
     if not np.all(np.isfinite(scale)) or np.any(scale <= 0):
         return "'scale' holds scales that are not finite and positive"
-    if ids.dtype.kind not in "iu" or ids.shape != (m, 4) or not np.isin(ids[:, 0], KINDS).all():
+    if ids.dtype.kind not in "iu" or ids.shape != (m, 4) \
+            or not ((ids[:, 0] >= NONE) & (ids[:, 0] <= HELD)).all():
         return f"'base' must be ({m}, 4) descriptors of kinds {KINDS}"
     if dig.dtype.kind not in "iu" or dig.shape != (m,):
         return f"'digest' must hold {m} digests"
