@@ -210,13 +210,40 @@ def test_a_damaged_int8_delta_record_is_named() -> None:
     bad = dict(enc, z=enc["z"][::-1].copy())
     with pytest.raises(ValueError, match="inflate|bytes"):
         wire.decode(bad)
-    n = 784 * 100 * 10
-    bomb = np.frombuffer(zlib.compress(b"\x01" + bytes(n)), dtype=np.uint8)
+    with pytest.raises(ValueError, match="compressor"):
+        wire.decode(dict(enc, z=np.where(np.arange(len(enc["z"])) == 0, 7, enc["z"]).astype(
+            np.uint8)))
+
+    def stream(raw: bytes) -> np.ndarray:
+        return np.frombuffer(bytes([wire.DEFLATE]) + zlib.compress(raw), dtype=np.uint8)
+
+    header = b"\x01" + bytes(len(SIZES) - 1)       # one byte per value, no predictor
+    n_w = sum(a * b for a, b in zip(SIZES[:-1], SIZES[1:], strict=False))
     one = wire.rows(enc, [0])
+    bomb = stream(header + bytes(10 * n_w))
     with pytest.raises(ValueError, match="end where|bytes"):
         wire.decode(dict(one, z=bomb, zn=np.array([len(bomb)])))
-    n_w = sum(a * b for a, b in zip(SIZES[:-1], SIZES[1:], strict=False))
-    big = np.frombuffer(zlib.compress(b"\x01" + bytes([255]) * n_w + bytes(2 * sum(SIZES[1:]))),
-                        dtype=np.uint8)
+    big = stream(header + bytes([255]) * n_w + bytes(2 * sum(SIZES[1:])))
     with pytest.raises(ValueError, match="int8 range"):
         wire.decode(dict(one, z=big, zn=np.array([len(big)])))
+    odd = stream(b"\x01\x09" + bytes(len(SIZES) - 2) + bytes(n_w + 2 * sum(SIZES[1:])))
+    with pytest.raises(ValueError, match="header"):
+        wire.decode(dict(one, z=odd, zn=np.array([len(odd)])))
+
+
+def test_each_predictor_gives_the_differences_back() -> None:
+    rng = np.random.default_rng(0)
+    profile = rng.integers(-20, 20, 50)
+    shared = np.tile(profile, (40, 1)) + rng.integers(-1, 2, (40, 50))
+    shared[::3] = 0                                  # rows that never moved
+    smooth_rows = np.cumsum(rng.integers(-1, 2, (40, 50)), axis=0) * 3
+    smooth_cols = np.cumsum(rng.integers(-1, 2, (40, 50)), axis=1) * 3
+    noise = rng.integers(-60, 60, (40, 50))
+    for d, want in ((shared, wire.COLUMN_MEDIAN), (smooth_rows, wire.ROW_ABOVE),
+                    (smooth_cols, wire.COLUMN_LEFT), (noise, None)):
+        d = d.astype(np.int32)
+        pid, res, mask, med = wire._predict(d)
+        assert want is None or pid == want
+        live = (np.unpackbits(np.frombuffer(mask, np.uint8), count=len(d)).astype(bool)
+                if mask else None)
+        np.testing.assert_array_equal(wire._unpredict(pid, res, live, med), d)
