@@ -203,7 +203,6 @@ def test_a_damaged_int8_delta_record_is_named() -> None:
     assert wire.problem(enc) is None
     assert "expected" in wire.problem({k: v for k, v in enc.items() if k != "digest"})
     assert "lengths" in wire.problem(dict(enc, zn=enc["zn"] + 1))
-    assert "finite and positive" in wire.problem(dict(enc, scale=-enc["scale"]))
     assert "descriptors" in wire.problem(dict(enc, base=enc["base"] + 7))
     assert "layer widths" in wire.problem(dict(enc, sizes=np.array([784])))
     # bytes that do not inflate, inflate to more than a model, or to codes beyond int8
@@ -223,12 +222,18 @@ def test_a_damaged_int8_delta_record_is_named() -> None:
     bomb = stream(header + bytes(10 * n_w))
     with pytest.raises(ValueError, match="end where|bytes"):
         wire.decode(dict(one, z=bomb, zn=np.array([len(bomb)])))
-    big = stream(header + bytes([255]) * n_w + bytes(2 * sum(SIZES[1:])))
+    big = stream(header + bytes(4 * sum(SIZES[1:])) + bytes([255]) * n_w
+                 + bytes(2 * sum(SIZES[1:])))
     with pytest.raises(ValueError, match="int8 range"):
         wire.decode(dict(one, z=big, zn=np.array([len(big)])))
-    odd = stream(b"\x01\x09" + bytes(len(SIZES) - 2) + bytes(n_w + 2 * sum(SIZES[1:])))
+    n_b = sum(SIZES[1:])
+    odd = stream(b"\x01\x09" + bytes(len(SIZES) - 2) + bytes(4 * n_b + n_w + 2 * n_b))
     with pytest.raises(ValueError, match="header"):
         wire.decode(dict(one, z=odd, zn=np.array([len(odd)])))
+    # scales travel as their bits XOR the base's (here none: 1.0); these decode to -1.0
+    negative = stream(header + bytes(3 * n_b) + b"\x80" * n_b + bytes(n_w + 2 * n_b))
+    with pytest.raises(ValueError, match="finite and positive"):
+        wire.decode(dict(one, z=negative, zn=np.array([len(negative)])))
 
 
 def test_each_predictor_gives_the_differences_back() -> None:

@@ -60,15 +60,14 @@ def test_hostile_fedcref_node_is_excluded_or_plausible(root: Path, tmp_path: Pat
     assert summary["metrics"]["iterations"] == 1
 
 
-# int8-delta (the default wire format): the compressed codes, their scales, the bases they name
-# and the bases' digests, in both directions that carry them, and the node's answer to the
-# initialisation check
+# int8-delta (the default wire format): the compressed streams, their lengths, the bases they
+# name and the bases' digests, in both directions that carry them, and the node's answer to
+# the initialisation check
 DELTA_FIELDS = [
-    ("train.fedcref_local", "models", "z"), ("train.fedcref_local", "models", "scale"),
+    ("train.fedcref_local", "models", "z"), ("train.fedcref_local", "models", "zn"),
     ("train.fedcref_local", "models", "base"), ("train.fedcref_local", "models", "digest"),
     ("train.fedcref_local", "metrics", "init-ok"),
-    ("train.fedcref_comm", "models", "z"), ("train.fedcref_comm", "models", "scale"),
-    ("train.fedcref_comm", "models", "base"),
+    ("train.fedcref_comm", "models", "z"), ("train.fedcref_comm", "models", "base"),
 ]
 # the kinds that reach different checks of these arrays (the other kinds, and damaged
 # layouts, are the unit tests' of fedclust.fedcref.wire)

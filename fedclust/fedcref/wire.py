@@ -51,7 +51,7 @@ INIT = 1    #: row ``index`` of ``autoencoder.init_params(count, sizes, seed, ae
 HELD = 2    #: the receiver's copy of community ``index``, from the round before
 KINDS = (NONE, INIT, HELD)
 #: the arrays of an int8-delta record
-DELTA_KEYS = frozenset({"z", "zn", "scale", "sizes", "base", "digest"})
+DELTA_KEYS = frozenset({"z", "zn", "sizes", "base", "digest"})
 _CB_LIMIT = 1 << 29       # |round(B / s)| is clipped here (both ends alike)
 
 
@@ -235,8 +235,9 @@ def _f16_bits(v: NDArray) -> NDArray[np.uint16]:
 
 # A model's stream: one byte naming its compressor, then, compressed: the byte width of the
 # values (1, 2 or 4), one predictor per weight matrix (below), the live-row masks of the
-# matrices predicted by their column medians, the zigzag-coded residuals of every matrix (and
-# those medians) as byte planes, and the biases' XORed half-precision bits as two planes.
+# matrices predicted by their column medians, the scales' float32 bits XOR those of the
+# base's scales (four planes), the zigzag-coded residuals of every matrix (and those
+# medians) as byte planes, and the biases' half-precision bits XOR the base's (two planes).
 DEFLATE, LZMA = 0, 1
 _LZMA_FILTERS = [{"id": 0x21, "preset": 6, "dict_size": 1 << 20}]    # LZMA2
 # Predictors of a matrix of code differences d (in x out): none; the previous row's
@@ -331,7 +332,8 @@ def _encode_delta(named: Mapping[str, NDArray], base: Mapping[str, NDArray] | No
     for i in range(n_layers):
         codes, scale = _int8(np.asarray(named[f"W{i}"], dtype=np.float32))
         deltas.append(codes.astype(np.int32) - _base_codes(base[f"W{i}"], scale))
-        scales.append(scale.reshape(m, -1))
+        scales.append((scale.view(np.uint32) ^ _base_scale(base[f"W{i}"])).reshape(m, -1))
+    scales = np.concatenate(scales, axis=1)
     bias = np.concatenate([(_f16_bits(named[f"b{i}"]) ^ _f16_bits(base[f"b{i}"])).reshape(m, -1)
                            for i in range(n_layers)], axis=1)
     streams = []
@@ -346,8 +348,8 @@ def _encode_delta(named: Mapping[str, NDArray], base: Mapping[str, NDArray] | No
         u = _zigzag(np.concatenate(values + medians))
         top = int(u.max(initial=0))
         width = 1 if top < 1 << 8 else 2 if top < 1 << 16 else 4
-        raw = (bytes([width, *pids]) + b"".join(masks) + _planes(u, width)
-               + _planes(bias[r], 2))
+        raw = (bytes([width, *pids]) + b"".join(masks) + _planes(scales[r], 4)
+               + _planes(u, width) + _planes(bias[r], 2))
         # a model one FedAvg round from the copy the receiver holds differs in small codes,
         # and one is sent every round: Huffman codes of runs (deflate) are fast and about as
         # small as anything; a fresh model is sent once and decoded by every other client:
@@ -356,14 +358,18 @@ def _encode_delta(named: Mapping[str, NDArray], base: Mapping[str, NDArray] | No
     dig = digest(base, ids[:, 0] != NONE)
     return {"z": np.frombuffer(b"".join(streams), dtype=np.uint8).copy(),
             "zn": np.array([len(s) for s in streams], dtype=np.int64),
-            "scale": np.concatenate(scales, axis=1).astype(np.float32),
             "sizes": np.asarray(sizes, dtype=np.int64), "base": ids, "digest": dig}
+
+
+def _base_scale(b: NDArray) -> NDArray[np.uint32]:
+    """The float32 bits of the int8 scales of a base (what its own int8 encoding would use)."""
+    return _int8(np.asarray(b, dtype=np.float32))[1].view(np.uint32)
 
 
 def _delta_problem(arrays: Mapping[str, NDArray]) -> str | None:
     if set(arrays) != DELTA_KEYS:
         return f"int8-delta record has arrays {sorted(arrays)}, expected {sorted(DELTA_KEYS)}"
-    z, zn, scale = (np.asarray(arrays[k]) for k in ("z", "zn", "scale"))
+    z, zn = np.asarray(arrays["z"]), np.asarray(arrays["zn"])
     sizes, ids, dig = (np.asarray(arrays[k]) for k in ("sizes", "base", "digest"))
     if z.dtype != np.uint8 or z.ndim != 1:
         return f"'z' is {z.dtype} {z.shape}, expected uint8 bytes"
@@ -373,11 +379,6 @@ def _delta_problem(arrays: Mapping[str, NDArray]) -> str | None:
     m = len(zn)
     if zn.dtype.kind not in "iu" or zn.ndim != 1 or np.any(zn < 1) or int(zn.sum()) != len(z):
         return f"'zn' must hold the positive lengths of the {len(z)} bytes of 'z'"
-    want = (m, int(sizes[1:].sum()))
-    if scale.dtype != np.float32 or scale.shape != want:
-        return f"'scale' is {scale.dtype} {scale.shape}, expected float32 {want}"
-    if not np.all(np.isfinite(scale)) or np.any(scale <= 0):
-        return "'scale' holds scales that are not finite and positive"
     if ids.dtype.kind not in "iu" or ids.shape != (m, 4) \
             or not ((ids[:, 0] >= NONE) & (ids[:, 0] <= HELD)).all():
         return f"'base' must be ({m}, 4) descriptors of kinds {KINDS}"
@@ -394,9 +395,8 @@ def rows(arrays: Mapping[str, NDArray], index: Sequence[int]) -> dict[str, NDArr
     idx = [int(i) for i in index]
     return {"z": np.concatenate([z[starts[i]:ends[i]] for i in idx]) if idx
             else np.zeros(0, np.uint8),
-            "zn": np.asarray(arrays["zn"])[idx], "scale": np.asarray(arrays["scale"])[idx],
-            "sizes": np.asarray(arrays["sizes"]), "base": np.asarray(arrays["base"])[idx],
-            "digest": np.asarray(arrays["digest"])[idx]}
+            "zn": np.asarray(arrays["zn"])[idx], "sizes": np.asarray(arrays["sizes"]),
+            "base": np.asarray(arrays["base"])[idx], "digest": np.asarray(arrays["digest"])[idx]}
 
 
 def join(records: Sequence[Mapping[str, NDArray]]) -> dict[str, NDArray]:
@@ -405,8 +405,7 @@ def join(records: Sequence[Mapping[str, NDArray]]) -> dict[str, NDArray]:
     if any(not np.array_equal(r["sizes"], sizes) for r in records):
         raise ValueError("int8-delta records of different layer sizes")
     return {"z": np.concatenate([r["z"] for r in records]),
-            "zn": np.concatenate([r["zn"] for r in records]),
-            "scale": np.concatenate([r["scale"] for r in records]), "sizes": sizes,
+            "zn": np.concatenate([r["zn"] for r in records]), "sizes": sizes,
             "base": np.concatenate([r["base"] for r in records]),
             "digest": np.concatenate([r["digest"] for r in records])}
 
@@ -449,6 +448,19 @@ _DECODED: OrderedDict[bytes, dict[str, NDArray[np.float32]]] = OrderedDict()
 _DECODED_LIMIT = 64 << 20     # bytes of decoded weights kept
 
 
+def cached(arrays: Mapping[str, NDArray]) -> dict[str, NDArray[np.float32]] | None:
+    """The weights of an int8-delta record this process decoded before, when its models name
+    no kept copy as base (None otherwise): a seeded initialisation, once rebuilt and checked
+    against the record's digest here, is the same for every receiver in this process, so
+    the record decodes to the same weights without rebuilding it. Not for a reply the
+    server checks: it must see the bases a node names."""
+    if "z" not in arrays or _delta_problem(arrays) or np.any(np.asarray(arrays["base"])[:, 0]
+                                                              == HELD):
+        return None
+    hit = _DECODED.get(_record_key(arrays))
+    return None if hit is None else {k: v.copy() for k, v in hit.items()}
+
+
 def _record_key(arrays: Mapping[str, NDArray]) -> bytes:
     h = hashlib.sha256()
     for k in sorted(DELTA_KEYS):
@@ -477,8 +489,8 @@ def _inflate(arrays: Mapping[str, NDArray], base: Mapping[str, NDArray], sizes: 
     n_b = sum(sizes[1:])
     n_mask = sum(-(-a // 8) for a, _ in dims)
     z = np.asarray(arrays["z"]).tobytes()
-    limit = 1 + n_layers + n_mask + 4 * (n_w + n_b) + 2 * n_b
-    scale_all = np.asarray(arrays["scale"], dtype=np.float32)
+    limit = 1 + n_layers + n_mask + 4 * n_b + 4 * (n_w + n_b) + 2 * n_b
+    scale_bits = np.zeros((m, n_b), dtype=np.uint32)
     codes = [np.zeros((m, a, b), dtype=np.int64) for a, b in dims]
     bias = np.zeros((m, n_b), dtype=np.uint16)
     pos = 0
@@ -496,7 +508,8 @@ def _inflate(arrays: Mapping[str, NDArray], base: Mapping[str, NDArray], sizes: 
         masked = [i for i in range(n_layers) if pids[i] == COLUMN_MEDIAN]
         n_val = n_w + sum(dims[i][1] for i in masked)
         at = 1 + n_layers
-        want = at + sum(-(-dims[i][0] // 8) for i in masked) + width * n_val + 2 * n_b
+        want = at + sum(-(-dims[i][0] // 8) for i in masked) + 4 * n_b + width * n_val \
+            + 2 * n_b
         if len(raw) != want:
             raise ValueError(f"model {r}: {len(raw)} bytes, expected {want}")
         live = {}
@@ -505,6 +518,8 @@ def _inflate(arrays: Mapping[str, NDArray], base: Mapping[str, NDArray], sizes: 
             live[i] = np.unpackbits(np.frombuffer(raw[at:at + nb], dtype=np.uint8),
                                     count=dims[i][0]).astype(bool)
             at += nb
+        scale_bits[r] = _from_planes(raw[at:at + 4 * n_b], n_b, 4)
+        at += 4 * n_b
         vals = _unzigzag(_from_planes(raw[at:at + width * n_val], n_val, width))
         at += width * n_val
         bias[r] = _from_planes(raw[at:], n_b, 2).astype(np.uint16)
@@ -519,7 +534,10 @@ def _inflate(arrays: Mapping[str, NDArray], base: Mapping[str, NDArray], sizes: 
     out: dict[str, NDArray[np.float32]] = {}
     b0 = s0 = 0
     for i, (_, b) in enumerate(dims):
-        scale = scale_all[:, s0:s0 + b].reshape(m, 1, b)
+        bits = scale_bits[:, s0:s0 + b].reshape(m, 1, b) ^ _base_scale(base[f"W{i}"])
+        scale = bits.view(np.float32)
+        if not np.all(np.isfinite(scale)) or np.any(scale <= 0):
+            raise ValueError(f"'W{i}': scales that are not finite and positive")
         c = codes[i] + _base_codes(base[f"W{i}"], scale)
         if np.any(np.abs(c) > 127):
             raise ValueError(f"'W{i}': codes outside the int8 range")
