@@ -12,16 +12,21 @@ both directions, and those sent for refinement):
   reconstruction error by about 0.004 (95th percentile, a trained MNIST cluster model), far
   below the margins the association test works with.
 - ``int8-delta`` (the default): the same 8-bit codes and scales as ``int8``, so the receiver
-  gets exactly the ``int8`` weights, but sent as the difference ``round(W / s) − round(B / s)``
-  from a *base* ``B`` that both ends hold, deflate-compressed, and the biases' half-precision
-  bits XOR those of ``B``'s. A model trained a few epochs from ``B`` differs from it in few
-  codes, and those few by little, so the differences compress to about half of ``int8``'s
-  bytes for a fresh cluster model (``B`` its seeded initialisation, which the receiver
-  regenerates) and to about a third for a community model of one FedAvg round (``B`` the
-  model of the round before, which the receiver kept). Without a base (``B = 0``) it is
-  ``int8`` compressed. Each model names its base (:data:`NONE`, :data:`INIT`, :data:`HELD`)
-  and carries a digest of it: a receiver whose base differs (another torch random stream, a
-  lost copy) refuses to decode instead of decoding wrong weights.
+  gets exactly the ``int8`` weights, sent as the differences ``round(W / s) − round(B / s)``
+  from a *base* ``B`` that both ends hold, with the scales' and the biases' bits XOR those of
+  ``B``. Each weight matrix's differences go through the cheapest of four predictors (none,
+  the row above, the column to the left, each column's median over the rows that moved:
+  a unit's inputs move by about one step each, neighbouring pixels alike), then one
+  compressor per model: LZMA for a fresh model (sent once, decoded by every other client),
+  run-length deflate for a model one FedAvg round from the receiver's copy (sent every round).
+  A model trained a few epochs from ``B`` differs from it in few codes, and those few by
+  little: a fresh cluster model against its seeded initialisation (which the receiver
+  regenerates) takes about 0.4 of ``int8``'s bytes, a community model one round on from the
+  copy the receiver kept about 0.3 (MNIST, 150 samples per cluster:
+  ``bench/bench_fedcref_wire.py``). Without a base (``B = 0``) it is ``int8`` compressed.
+  Each model names its base (:data:`NONE`, :data:`INIT`, :data:`HELD`) and carries the
+  base's CRC-32: a receiver whose base differs (another torch random stream, a lost copy)
+  refuses to decode instead of decoding wrong weights.
 
 The receiver decodes to float32. Both ends round the same way, so a simulation in one process
 (:mod:`fedclust.fedcref.inmemory`, which applies :func:`roundtrip` where a message would
@@ -33,6 +38,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import lzma
+import threading
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -434,9 +440,9 @@ def _decode_delta(arrays: Mapping[str, NDArray], base: Mapping[str, NDArray] | N
                                               np.asarray(arrays["digest"])[named]):
             raise BaseMismatch("a model's base differs from the sender's (digest)")
     key = _record_key(arrays)
-    if key in _DECODED:       # the same record, against the same bases (digests checked)
-        _DECODED.move_to_end(key)
-        return {k: v.copy() for k, v in _DECODED[key].items()}
+    hit = _lookup(key)        # the same record, against the same bases (digests checked)
+    if hit is not None:
+        return hit
     out = _inflate(arrays, base, sizes, shapes)
     _remember(key, out)
     return {k: v.copy() for k, v in out.items()}
@@ -446,6 +452,15 @@ def _decode_delta(arrays: Mapping[str, NDArray], base: Mapping[str, NDArray] | N
 # cross-evaluation models (a deployed node decodes each once, and gains nothing here).
 _DECODED: OrderedDict[bytes, dict[str, NDArray[np.float32]]] = OrderedDict()
 _DECODED_LIMIT = 64 << 20     # bytes of decoded weights kept
+_DECODED_LOCK = threading.Lock()
+
+
+def _lookup(key: bytes) -> dict[str, NDArray[np.float32]] | None:
+    with _DECODED_LOCK:
+        hit = _DECODED.get(key)
+        if hit is not None:
+            _DECODED.move_to_end(key)
+    return None if hit is None else {k: v.copy() for k, v in hit.items()}
 
 
 def cached(arrays: Mapping[str, NDArray]) -> dict[str, NDArray[np.float32]] | None:
@@ -457,8 +472,7 @@ def cached(arrays: Mapping[str, NDArray]) -> dict[str, NDArray[np.float32]] | No
     if "z" not in arrays or _delta_problem(arrays) or np.any(np.asarray(arrays["base"])[:, 0]
                                                               == HELD):
         return None
-    hit = _DECODED.get(_record_key(arrays))
-    return None if hit is None else {k: v.copy() for k, v in hit.items()}
+    return _lookup(_record_key(arrays))
 
 
 def _record_key(arrays: Mapping[str, NDArray]) -> bytes:
@@ -471,11 +485,12 @@ def _record_key(arrays: Mapping[str, NDArray]) -> bytes:
 
 
 def _remember(key: bytes, decoded: dict[str, NDArray[np.float32]]) -> None:
-    _DECODED[key] = decoded
-    total = sum(v.nbytes for d in _DECODED.values() for v in d.values())
-    while total > _DECODED_LIMIT and len(_DECODED) > 1:
-        _, old = _DECODED.popitem(last=False)
-        total -= sum(v.nbytes for v in old.values())
+    with _DECODED_LOCK:
+        _DECODED[key] = decoded
+        total = sum(v.nbytes for d in _DECODED.values() for v in d.values())
+        while total > _DECODED_LIMIT and len(_DECODED) > 1:
+            _, old = _DECODED.popitem(last=False)
+            total -= sum(v.nbytes for v in old.values())
 
 
 def _inflate(arrays: Mapping[str, NDArray], base: Mapping[str, NDArray], sizes: list[int],
