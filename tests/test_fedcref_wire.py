@@ -257,7 +257,7 @@ def test_each_predictor_gives_the_differences_back() -> None:
 def test_a_decoded_record_is_reused_only_where_its_base_needs_no_check() -> None:
     init = _models(2)
     m = _trained(init, 1, seed=3)
-    fresh = wire.encode(m, wire.DELTA, init, fw_init_ids(11, 2))
+    fresh = wire.encode(m, wire.DELTA, init, fw_init_ids(11, 3))
     assert wire.cached(fresh) is None                 # not decoded in this process yet
     first = wire.decode(fresh, init)
     again = wire.cached(fresh)
@@ -265,6 +265,6 @@ def test_a_decoded_record_is_reused_only_where_its_base_needs_no_check() -> None
     for k in first:
         np.testing.assert_array_equal(again[k], first[k])
     # a kept copy differs from receiver to receiver: always checked against its digest
-    held = wire.encode(m, wire.DELTA, init, np.array([[wire.HELD, 0, 0, 1]] * 2))
+    held = wire.encode(m, wire.DELTA, init, np.array([[wire.HELD, 0, 0, 1]] * 3))
     wire.decode(held, init)
     assert wire.cached(held) is None
