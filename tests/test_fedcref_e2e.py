@@ -462,16 +462,24 @@ def _run_with(data_root: Path, out: Path, change, **extra):
     return summary, _history(out), grid
 
 
-def test_a_node_that_cannot_rebuild_the_initialisations_gets_models_without_them(
+def test_models_a_node_cannot_rebuild_go_without_their_base_and_change_nothing(
         data_root: Path, tmp_path: Path, int8_runs) -> None:
+    from flwr.app import Array
+
     from fedclust.fedcref import wire
 
-    def other_torch(msg, context) -> None:      # node 1000 draws other initial weights
+    def change(msg, context) -> None:
         conf = msg.content.config_records.get("config")
         if context.node_id == 1000 and conf is not None and "init-check" in conf:
-            conf["init-check"] = int(conf["init-check"]) ^ 1
+            conf["init-check"] = int(conf["init-check"]) ^ 1   # its torch draws other weights
+        rec = msg.content.array_records.get("models")
+        if context.node_id == 1002 and msg.metadata.group_id == "assoc-1" and rec:
+            key = sorted(n.rpartition("/")[0] for n in rec if n.endswith("/base")
+                         and rec[n].numpy()[0, 0] == wire.INIT)[0]
+            digest = rec[f"{key}/digest"].numpy()
+            rec[f"{key}/digest"] = Array(digest ^ 1)             # one base arrives wrong
 
-    summary, hist, grid = _run_with(data_root, tmp_path, other_torch)
+    summary, hist, grid = _run_with(data_root, tmp_path, change)
     assert _trajectory(hist) == _trajectory(int8_runs["int8-delta"][1])
     assert not summary["metrics"]["dropped_nodes"] and not summary["excluded_nodes"]
     to_it = [msg for msg in grid.sent if msg.metadata.dst_node_id == 1000
@@ -480,6 +488,9 @@ def test_a_node_that_cannot_rebuild_the_initialisations_gets_models_without_them
     assert ("query.fedcref_assoc", wire.NONE) in kinds
     assert not any(k == wire.INIT for _, k in kinds)
     assert ("train.fedcref_comm", wire.HELD) in kinds     # its own copies still serve
+    resent = [msg for msg in grid.sent if msg.metadata.group_id == "assoc-1-resend"]
+    assert [msg.metadata.dst_node_id for msg in resent] == [1002]
+    assert set(_bases(resent[0])) == {wire.NONE}
 
 
 def test_a_node_that_lost_its_copies_misses_one_round_and_rejoins(data_root: Path,
@@ -500,22 +511,3 @@ def test_a_node_that_lost_its_copies_misses_one_round_and_rejoins(data_root: Pat
              and msg.metadata.group_id == "comm-1-3"]
     assert again and wire.INIT in set(_bases(again[0]))
     assert hist[0]["communities"] >= 3 and m["eval_acc_end"] > 0.8
-
-
-def test_a_cross_evaluation_model_whose_base_differs_is_sent_again_without_it(
-        data_root: Path, tmp_path: Path, int8_runs) -> None:
-    from flwr.app import Array
-
-    from fedclust.fedcref import wire
-
-    def spoil(msg, context) -> None:            # one model's base digest arrives wrong
-        rec = msg.content.array_records.get("models")
-        if context.node_id == 1002 and msg.metadata.group_id == "assoc-1" and rec:
-            name = sorted(n for n in rec if n.endswith("/digest"))[0]
-            rec[name] = Array(rec[name].numpy() ^ 1)
-
-    summary, hist, grid = _run_with(data_root, tmp_path, spoil)
-    assert _trajectory(hist) == _trajectory(int8_runs["int8-delta"][1])
-    resent = [msg for msg in grid.sent if msg.metadata.group_id == "assoc-1-resend"]
-    assert [msg.metadata.dst_node_id for msg in resent] == [1002]
-    assert set(_bases(resent[0])) == {wire.NONE} and not summary["metrics"]["dropped_nodes"]
