@@ -476,8 +476,10 @@ class FedCRef(FedclustStrategy):
         Algorithm 2's candidates: ``"covered"`` (community models take only samples whose
         best own model is a member of a community the client confirms), ``"gated"`` or
         ``"paper"``.
-    wire : str, default "int8"
-        Number format of model weights in messages (``"float32"``, ``"float16"``, ``"int8"``).
+    wire : str, default "int8-delta"
+        Number format of model weights in messages (``"int8-delta"``: the ``"int8"`` weights
+        sent as compressed differences from a model both ends hold; ``"float32"``,
+        ``"float16"``, ``"int8"``).
     epsilon : float, default 0.15
         ``ε`` of the ratio test: "within a factor ``e^ε`` of the own model's error".
     theta : float, default 0.2
@@ -508,7 +510,7 @@ class FedCRef(FedclustStrategy):
 
     def __init__(self, assoc_rule: str = "confident", margin: float = 0.3,
                  best_margin: float = 0.1, beta: float = 0.02, refine: str = "covered",
-                 wire: str = "int8", epsilon: float = 0.15, theta: float = 0.2,
+                 wire: str = "int8-delta", epsilon: float = 0.15, theta: float = 0.2,
                  alpha: float = 0.75, tau: float = 0.8, max_iterations: int = 10,
                  fl_rounds: int = 15, init: str = "auto", **options: Any) -> None:
         super().__init__(assoc_rule=assoc_rule, margin=margin, best_margin=best_margin,
