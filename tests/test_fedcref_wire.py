@@ -134,6 +134,40 @@ def test_int8_delta_delivers_the_int8_weights_whatever_the_base() -> None:
             np.testing.assert_array_equal(back[k], v)
 
 
+def _bits(named: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: np.ascontiguousarray(v, dtype=np.float32).view(np.uint32) for k, v in named.items()}
+
+
+def test_int8_delta_decodes_to_the_int8_record_bit_for_bit_with_every_fallback() -> None:
+    """decode(encode(x, int8-delta)) == decode(encode(x, int8)), compared as float32 bits
+    (signed zeros included), on the paths the codec falls back to: no base (a node that
+    cannot rebuild the initialisation, a re-send), columns of zeros (scale 1), a base so far
+    off that its codes clip and the differences need four bytes and no predictor, bases of
+    several kinds in one record, and biases beyond half precision's range."""
+    init = _models(3)
+    m = _trained(init, 2)
+    m["W1"][:, :, 5] = 0.0                          # a dead unit: scale falls back to 1
+    m["W2"][1] = -0.0                               # a whole model's matrix of signed zeros
+    m["b0"][0, 0, :3] = (1e6, -1e6, -0.0)           # half precision: inf, -inf, -0
+    far = {k: v * 1e7 for k, v in init.items()}     # base codes beyond the clip, |d| >= 2^20
+    mixed = np.array([[wire.INIT, 5, 3, 0], [wire.NONE, 0, 0, 0], [wire.HELD, 0, 0, 2]])
+    cases = [(None, None), (init, fw_init_ids(5, 3)), (far, fw_init_ids(5, 3)),
+             (init, mixed), (far, np.array([[wire.HELD, 0, 0, g] for g in range(3)]))]
+    want = _bits(wire.decode(wire.encode(m, "int8")))
+    for base, ids in cases:
+        enc = wire.encode(m, wire.DELTA, base, ids)
+        got = _bits(wire.decode(enc, base))
+        assert set(got) == set(want)
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=f"{k}, base ids {ids}")
+    # the roundtrip a simulation applies instead of a message, numpy and torch alike
+    for k, v in _bits(wire.roundtrip(m, wire.DELTA)).items():
+        np.testing.assert_array_equal(v, want[k])
+    torch_back = ae.to_numpy(wire.roundtrip_params(ae.from_numpy(m), wire.DELTA))
+    for k, v in _bits(torch_back).items():
+        np.testing.assert_array_equal(v, want[k])
+
+
 def fw_init_ids(seed: int, count: int) -> np.ndarray:
     return np.array([[wire.INIT, seed, count, j] for j in range(count)])
 

@@ -143,7 +143,8 @@ def roundtrip_params(params: list[Any], fmt: str) -> list[Any]:
         if fmt in ("int8", DELTA) and i % 2 == 0 and p.dim() == 3:
             scale = p.abs().amax(dim=1, keepdim=True) / 127.0
             scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-            out.append(torch.clamp(torch.round(p / scale), -127, 127) * scale)
+            # + 0.0: a code of -0 is the int8 code 0, as in the numpy path (+0 weights)
+            out.append((torch.clamp(torch.round(p / scale), -127, 127) + 0.0) * scale)
         else:
             out.append(p.half().float())
     return out
