@@ -47,6 +47,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from fedclust.errors import FedclustError
+
 FORMATS = ("int8-delta", "float32", "float16", "int8")
 DELTA = "int8-delta"
 _Q, _S = ".q", ".s"       # suffixes of an int8 matrix and its scales
@@ -61,7 +63,7 @@ DELTA_KEYS = frozenset({"z", "zn", "sizes", "base", "digest"})
 _CB_LIMIT = 1 << 29       # |round(B / s)| is clipped here (both ends alike)
 
 
-class BaseMismatch(ValueError):
+class BaseMismatch(FedclustError, ValueError):
     """An int8-delta model names a base the receiver does not hold as the sender did."""
 
 
