@@ -32,6 +32,9 @@ part, and a compact table ends the output:
     python bench/gpu_check.py --data-dir data --device cuda --out runs/gpu_check.json
     python bench/gpu_check.py --data-dir "$FEDCLUST_DATA_DIR" --device cpu --tiny \\
         --out /tmp/gpu_check.json                      # every code path, small, on the CPU
+    python bench/gpu_check.py --data-dir "$FEDCLUST_DATA_DIR" --device cpu --local-epochs 1 \\
+        --skip steps fedcref_gpu fedcref_cpu emdcfl_fp32 emdcfl_bf16 --budget 9000 \\
+        --out /tmp/round0_cpu.json     # the paper round on the CPU, 1 local epoch instead of 10
 
 ``--data-dir`` holds ``mnist/mnist-train.npz`` and ``mnist/mnist-test.npz``.
 """
@@ -410,6 +413,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip", nargs="*", default=[], help="parts to leave out")
     ap.add_argument("--tiny", action="store_true", help="small sizes (a CPU smoke test)")
+    ap.add_argument("--local-epochs", type=int, default=0,
+                    help="local epochs of the EMD-CFL round (0: the preset's 10); fewer for "
+                         "a CPU round-0 check at the paper's sizes")
     a = ap.parse_args()
 
     import torch
@@ -423,6 +429,8 @@ def main() -> int:
             a.out.write_text(json.dumps({"error": "no CUDA device", "torch": torch.__version__}))
         return 2
     emd_cfg = {**PAPER, **(TINY_EMDCFL if a.tiny else {})}
+    if a.local_epochs:
+        emd_cfg["emdcfl.local-epochs"] = a.local_epochs
     fc_extra = TINY_FEDCREF if a.tiny else {}
     check = Check(a.out, a.budget)
     check.results["args"] = {k: str(v) for k, v in vars(a).items()}
