@@ -7,22 +7,16 @@ import importlib
 import importlib.util
 
 from client_apps.base import CONFIG_RECORD, app, engine_mod, error_mod, node_info
+from fedclust.registry import METHODS
 
-__all__ = ["CONFIG_RECORD", "HANDLERS", "app", "engine_mod", "error_mod",
-           "node_info"]
-
-# The ClientApp handler module of each method (:data:`fedclust.registry.METHODS`), and
-# secagg_handlers: the default "train" action wrapped by SecAgg+ (exact FCM secure sums).
-HANDLERS: dict[str, str] = {
-    "exact-fcm": "client_apps.fcm_handlers",
-    "fedfcm": "client_apps.fcm_handlers",
-    "fedcref": "client_apps.fedcref_handlers",
-    "emdcfl": "client_apps.emdcfl_handlers",
-}
+__all__ = ["CONFIG_RECORD", "app", "engine_mod", "error_mod", "node_info"]
 
 
 def _register_handlers() -> None:
-    modules = set(HANDLERS.values()) | {"client_apps.secagg_handlers"}
+    # each method's handler module (the method table's ``handlers`` column; a method whose
+    # extra is not installed has none to import), and secagg_handlers: the default "train"
+    # action wrapped by SecAgg+ (exact FCM's secure sums)
+    modules = {spec.handlers for spec in METHODS.values()} | {"client_apps.secagg_handlers"}
     for module in sorted(modules):
         if importlib.util.find_spec(module) is not None:
             importlib.import_module(module)

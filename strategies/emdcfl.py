@@ -1,6 +1,6 @@
 """EMD-CFL (paper 001) and its baselines over Flower messages: :class:`FlowerClients`, the
 :class:`fedclust.emdcfl.clients.Clients` of a run's nodes, and :func:`run`, the method's entry
-of the ServerApp (:data:`strategies.run.SERVER`).
+of the ServerApp (the ``server`` column of :data:`fedclust.registry.METHODS`).
 
 The loop is :func:`fedclust.emdcfl.loop.run` (Algorithm 1 and the baselines' loops of
 :mod:`fedclust.emdcfl.baselines`); the messages, both ends, and the checks of every reply are

@@ -4,7 +4,6 @@ server loop and write its results. The ServerApp, the Strategy objects
 
 from __future__ import annotations
 
-import importlib
 import logging
 import secrets
 import sys
@@ -15,19 +14,10 @@ from typing import Any
 from flwr.serverapp import Grid
 
 from fedclust.config import validate
+from fedclust.registry import METHODS, load
 from fedclust.results import RunRecorder
 
 LOG = logging.getLogger("fedclust")
-
-# The server loop and the server-side preflight (before any message) of each method of
-# :data:`fedclust.registry.METHODS`, as import paths: nothing heavy until a method is chosen.
-SERVER: dict[str, tuple[str, str]] = {
-    "exact-fcm": ("strategies.fcm.exact:run", "fedclust.fcm.keys:preflight"),
-    "fedfcm": ("strategies.fcm.fedfcm:run", "fedclust.fedfcm.keys:preflight"),
-    "fedcref": ("strategies.fedcref:run", "strategies.fedcref:preflight"),
-    "emdcfl": ("strategies.emdcfl:run", "strategies.emdcfl:preflight"),
-}
-
 
 def setup_logging() -> None:
     """fedclust's progress lines on stderr (once per process)."""
@@ -38,12 +28,6 @@ def setup_logging() -> None:
         LOG.addHandler(handler)
         LOG.setLevel(logging.INFO)
         LOG.propagate = False
-
-
-def load(path: str) -> Any:
-    """The object an import path ``"module:attribute"`` names."""
-    module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)
 
 
 def output_dir(cfg: dict[str, Any], dataset: str | None = None) -> Path:
@@ -87,7 +71,7 @@ def check_run_config(run_config: dict[str, Any], validated: dict[str, Any] | Non
 
         check_sites(cfg, cfg["num-clients"] or None)
         return cfg
-    preflight = SERVER[cfg["method"]][1]
+    preflight = METHODS[cfg["method"]].server_preflight
     if preflight:
         load(preflight)(cfg)
     return cfg
@@ -130,7 +114,7 @@ def _execute(grid: Grid, run_config: dict[str, Any], validated: dict[str, Any] |
         n = engine_clients(grid, cfg)
         if n != cfg["num-clients"]:   # num-clients = 0: now the engine's count is known
             cfg = check_run_config({**run_config, "num-clients": n})
-        runner = load(SERVER[cfg["method"]][0])
+        runner = load(METHODS[cfg["method"]].server)
         record = data_record(cfg, data)
         name = str(record.get("dataset") or cfg["dataset"])
         recorder = RunRecorder(output_dir(cfg, name), cfg["method"], name, cfg["seed"],

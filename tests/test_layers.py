@@ -72,8 +72,13 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
 
 
 def graph() -> dict[str, set[str]]:
+    """Every module's arrows. The method table's paths into the layers above the core are
+    none: the table holds them for those layers, which load their own column (checked by
+    :func:`test_the_method_table_names_upper_layers_in_their_columns_only`)."""
     mods = modules()
-    return {name: imports_of(name, path, set(mods)) for name, path in mods.items()}
+    edges = {name: imports_of(name, path, set(mods)) for name, path in mods.items()}
+    edges[TABLE] = {d for d in edges[TABLE] if layer(d) == "fedclust"}
+    return edges
 
 
 def layer(module: str) -> str:
@@ -170,24 +175,44 @@ def test_the_checker_sees_cycles_and_string_targets(tmp_path) -> None:
     assert imports_of("fedclust.m", src, known) == {"strategies.fcm.exact", "server_app.app"}
 
 
-def test_each_layers_method_column_covers_the_method_table_and_resolves() -> None:
-    """The server and ClientApp columns name exactly the methods of the one table in the core
-    (:data:`fedclust.registry.METHODS`), and every import path of every column resolves."""
+def test_every_path_of_the_method_table_resolves() -> None:
+    """Every import path of every column of the one method table
+    (:data:`fedclust.registry.METHODS`, the core's columns and the server's and nodes') names
+    a module and attribute that exist; every method has a server loop and a handler module."""
+    import dataclasses
     import importlib
 
-    from client_apps.app import HANDLERS
     from fedclust.registry import METHODS
-    from strategies.run import SERVER
 
-    assert set(SERVER) == set(METHODS) == set(HANDLERS)
-    paths = [p for spec in METHODS.values()
-             for p in (*spec.keys, *spec.cross_checks, spec.predictor, spec.site_reader,
-                       spec.capacity) if p]
-    paths += [p for pair in SERVER.values() for p in pair] + list(HANDLERS.values())
-    for path in paths:
-        module, _, attr = path.partition(":")
-        obj = importlib.import_module(module)
-        assert not attr or hasattr(obj, attr), path
+    for name, spec in METHODS.items():
+        assert spec.server and spec.handlers, name
+        for f in dataclasses.fields(spec):
+            value = getattr(spec, f.name)
+            for path in (value if isinstance(value, tuple) else (value,)):
+                if f.name in ("report_metrics", "needs", "prefix", "extra") or not path:
+                    continue
+                module, _, attr = path.partition(":")
+                obj = importlib.import_module(module)
+                assert not attr or hasattr(obj, attr), (name, f.name, path)
+
+
+def test_the_method_table_names_upper_layers_in_their_columns_only() -> None:
+    """The core's table may name the server's and the nodes' parts (as strings, for them to
+    load); anywhere but their columns such a path would be the core reaching up."""
+    import dataclasses
+
+    from fedclust.registry import METHODS, UPPER_COLUMNS
+
+    for name, spec in METHODS.items():
+        for f in dataclasses.fields(spec):
+            value = getattr(spec, f.name)
+            for path in (value if isinstance(value, tuple) else (value,)):
+                upper = isinstance(path, str) and path.split(".")[0] in LAYERS[1:]
+                assert not upper or f.name in UPPER_COLUMNS, (name, f.name, path)
+    used = [n for n in graph() if n.startswith("fedclust.") and n != TABLE
+            and re.search(r"\.(server|server_preflight|handlers)\b",
+                          modules()[n].read_text())]
+    assert used == [], f"core modules reading the upper layers' columns: {used}"
 
 
 #: the method packages of the core: none imports another, except FedFCM building on FCM

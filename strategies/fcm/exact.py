@@ -1,5 +1,6 @@
 """Exact federated FCM over Flower messages: the plain-sums :class:`FlowerClients`, and
-:func:`run`, the method's entry of the ServerApp (:data:`strategies.run.SERVER`).
+:func:`run`, the method's server loop (the ``server`` column of
+:data:`fedclust.registry.METHODS`).
 
 The loop is :func:`fedclust.fcm.loop.run`; with ``fcm.secure-aggregation`` its clients are
 :class:`strategies.fcm.secure.SecureClients`, with ``fcm.incremental`` its update rule is

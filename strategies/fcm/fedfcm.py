@@ -1,6 +1,6 @@
 """FedFCM with FedFuzzDB over Flower messages: :class:`FlowerClients`, and :func:`run`, the
-method's entry of the ServerApp (:data:`strategies.run.SERVER`). The loop is
-:func:`fedclust.fedfcm.loop.run`."""
+method's server loop (the ``server`` column of :data:`fedclust.registry.METHODS`). The loop
+is :func:`fedclust.fedfcm.loop.run`."""
 
 from __future__ import annotations
 
