@@ -424,12 +424,45 @@ _README_END = "<!-- end of generated run-config keys -->"
 
 
 def render_readme_keys() -> str:
-    """Markdown tables of every key (common, then per method)."""
+    """Markdown tables of every key (common, then per method), one line per key: key, type
+    (the allowed values), default and the help cut to a line (`fedclust config list` prints
+    the whole help)."""
     from fedclust.registry import METHODS
 
+    def number(v: Any) -> str:
+        return f"{v:g}" if isinstance(v, float) else str(v)
+
+    def kind(k: Key) -> str:
+        if k.allowed_text is not None:
+            return k.allowed_text
+        if k.choices is not None:
+            return " \\| ".join(f"`{c}`" if c != "" else '`""`' for c in k.choices)
+        name, lo, hi = k.type.__name__, k.low, k.high
+        if lo is None and hi is None:
+            return name
+        if hi is None:
+            return f"{name} {'>' if k.low_open else '≥'} {number(lo)}"
+        if lo is None:
+            return f"{name} {'<' if k.high_open else '≤'} {number(hi)}"
+        return (f"{name} {'(' if k.low_open else '['}{number(lo)}, {number(hi)}"
+                f"{')' if k.high_open else ']'}")
+
+    def short(text: str, limit: int = 72) -> str:
+        if len(text) > limit:                 # at most `limit` characters, brackets whole
+            out = text[:limit].rsplit(" ", 1)[0]
+            depth, opened = 0, 0
+            for i, ch in enumerate(out):
+                if ch == "(":
+                    depth += 1
+                    opened = i if depth == 1 else opened
+                elif ch == ")":
+                    depth -= 1
+            text = (out[:opened] if depth > 0 else out).rstrip(",;: ") + " …"
+        return text.replace("|", "\\|")
+
     def table(keys: Iterable[Key]) -> list[str]:
-        rows = ["| key | default | allowed | meaning |", "|---|---|---|---|"]
-        rows += [f"| `{k.name}` | `{_toml(k.default)}` | {k.allowed()} | {k.help} |"
+        rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+        rows += [f"| `{k.name}` | {kind(k)} | `{_toml(k.default)}` | {short(k.help)} |"
                  for k in keys]
         return rows
 
