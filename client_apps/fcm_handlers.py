@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Context, Message
 
-from client_apps.base import app
+from client_apps.base import Answer, app, batched
 from client_apps.common import run_config, run_settings
 from client_apps.data import ClientData, load_client_data
 from fedclust import fcm
@@ -133,6 +133,61 @@ def fcm_sums(msg: Message, context: Context) -> Message:
     if guard_withholds(s, x):
         return Message(wire.withheld_reply(), reply_to=msg)
     return Message(wire.sums_reply(*fcm.local_sums(x, centers, s.m)), reply_to=msg)
+
+
+@batched("query.fcm_sums")
+def fcm_sums_batch(items: list[tuple[Message, Context]]) -> list[Answer]:
+    """:func:`fcm_sums` of a round's simulated nodes together (an in-process engine): each
+    node's sums from one pass over their stacked rows (:func:`fedclust.fcm.local_sums_many`),
+    each node still its own reply. The stacked rows are kept while the nodes' scaled data are
+    the same (every round of a run)."""
+    answers: list[Answer | None] = [None] * len(items)
+    read: dict[int, tuple[np.ndarray, Any]] = {}     # per message content: centers, scaling
+    groups: dict[tuple[int, float], list[tuple[int, np.ndarray]]] = {}
+    for k, (msg, context) in enumerate(items):
+        try:
+            got = read.get(id(msg.content))
+            if got is None:
+                got = read[id(msg.content)] = (wire.read_centers(msg.content),
+                                               wire.read_scaling(msg.content))
+            cfg = run_config(context)
+            s = run_settings(context, FCMSettings.from_config)
+            x = load_client_data(context, cfg).x
+            x = _scaled(x, *got[1]) if got[1] is not None else x
+            if guard_withholds(s, x):
+                answers[k] = Message(wire.withheld_reply(), reply_to=msg)
+            else:
+                groups.setdefault((id(msg.content), s.m), []).append((k, x))
+        except Exception as exc:
+            answers[k] = exc
+    for (content, m), jobs in groups.items():
+        centers = read[content][0]
+        try:
+            u, ws = _sums_many([x for _, x in jobs], centers, m)
+        except Exception as exc:
+            for k, _ in jobs:
+                answers[k] = exc
+            continue
+        for j, (k, _) in enumerate(jobs):
+            answers[k] = Message(wire.sums_reply(u[j], ws[j]), reply_to=items[k][0])
+    return answers  # type: ignore[return-value]
+
+
+# (the nodes' scaled arrays, kept so that their ids stay theirs, and their stacked rows)
+_POOLED: list[tuple[tuple[np.ndarray, ...], fcm.Pooled]] = []
+
+
+def _sums_many(xs: list[np.ndarray], centers: np.ndarray, m: float
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Every node's local sums; its rows stacked once while the same arrays come back."""
+    if sum(x.nbytes for x in xs) > SCALED_CACHE_BYTES or any(len(x) == 0 for x in xs):
+        sums = [fcm.local_sums(x, centers, m) for x in xs]
+        return np.stack([u for u, _ in sums]), np.stack([ws for _, ws in sums])
+    hit = _POOLED[0] if _POOLED else None
+    if hit is None or len(hit[0]) != len(xs) or any(a is not b for a, b in zip(hit[0], xs,
+                                                                               strict=True)):
+        _POOLED[:] = [(tuple(xs), fcm.Pooled.of(xs))]
+    return fcm.local_sums_many(_POOLED[0][1], centers, m)
 
 
 def keep_owner_results(msg: Message, context: Context, s: FamilySettings, x: np.ndarray,

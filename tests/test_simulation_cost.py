@@ -119,7 +119,7 @@ def test_chained_methods_each_send_their_config_and_run_what_the_server_runs(tmp
 def test_a_node_that_lost_the_config_is_sent_it_again_and_the_run_is_unchanged(tmp_path):
     cfg = {"method": "exact-fcm", "num-clients": 3, "fcm.max-rounds": 5, "fcm.epsilon": 0.0,
            "plots": False}
-    ref, _ = run_server({**cfg, "output-dir": str(tmp_path / "ref")})
+    ref, _ = run_server({**cfg, "output-dir": str(tmp_path / "ref")}, batch=False)
     missing = []
 
     def restart(nid: int, msg: Message) -> bool:
@@ -134,8 +134,11 @@ def test_a_node_that_lost_the_config_is_sent_it_again_and_the_run_is_unchanged(t
         if rep.has_error():
             missing.append(rep.error.reason)
 
+    # one message at a time: the restart happens between node 1000's answer and node 1001's
+    # (a batch would ask `drop` of every node first, and the other in-process nodes would
+    # fill the process's config cache again before node 1001 is served)
     grid = InProcessGrid(client_app, 3, {**cfg, "output-dir": str(tmp_path / "run")},
-                         drop=restart, inspect=errors)
+                         drop=restart, inspect=errors, batch=False)
     from strategies.methods import from_run_config
 
     strategy, rest = from_run_config({**cfg, "output-dir": str(tmp_path / "run")})

@@ -135,6 +135,56 @@ def local_sums(x: ArrayLike, centers: ArrayLike, m: float = 2.0, chunk_size: int
     return res.u, res.ws
 
 
+@dataclass(frozen=True)
+class Pooled:
+    """Several clients' rows stacked for :func:`local_sums_many`: the augmented rows
+    (:func:`~fedclust.fcm.kernel.augment`) and where each client's rows start."""
+
+    xa: Float                  # (N, F + 2), every client's rows one after the other
+    starts: NDArray[np.int64]  # (S,) first row of each client (each client has rows)
+    n_features: int
+
+    @classmethod
+    def of(cls, xs: list[Float]) -> Pooled:
+        """The rows of ``xs`` (float64, 2-D, the same columns, none empty), stacked."""
+        sizes = np.array([x.shape[0] for x in xs], dtype=np.int64)
+        if len(xs) == 0 or sizes.min() == 0:
+            raise ValueError("Pooled.of needs at least one client and rows in every client")
+        starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        return cls(augment(np.concatenate(xs)), starts, xs[0].shape[1])
+
+
+def local_sums_many(pooled: Pooled, centers: ArrayLike, m: float = 2.0
+                    ) -> tuple[Float, Float]:
+    r""":func:`local_sums` of several clients at the same centers, in one pass over their
+    stacked rows (an in-process simulation answers a round's clients together).
+
+    The memberships of all rows come from one :func:`~fedclust.fcm.kernel.fcm_pass`; each
+    client's :math:`U_c = \sum_j \mu_{c,j}^m` and :math:`WS_c = \sum_j \mu_{c,j}^m x_j` are
+    then summed over its own rows. The sums equal :func:`local_sums`'s up to rounding (the
+    order of the additions differs).
+
+    Returns
+    -------
+    U : ndarray of shape (S, C)
+    WS : ndarray of shape (S, C, F)
+    """
+    centers = _as_2d(centers, "centers")
+    f = pooled.n_features
+    mu = fcm_pass(pooled.xa, centers, m, augmented=True, sums=False,
+                  memberships=True).memberships
+    assert mu is not None
+    um = mu * mu if m == 2.0 else np.power(mu, m)
+    u = np.add.reduceat(um, pooled.starts, axis=0)
+    stops = np.append(pooled.starts[1:], pooled.xa.shape[0])
+    ws = np.empty((len(pooled.starts), centers.shape[0], f))
+    for k, (a, b) in enumerate(zip(pooled.starts, stops, strict=True)):
+        np.dot(um[a:b].T, pooled.xa[a:b, :f], out=ws[k])
+    if not (np.isfinite(u).all() and np.isfinite(ws).all()):
+        raise ValueError("local_sums_many: the rows hold NaN or infinite values")
+    return u, ws
+
+
 def labels_from_centers(x: ArrayLike, centers: ArrayLike) -> NDArray[np.int64]:
     """Crisp labels ``(n,)``: the highest membership, which is the nearest center."""
     return squared_distances(np.asarray(x, dtype=np.float64),
