@@ -25,6 +25,10 @@ run (a busy machine drifts); the medians are compared.
 iteration) and prints the cost per client and round: at equal total rows (1,000 × 200 and
 10,000 × 20) a cost that grows linearly with the clients shows as a flat per-client cost.
 
+``--per-message`` also runs each system with every message answered on its own (the
+in-process engine without its batched handlers, as the Flower engines serve messages) and
+prints the CPU time the batched sums save, in the same run.
+
 On a shared machine the wall times depend on the other work: the load average is printed, and
 so is the same ratio in CPU time of this process (``time.process_time``, all its threads; a
 round's CPU time is taken between two of the run's per-round progress lines), which other
@@ -34,6 +38,7 @@ work changes much less.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -84,6 +89,20 @@ class RoundClock(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if record.getMessage().startswith("exact-fcm round "):
             self.cpu.append(time.process_time())
+
+
+@contextlib.contextmanager
+def one_message_at_a_time():
+    """The in-process engine without its batched handlers while inside."""
+    import client_apps.app  # noqa: F401  (registers the handlers)
+    from client_apps import base
+
+    saved = dict(base.BATCHED)
+    base.BATCHED.clear()
+    try:
+        yield
+    finally:
+        base.BATCHED.update(saved)
 
 
 def measure(clients: int, rows: int, a: argparse.Namespace) -> dict[str, float]:
@@ -138,6 +157,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--central-repeats", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--per-message", action="store_true",
+                    help="also run every system one message at a time (no batched handler)")
     a = ap.parse_args()
     if a.rounds < 2:
         ap.error("--rounds must be at least 2 (a round's time is between two records)")
@@ -151,6 +172,10 @@ def main() -> None:
     measure(4, 20, warm)
     load_before = os.getloadavg()
     results = [(c, r, measure(c, r, a)) for c, r in sizes]
+    single = []
+    if a.per_message:
+        with one_message_at_a_time():
+            single = [measure(c, r, a) for c, r in sizes]
     load_after = os.getloadavg()
     for clients, rows, x in results:
         n = a.rounds
@@ -170,6 +195,11 @@ def main() -> None:
               f"{n * x['iteration']:.3f} s) = {x['wall'] / (n * x['iteration']):.1f}x   "
               f"(CPU {x['cpu']:.2f} s / {n * x['iteration_cpu']:.3f} s = "
               f"{x['cpu'] / (n * x['iteration_cpu']):.1f}x)")
+    for (clients, rows, x), y in zip(results, single):
+        print(f"{clients} x {rows}, one message at a time: simulate {y['wall']:.2f} s "
+              f"(CPU {y['cpu']:.2f} s), round CPU {y['round_cpu'] * 1000:.1f} ms; batched / "
+              f"one at a time: CPU end to end {x['cpu'] / y['cpu']:.2f}, round CPU "
+              f"{x['round_cpu'] / y['round_cpu']:.2f}")
     if len(results) > 1:
         print("| clients | rows each | simulate s (CPU s) | per client: simulate µs (CPU µs) | "
               "per client and round: round µs (CPU µs) | end to end / iterations |")
