@@ -5,7 +5,7 @@ One job here is one in-process Flower FedFCM job without the messages: the same 
 same client steps (:mod:`fedclust.fedfcm.client`), the same partition
 (``client_apps/data.simulated_partition``: client ``l`` holds partition ``l`` of
 ``make_partition(partition.kind, ds, P, seed, ...)``), in the same order and with the same
-seeds; ``tests/test_fedfcm_table3_fast.py`` checks that it equals the Flower run.
+seeds; ``tests/fedfcm/test_fedfcm_table3_fast.py`` checks that it equals the Flower run.
 
 Jobs whose local FCM input is identical (round 1 of the k-means and federated-averaging jobs of
 one data set, seed and P) reuse the memoised local step, which is a pure function.

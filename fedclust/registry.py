@@ -13,8 +13,8 @@ is chosen), every layer's part of a method:
 - the nodes': the ClientApp handler module, which :mod:`client_apps.app` imports.
 
 :func:`load` resolves an import path. The core never loads the server's or the nodes' column:
-each layer loads its own (``tests/test_layers.py`` checks that every path resolves and that
-the upper layers' paths sit in their columns only).
+each layer loads its own (``tests/architecture/test_layers.py`` checks that every path resolves
+and that the upper layers' paths sit in their columns only).
 """
 
 from __future__ import annotations

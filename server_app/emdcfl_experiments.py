@@ -8,7 +8,7 @@ images per client, 10 × 10 epochs, the 64/128-channel CNN) for GPU users
 (``emdcfl.device=auto``: clients train, embed and evaluate on CUDA when available). Every
 preset but ``small`` reads ε from the run's own excesses (``emdcfl.epsilon="auto"``). The sweep
 experiments ``conf/experiment/emdcfl_table1`` (``cpu``), ``emdcfl_table3`` (``cpu-backdoor``)
-and ``emdcfl_table1_paper`` (``paper``) hold the same settings (``tests/test_cli_commands.py``).
+and ``emdcfl_table1_paper`` (``paper``) hold the same settings (``tests/api/test_cli_commands.py``).
 Usage::
 
     fedclust sweep -m experiment=emdcfl_table1 app.seed=0,1,2 hydra.sweep.dir=runs/emdcfl

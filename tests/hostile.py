@@ -1,4 +1,4 @@
-"""Corrupting one node's replies, for the hostile-node tests (tests/test_hostile_nodes.py).
+"""Corrupting one node's replies, for the hostile-node tests (tests/safety/test_hostile_nodes.py).
 
 A :class:`Hostile` ClientApp wraps the real one: node :data:`BAD` computes its honest reply,
 then one field of it (an array of an ArrayRecord or a value of a MetricRecord) is replaced by a

@@ -2,7 +2,8 @@
 
 The numpy core is the top level of :mod:`fedclust.fcm`; it is what clients run, and importing
 it does not import scikit-learn (which would add about a second to each ClientApp start, see
-``tests/test_architecture.py``). This module builds the estimator on that core in the style of
+``tests/architecture/test_architecture.py``). This module builds the estimator on that core
+in the style of
 :class:`sklearn.cluster.KMeans`; ``from fedclust.fcm import FuzzyCMeans`` imports it on first
 access to the name.
 

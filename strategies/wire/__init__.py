@@ -3,7 +3,8 @@ sends (the builder), what a node reads from it (the parser), what the node repli
 the server checks and reads that reply.
 
 This package sits *below* both :mod:`strategies` (the server) and :mod:`client_apps` (the
-nodes): both import it, and it imports nothing of either (``tests/test_layers.py``). It knows
+nodes): both import it, and it imports nothing of either
+(``tests/architecture/test_layers.py``). It knows
 Flower's records and nothing of grids, exchanges or server loops.
 
 - :mod:`strategies.wire.records`: record builders every codec uses;
