@@ -63,7 +63,8 @@ CPU_BACKDOOR: dict[str, Any] = {
     # split the targets off the label-shaded set's neighbourhoods on seed 1
     **CPU, "num-clients": 30, "emdcfl.lr": 0.01,
     # PACFL's threshold on the same held-out seed 100: ARI 1.00 only at 3 degrees of the grid
-    # (bench/pacfl_probe.py); Rotated MNIST uses the key's default 20 (ARI 1.00 for 12 … 30)
+    # (docs/reports/emdcfl-experiments.md);
+    # Rotated MNIST uses the key's default 20 (ARI 1.00 for 12 … 30)
     "emdcfl.pacfl-threshold": 3.0,
 }
 NO_SPLIT = "no split in the budget → FedAvg"     # label of CFL rows that never split

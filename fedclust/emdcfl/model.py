@@ -134,7 +134,8 @@ def to_tensor(x: NDArray) -> torch.Tensor:
     transform. The per-channel statistics matter for Backdoor MNIST: with one mean/std for all
     channels, models trained on one uniform colour saw the other uniform colour as almost
     their own (smallest green ↔ purple excess 0.010; with per-channel statistics 0.16–0.57,
-    measured by ``bench/bench_emdcfl_backdoor_gap.py``).
+    measured by ``bench/bench_emdcfl_backdoor_gap.py``, now in the history only:
+    ``git show 2e268cb:bench/bench_emdcfl_backdoor_gap.py``).
     """
     t = torch.from_numpy(np.ascontiguousarray(x)).float().div_(255.0)
     if t.ndim == 3:
