@@ -15,16 +15,13 @@ Prints the median seconds of each and their ratio, and the load average.
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _common import ROOT, load_average, parser, ratio, seconds
 
 ONE_MESSAGE = """
 import sys
@@ -51,39 +48,37 @@ def noop(msg, context):
     return Message(RecordDict(), reply_to=msg)"""
 
 
-def seconds(args: list[str]) -> float:
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, *args], cwd=ROOT, check=True, capture_output=True)
-    return time.perf_counter() - t0
+def run_seconds(args: list[str]) -> float:
+    return seconds(lambda: subprocess.run([sys.executable, *args], cwd=ROOT, check=True,
+                                          capture_output=True))[0]
 
 
 def pair(name: str, a: list[str], b: list[str], reps: int) -> float:
     ta, tb = [], []
     for _ in range(reps):
-        ta.append(seconds(a))
-        tb.append(seconds(b))
+        ta.append(run_seconds(a))
+        tb.append(run_seconds(b))
     ma, mb = statistics.median(ta), statistics.median(tb)
     print(f"{name}: fedclust {ma:.3f} s, flower {mb:.3f} s (medians of {reps}), "
-          f"ratio {ma / mb:.2f}")
+          f"ratio {ratio(ma, mb)}")
     return ma / mb
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--reps", type=int, default=7)
+    ap = parser(repeats=7, repeats_flag="--reps")
     args = ap.parse_args()
     import numpy as np
 
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "node.npz"
         np.savez(data, x=np.random.default_rng(0).normal(size=(2000, 8)))
-        print(f"load average {os.getloadavg()[0]:.2f}")
+        print(f"load average {load_average():.2f}")
         pair("import", ["-c", "import client_apps.app"], ["-c", "import flwr.clientapp"],
              args.reps)
         pair("one message in a fresh process",
              ["-c", ONE_MESSAGE.format(app_import=FEDCLUST), str(data)],
              ["-c", ONE_MESSAGE.format(app_import=NOOP), str(data)], args.reps)
-        print(f"load average {os.getloadavg()[0]:.2f}")
+        print(f"load average {load_average():.2f}")
 
 
 if __name__ == "__main__":

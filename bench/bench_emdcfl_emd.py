@@ -10,10 +10,9 @@ Run: python bench/bench_emdcfl_emd.py [--pairs 40] [--target 543]
 
 from __future__ import annotations
 
-import argparse
-import time
-
 import numpy as np
+from _common import mean_seconds as timed
+from _common import parser as bench_parser
 
 
 def main() -> None:
@@ -21,7 +20,7 @@ def main() -> None:
 
     from fedclust.emdcfl.distance import pairwise_wasserstein, wasserstein
 
-    parser = argparse.ArgumentParser()
+    parser = bench_parser()
     parser.add_argument("--pairs", type=int, default=40)
     parser.add_argument("--target", type=int, default=512, help="target cloud size (val set)")
     args = parser.parse_args()
@@ -29,12 +28,6 @@ def main() -> None:
     d = 115
     pairs = [(np.abs(rng.normal(size=(512, d))), np.abs(rng.normal(size=(args.target, d)) + 0.1))
              for _ in range(args.pairs)]
-
-    def timed(fn, reps=1):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        return (time.perf_counter() - t0) / reps
 
     p, q = pairs[0]
     wasserstein(p, q)                                     # warm-up (imports)

@@ -16,11 +16,10 @@ Run (pin to one core): taskset -c 0 python bench/bench_emdcfl_pipeline.py [--cli
 
 from __future__ import annotations
 
-import argparse
-import time
-
 import numpy as np
 import torch
+from _common import parser as bench_parser
+from _common import seconds as timed
 from torch import nn
 
 
@@ -75,8 +74,7 @@ def main() -> None:
     from fedclust.emdcfl.model import weights_from_record as read_model
     from strategies.wire.emdcfl import model_record
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--clients", type=int, default=40)
+    parser = bench_parser(clients=40)
     parser.add_argument("--train", type=int, default=4878)
     parser.add_argument("--val", type=int, default=542)
     parser.add_argument("--conv1", type=int, default=8)
@@ -90,11 +88,6 @@ def main() -> None:
     x_val = rng.integers(0, 256, (args.val, 28, 28), dtype=np.uint8)
     # trained-ish distinct models: init + one short epoch each would cost too long; seeds differ
     records = [model_record(init_weights(spec, s)) for s in range(args.clients)]
-
-    def timed(fn):
-        t0 = time.perf_counter()
-        out = fn()
-        return time.perf_counter() - t0, out
 
     def old_step():
         own = read_model(records[0])

@@ -19,11 +19,10 @@ reports the peak memory the pass allocates (tracemalloc), which stays bounded by
 
 from __future__ import annotations
 
-import argparse
-import time
 import tracemalloc
 
 import numpy as np
+from _common import median_ms, parser
 from sklearn.cluster import KMeans
 
 from fedclust import fcm
@@ -38,37 +37,28 @@ def one_shot_local_sums(x: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.nd
     return w.sum(0), w.T @ x
 
 
-def median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1000 * float(np.median(times))
-
-
 def per_iteration(fit, repeats: int) -> float:
     """(fit with 21 iterations − fit with 1) / 20, in ms."""
-    return (median_ms(lambda: fit(21), repeats) - median_ms(lambda: fit(1), repeats)) / 20
+    return (median_ms(lambda: fit(21), repeats, warmup=True)
+            - median_ms(lambda: fit(1), repeats, warmup=True)) / 20
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = parser(repeats=20)
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--d", type=int, default=16)
     ap.add_argument("--c", type=int, default=10)
     ap.add_argument("--m", type=float, default=2.0)
-    ap.add_argument("--repeats", type=int, default=20)
     a = ap.parse_args()
     rng = np.random.default_rng(0)
     x = rng.normal(size=(a.n, a.d))
     v = x[rng.choice(a.n, a.c, replace=False)].copy()
     few = max(3, a.repeats // 3)
-    sums_ms = median_ms(lambda: fcm.local_sums(x, v, a.m), a.repeats)
-    memb_ms = median_ms(lambda: fcm.memberships(x, v, a.m), a.repeats)
-    obj_ms = median_ms(lambda: fcm.objective(x, v, a.m), a.repeats)
-    naive_ms = median_ms(lambda: one_shot_local_sums(x, v), a.repeats) if a.m == 2 else None
+    sums_ms = median_ms(lambda: fcm.local_sums(x, v, a.m), a.repeats, warmup=True)
+    memb_ms = median_ms(lambda: fcm.memberships(x, v, a.m), a.repeats, warmup=True)
+    obj_ms = median_ms(lambda: fcm.objective(x, v, a.m), a.repeats, warmup=True)
+    naive_ms = (median_ms(lambda: one_shot_local_sums(x, v), a.repeats, warmup=True)
+                if a.m == 2 else None)
     fit_ms = per_iteration(lambda it: fcm.FuzzyCMeans(a.c, m=a.m, init=v, max_iter=it, tol=0.0)
                            .fit(x), few)
     lloyd_ms = per_iteration(lambda it: KMeans(a.c, init=v, n_init=1, max_iter=it, tol=0.0,

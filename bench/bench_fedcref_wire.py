@@ -17,26 +17,8 @@ to ``int8``'s measured in the same run; checks that both decode to the same weig
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import sys
-import time
-from pathlib import Path
-
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-
-
-def _median_ms(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1e3 * float(np.median(times))
+from _common import median_ms, parser, print_json
 
 
 def main() -> None:
@@ -49,13 +31,8 @@ def main() -> None:
     from fedclust.fedcref.initial import initial_clustering
     from fedclust.fedcref.keys import ClientSettings
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data-dir", default=os.environ.get("FEDCLUST_DATA_DIR", "data"))
-    ap.add_argument("--dataset", default="mnist")
-    ap.add_argument("--clients", type=int, default=10)
-    ap.add_argument("--samples-per-cluster", type=int, default=150)
-    ap.add_argument("--seed", type=int, default=100)
-    ap.add_argument("--reps", type=int, default=5)
+    ap = parser(__doc__, first_line=True, data_dir=True, dataset="mnist", clients=10,
+                samples_per_cluster=150, seed=100, repeats=5, repeats_flag="--reps")
     args = ap.parse_args()
     torch.set_num_threads(1)
     cfg = validate({"method": "fedcref", "dataset": args.dataset, "data-dir": args.data_dir,
@@ -98,24 +75,24 @@ def main() -> None:
             nd += sum(v.nbytes for v in ed.values())
             got, want = wire.decode(ed, base), wire.decode(e8)
             assert all(np.array_equal(got[k], want[k]) for k in want)
-            t["int8 encode"].append(_median_ms(lambda m=model: wire.encode(m, "int8"),
-                                               args.reps))
-            t["int8 decode"].append(_median_ms(lambda e=e8: wire.decode(e), args.reps))
-            t["int8-delta encode"].append(_median_ms(
+            t["int8 encode"].append(median_ms(lambda m=model: wire.encode(m, "int8"),
+                                              args.reps))
+            t["int8 decode"].append(median_ms(lambda e=e8: wire.decode(e), args.reps))
+            t["int8-delta encode"].append(median_ms(
                 lambda m=model, b=base, i=ids: wire.encode(m, wire.DELTA, b, i), args.reps))
 
             def decode_fresh(e=ed, b=base) -> None:
                 wire._DECODED.clear()         # time the decode, not the simulation's cache
                 wire.decode(e, b)
 
-            t["int8-delta decode"].append(_median_ms(decode_fresh, args.reps))
+            t["int8-delta decode"].append(median_ms(decode_fresh, args.reps))
         ms = {k: float(np.mean(v)) for k, v in t.items()}
         out[name] = {"models": len(cases), "int8 bytes": n8 // len(cases),
                      "int8-delta bytes": nd // len(cases), "bytes ratio": round(nd / n8, 3),
                      **{f"{k} ms": round(v, 2) for k, v in ms.items()},
                      "encode ratio": round(ms["int8-delta encode"] / ms["int8 encode"], 1),
                      "decode ratio": round(ms["int8-delta decode"] / ms["int8 decode"], 1)}
-    print(json.dumps(out, indent=1))
+    print_json(out, indent=1)
 
 
 if __name__ == "__main__":
