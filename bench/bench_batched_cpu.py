@@ -12,13 +12,10 @@ and their ratio, with the same clusters and accuracies checked.
 
 from __future__ import annotations
 
-import argparse
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import parser
 
 #: the cpu preset (server_app.emdcfl_experiments.CPU, conf/experiment/emdcfl_table1.yaml)
 CPU = {"method": "emdcfl", "dataset": "rotmnist", "num-clients": 40, "emdcfl.rotation": "max",
@@ -55,9 +52,7 @@ def loop_round(cfg: dict, stack: bool) -> tuple[float, dict]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data-dir", required=True)
-    ap.add_argument("--clients", type=int, default=40)
+    ap = parser(__doc__.split("\n\n")[0], data_dir="required", clients=40)
     ap.add_argument("--samples", type=int, default=5420)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--stacked", action="store_true")

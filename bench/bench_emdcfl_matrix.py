@@ -17,10 +17,10 @@ Run: python bench/bench_emdcfl_matrix.py [--clients 12] [--points 512] [--worker
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import numpy as np
+from _common import parser as bench_parser
 
 
 def clouds(clients: int, groups: int, points: int, dim: int, seed: int = 0):
@@ -85,8 +85,7 @@ def after(pairs, clients: int, eps: float, workers: int
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--clients", type=int, default=12)
+    parser = bench_parser(clients=12)
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--points", type=int, default=512)
     parser.add_argument("--dim", type=int, default=115)

@@ -12,17 +12,13 @@ Prints absolute times and the ratios (noisy shared machine: compare ratios, not 
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
+from _common import parser
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fedclust.fedcref import autoencoder as ae  # noqa: E402
+from fedclust.fedcref import autoencoder as ae
 
 
 def _net(d: int) -> torch.nn.Sequential:
@@ -35,7 +31,7 @@ def _net(d: int) -> torch.nn.Sequential:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = parser()
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--s", type=int, default=500)
     ap.add_argument("--epochs", type=int, default=5)

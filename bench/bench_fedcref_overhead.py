@@ -19,15 +19,12 @@ after/before for the wall time and for the overhead.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import pairs, parser
 
 PHASES = ("local_training", "cross_evaluation", "community_training", "refinement")
 
@@ -66,14 +63,13 @@ def _split(wall: float, m: dict) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--set", nargs="*", default=[], help="run-config overrides key=value")
+    ap = parser(overrides=True)
     ap.add_argument("--reuse", action="store_true", help="today's run with reuse-communities")
     a = ap.parse_args()
     import client_apps.fedcref_handlers as handlers
     from fedclust.config import validate
 
-    extra = dict(p.split("=", 1) for p in a.set)
+    extra = pairs(a.set)
     cfg = {"method": "fedcref", "dataset": "mnist", "fedcref.split": "all",
            "data-dir": os.environ.get("FEDCLUST_DATA_DIR", "data"), "num-clients": 10,
            "fedcref.samples-per-cluster": 100, "seed": 100, "fedcref.max-iterations": 4,

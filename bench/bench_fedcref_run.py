@@ -12,14 +12,11 @@ after the other, so the two are directly comparable).
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
-import sys
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import pairs, parser, seconds
 
 PHASES = ("local_training", "cross_evaluation", "community_training", "refinement")
 
@@ -44,9 +41,7 @@ def report(summary: dict, wall: float | None = None, peak_gib: float | None = No
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--set", nargs="*", default=[])
-    ap.add_argument("--out", default="/tmp/fedcref-bench")
+    ap = parser(overrides=True, out="/tmp/fedcref-bench")
     ap.add_argument("--summary")
     a = ap.parse_args()
     if a.summary:
@@ -58,10 +53,8 @@ def main() -> None:
     from server_app.inprocess import run_server
 
     cfg = {"method": "fedcref", "output-dir": a.out}
-    cfg.update(dict(p.split("=", 1) for p in a.set))
-    t0 = time.perf_counter()
-    summary, _ = run_server(cfg)
-    wall = time.perf_counter() - t0
+    cfg.update(pairs(a.set))
+    wall, (summary, _) = seconds(lambda: run_server(cfg))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print(report(summary, wall, peak))
 

@@ -16,24 +16,16 @@ community); the candidate is the current default (the run-config defaults).
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+from _common import pairs, parser
 
 PREVIOUS = ["fedcref.assoc-rule=ratio", "fedcref.refine=paper", "fedcref.wire=float32",
             "fedcref.cannot-link=false", "fedcref.bridge-cut=0", "fedcref.new-links=every",
             "fedcref.fl-rounds=15", "fedcref.fl-local-epochs=3"]
-
-
-def _parse(pairs: list[str]) -> dict[str, str]:
-    return dict(p.split("=", 1) for p in pairs)
 
 
 def run(cfg: dict[str, str]) -> dict:
@@ -51,22 +43,17 @@ def run(cfg: dict[str, str]) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data-dir", default=os.environ.get("FEDCLUST_DATA_DIR", "data"))
-    ap.add_argument("--dataset", default="mnist")
-    ap.add_argument("--clients", type=int, default=10)
-    ap.add_argument("--samples-per-cluster", type=int, default=150)
-    ap.add_argument("--seed", type=int, default=100)
-    ap.add_argument("--set", nargs="*", default=[])
+    ap = parser(__doc__, first_line=True, data_dir=True, dataset="mnist", clients=10,
+                samples_per_cluster=150, seed=100, overrides=True)
     ap.add_argument("--reference", nargs="*", default=PREVIOUS)
     ap.add_argument("--candidate", nargs="*", default=[])
     args = ap.parse_args()
     base = {"method": "fedcref", "dataset": args.dataset, "data-dir": args.data_dir,
             "fedcref.split": "all", "num-clients": args.clients, "seed": args.seed,
             "fedcref.samples-per-cluster": args.samples_per_cluster, "plots": False,
-            **_parse(args.set)}
-    ref = run({**base, **_parse(args.reference)})
-    new = run({**base, **_parse(args.candidate)})
+            **pairs(args.set)}
+    ref = run({**base, **pairs(args.reference)})
+    new = run({**base, **pairs(args.candidate)})
     print(json.dumps({"reference": {"set": args.reference, **ref},
                       "candidate": {"set": args.candidate, **new}}, indent=1))
     print(f"bytes per client per iteration: reference {ref['bytes_per_client_iter'] / 1e6:.1f} "

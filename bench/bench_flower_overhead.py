@@ -10,12 +10,12 @@ round of the engine includes starting Ray, so it is reported separately).
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 from pathlib import Path
 
 import numpy as np
+from _common import parser, ratio
 
 from server_app.engine import SimulationSuperLink
 from server_app.inprocess import run_server
@@ -27,8 +27,7 @@ def per_round(out: Path) -> list[float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--clients", type=int, default=20)
+    ap = parser(clients=20)
     ap.add_argument("--rounds", type=int, default=10)
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="fedclust-bench-"))
@@ -47,7 +46,7 @@ def main() -> None:
     print(f"in-process grid      median {s_in * 1000:8.1f} ms/round")
     print(f"Simulation Engine    median {s_en * 1000:8.1f} ms/round (first round, incl. Ray "
           f"start: {engine[0]:.1f} s; whole flwr run {res.seconds:.1f} s)")
-    print(f"ratio engine / in-process   {s_en / s_in:8.1f}x")
+    print(f"ratio engine / in-process   {ratio(s_en, s_in, 1):>8}x")
 
 
 if __name__ == "__main__":

@@ -18,29 +18,23 @@ Prints one line per round and a summary; the load average is printed too, becaus
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import ROOT, parser, seconds
 
-from server_app.deploy import LoopbackDeployment, write_partitions  # noqa: E402
+from server_app.deploy import LoopbackDeployment, write_partitions
 
 
 def cold_import_seconds(module: str = "client_apps.app", repeat: int = 2) -> float:
-    root = Path(__file__).resolve().parents[1]
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", f"import {module}"], cwd=root, check=True)
-        times.append(time.perf_counter() - t0)
-    return min(times)
+    return min(seconds(lambda: subprocess.run([sys.executable, "-c", f"import {module}"],
+                                              cwd=ROOT, check=True))[0]
+               for _ in range(repeat))
 
 
 NOOP_PYPROJECT = """[build-system]
@@ -108,8 +102,7 @@ def noop_app(folder: Path) -> Path:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__doc__, raw=True)
     ap.add_argument("--nodes", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--tls", action="store_true", help="TLS + SuperNode authentication")
@@ -137,9 +130,8 @@ def main() -> int:
     from server_app.inprocess import run_server
 
     run_server({**cfg, "output-dir": str(work / "warmup")})  # imports, caches
-    t0 = time.perf_counter()
-    run_server({**cfg, "output-dir": str(work / "inprocess")})
-    inproc = (time.perf_counter() - t0) / (args.rounds + 2)
+    inproc = seconds(lambda: run_server({**cfg, "output-dir": str(work / "inprocess")}))[0]
+    inproc /= args.rounds + 2
     print(f"reference: in-process grid {inproc * 1000:.1f} ms per round trip")
     data = write_partitions(cfg, work / "data")
     trips_per_run = args.rounds + 2 + ((args.rounds + 1) * 3 if args.secure else 0)

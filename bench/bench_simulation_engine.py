@@ -19,14 +19,11 @@ services, and the machine's shared memory (Ray's object store), each with its ow
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import threading
-import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import pairs, parser, ratio, seconds
 
 
 def meminfo() -> dict[str, int]:
@@ -115,25 +112,28 @@ class PeakMemory:
         self._thread.join()
 
 
+def simulate(cfg: dict, nodes: int):
+    """A SuperLink started, the run, the SuperLink stopped (what the wall time covers)."""
+    from server_app.engine import SimulationSuperLink
+
+    with SimulationSuperLink() as link:
+        return link.run(cfg, num_supernodes=nodes, timeout=7200)
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--set", nargs="*", default=[], help="run-config overrides key=value")
+    ap = parser(__doc__.split("\n\n")[0], overrides=True)
     ap.add_argument("--supernodes", type=int, default=0, help="default: num-clients")
     ap.add_argument("--out", default="/tmp/fedclust-bench-sim")
     ap.add_argument("--inprocess-reference", action="store_true")
     a = ap.parse_args()
 
     from fedclust.config import validate
-    from server_app.engine import SimulationSuperLink
 
-    raw = dict(p.split("=", 1) for p in a.set)
+    raw = pairs(a.set)
     cfg = validate({**raw, "output-dir": str(Path(a.out) / "simulation")})
     nodes = a.supernodes or int(cfg["num-clients"])
     with PeakMemory() as mem:
-        t0 = time.perf_counter()
-        with SimulationSuperLink() as link:
-            outcome = link.run(cfg, num_supernodes=nodes, timeout=7200)
-        wall = time.perf_counter() - t0
+        wall, outcome = seconds(lambda: simulate(cfg, nodes))
     if not outcome.ok:
         raise SystemExit(f"flwr run ended {outcome.status}:\n{outcome.log[-4000:]}")
     summary = json.loads((Path(cfg["output-dir"]) / "summary.json").read_text())
@@ -150,12 +150,10 @@ def main() -> None:
 
         ref_cfg = {**cfg, "output-dir": str(Path(a.out) / "inprocess")}
         with PeakMemory() as ref_mem:
-            t1 = time.perf_counter()
-            ref, _ = run_server(ref_cfg, num_nodes=nodes)
-            ref_wall = time.perf_counter() - t1
+            ref_wall, (ref, _) = seconds(lambda: run_server(ref_cfg, num_nodes=nodes))
         print(f"in-process grid: wall {ref_wall:.0f}s, peak memory "
               f"{ref_mem.peak / 2**30:.2f} GiB above idle; simulation engine / in-process = "
-              f"{wall / ref_wall:.2f}x")
+              f"{ratio(wall, ref_wall)}x")
         same = {k: (summary["metrics"].get(k), ref["metrics"].get(k))
                 for k in ("eval_acc_end", "communities", "eval_ari", "iterations")
                 if k in summary["metrics"]}
