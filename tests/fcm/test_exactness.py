@@ -155,7 +155,7 @@ def test_the_flower_run_is_the_loop_over_in_memory_clients(tmp_path, extra):
            "plots": False, "output-dir": str(tmp_path), **extra}
     # one message at a time, as every engine but the in-process one serves them: the same
     # additions in the same order as the in-memory clients, so the same bits (the in-process
-    # engine's batched sums equal these up to rounding: tests/test_fcm_batched.py)
+    # engine's batched sums equal these up to rounding: tests/fcm/test_fcm_batched.py)
     summary, _ = run_server(cfg, batch=False)
     full = validate(cfg)
     parts = [simulated_partition(full, i, 10) for i in range(10)]

@@ -39,7 +39,7 @@ def _history(path):
 def _run(tmp_path, name, **overrides):
     cfg = {**SKEWED, **overrides, "output-dir": str(tmp_path / name)}
     # one message at a time: the benchmark's in-memory loop adds each client's sums as these
-    # do, so their histories are compared bit for bit (batched sums: tests/test_fcm_batched.py)
+    # do, so their histories are compared bit for bit (batched sums: tests/fcm/test_fcm_batched.py)
     summary, _ = run_server(cfg, batch=False)
     out = tmp_path / name
     return summary, np.load(out / "initial_centers.npy"), np.load(out / "centers.npy"), \
