@@ -10,13 +10,19 @@ to fix it.
 from __future__ import annotations
 
 import argparse
-import errno
-import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+# Common keys (all methods): fedclust/common.py. Method keys live next to each method and are
+# listed in fedclust/registry.py.
+from fedclust.common import (  # noqa: E402,F401 - re-exported
+    COMMON_KEYS,
+    SEED_MAX,
+    CommonSettings,
+    common,
+)
 from fedclust.registry import load
 from fedclust.schema import (  # noqa: F401 - re-exported: the keys' public home
     ConfigError,
@@ -29,140 +35,6 @@ from fedclust.schema import (  # noqa: F401 - re-exported: the keys' public home
     _toml,
     require,
 )
-
-# Common keys (all methods). Method keys live next to each method and are listed in
-# fedclust/registry.py.
-
-def _csv_floats(value: str) -> str | None:
-    if value == "":
-        return None
-    try:
-        [float(v) for v in value.split(",")]
-    except ValueError:
-        return "expected comma-separated numbers, e.g. '0.3,0.7'"
-    return None
-
-
-def _csv_ints(value: str) -> str | None:
-    if value == "":
-        return None
-    try:
-        sizes = [int(v) for v in value.split(",")]
-    except ValueError:
-        return "expected comma-separated whole numbers, e.g. '100,200,300'"
-    return None if min(sizes) >= 1 else "every size must be at least 1"
-
-
-SEED_MAX = 2**32 - 1   # scikit-learn's random_state and numpy's RandomState stop here
-
-
-def _is_link_loop(path: Path) -> bool:
-    try:
-        os.stat(path)
-    except OSError as exc:
-        return exc.errno == errno.ELOOP
-    return False
-
-
-def _folder_path(value: str) -> str | None:
-    """``output-dir`` must be a folder or a path that can become one: not an existing file, and
-    not below one (checked here, before any node is asked anything)."""
-    if value == "":
-        return None
-    path = Path(value).expanduser()
-    for part in (path, *path.parents):
-        if part.is_symlink() and _is_link_loop(part):
-            what = "it" if part == path else f"{str(part)!r}"
-            return (f"{what} is a symbolic link loop (following its links comes back to a "
-                    f"link already seen), not a folder: point output-dir at a real folder")
-        if part.exists() or part.is_symlink():
-            if part.is_dir():
-                return None
-            what = "it" if part == path else f"{str(part)!r}"
-            return (f"{what} is an existing file, not a folder: results need a folder "
-                    f"(new, empty, or of an earlier run with overwrite=true)")
-    return None
-
-
-COMMON_KEYS: list[Key] = [
-    Key("method", str, "exact-fcm", "federated clustering method",
-        choices=("exact-fcm", "fedfcm", "fedcref", "emdcfl")),
-    Key("dataset", str, "blobs", "dataset name (see docs/datasets.md)"),
-    Key("num-clients", int, 0, "number of clients; 0 = as many as the engine has (simulation: "
-        "its SuperNodes, each partition partition-id of num-partitions; deployment: the "
-        "connected nodes; dataset=files: one per file)", low=0, high=10_000),
-    Key("seed", int, 0, "master random seed (NumPy and scikit-learn take seeds below 2**32)",
-        low=0, high=SEED_MAX),
-    Key("output-dir", str, "", "directory for summary.json, history.jsonl, arrays "
-        "(empty: ~/fedclust-runs/<method>/<dataset>-seed<seed>-<time>)", check=_folder_path),
-    Key("overwrite", bool, False, "reuse the output-dir of an earlier fedclust run: exactly "
-        "what that run wrote (its .fedclust-manifest.json) is removed first, and anything else "
-        "in the folder refuses the run; false: a non-empty folder is refused"),
-    Key("data-dir", str, "", "folder with dataset files for file-based datasets; "
-        "dataset=files: one file (or image folder) per client, sorted by name"),
-    Key("files.format", str, "", "dataset=files: file format as node config 'data-format' "
-        "(empty: from the suffix; csv, tsv, npz, npy, parquet, images)",
-        choices=("", "csv", "tsv", "txt", "npz", "npy", "parquet", "images")),
-    Key("files.label-column", str, "", "dataset=files: a label column of the csv/tsv files "
-        "(header name or 0-based index), as node config 'label-column'; evaluation only"),
-    Key("evaluate", bool, True,
-        "compute ground-truth metrics (eval_*) on the evaluation path; a deployed node takes "
-        "part only with its node config allow-evaluation=true"),
-    Key("timeout", float, 600.0, "seconds to wait for client replies per step", low=0.0,
-        low_open=True),
-    Key("min-clients", int, 0,
-        "deployment: wait for at least this many nodes before starting (0 = num-clients, "
-        "or 1 when num-clients is 0; then every connected node takes part)", low=0),
-    Key("partition.kind", str, "iid", "how the dataset is split across clients (simulation): "
-        "fedclust's iid, stratified, column, recipe, dirichlet; flwr-datasets' pathological, "
-        "shard, size, linear (and iid, dirichlet for dataset=hf)",
-        choices=("iid", "stratified", "column", "recipe", "dirichlet", "pathological", "shard",
-                 "size", "linear")),
-    Key("partition.alpha", float, 0.5, "Dirichlet concentration for label skew", low=0.0,
-        low_open=True),
-    Key("partition.column", str, "", "column to split by (kind=column), e.g. 'job'"),
-    Key("partition.classes-per-client", int, 2, "kind=pathological: classes per client",
-        low=1),
-    Key("partition.shards-per-client", int, 2, "kind=shard: label-sorted shards per client",
-        low=1),
-    Key("partition.sizes", str, "", "kind=size: rows per client, comma-separated "
-        "(one per client)", check=_csv_ints),
-    Key("scaling", str, "minmax", "federated feature scaling before clustering",
-        choices=("none", "minmax", "standard")),
-    Key("blobs.n-samples", int, 1500, "points of the generated 'blobs' dataset", low=10),
-    Key("blobs.centers", int, 4, "Gaussian components of the 'blobs' dataset", low=1),
-    Key("blobs.n-features", int, 2, "dimension of the 'blobs' dataset", low=1),
-    Key("blobs.std", float, 0.6, "standard deviation of 'blobs'", low=0.0, low_open=True),
-    Key("g2.dim", int, 2, "G2 set dimension D (file g2-D-sigma)", low=1),
-    Key("g2.sigma", int, 10, "G2 set standard deviation sigma (file g2-D-sigma)", low=1),
-    Key("hf.path", str, "", "dataset=hf: a folder written by Hugging Face datasets' "
-        "save_to_disk (offline), or a dataset name on the Hub (network)"),
-    Key("hf.split", str, "train", "dataset=hf: the split of a DatasetDict"),
-    Key("hf.label-column", str, "", "dataset=hf: the ground-truth column (evaluation only; "
-        "label-skew partitions split by it)"),
-    Key("hf.feature-columns", str, "", "dataset=hf: feature columns, comma-separated "
-        "(empty: every numeric column but the label)"),
-    Key("hf.image-column", str, "", "dataset=hf: an image column whose pixels are the "
-        "features (instead of hf.feature-columns)"),
-    Key("plots", bool, True, "write PNG plots of the iteration story"),
-    Key("tracker", str, "", "experiment tracker the server also logs the run to: mlflow "
-        "(params, per-round metrics, artifacts; the store tracker-uri names) or "
-        "tensorboard (scalars in <output-dir>/tensorboard); needs pip install "
-        "'fedclust[mlflow]' or 'fedclust[tensorboard]' on the server only",
-        choices=("", "mlflow", "tensorboard")),
-    Key("tracker-uri", str, "", "tracker=mlflow: the MLflow store (a server URL "
-        "http://host:5000, sqlite:////abs/mlflow.db, file:///abs/mlruns); empty: "
-        "MLFLOW_TRACKING_URI of the ServerApp's environment, else MLflow's default. Under "
-        "flwr run the ServerApp inherits the SuperLink's environment, not the shell's: name "
-        "the store here"),
-    Key("tracker-experiment", str, "", "tracker=mlflow: the experiment (empty: "
-        "MLFLOW_EXPERIMENT_NAME of the ServerApp's environment, else 'fedclust')"),
-    Key("tracker-run-name", str, "", "the run's name in the tracker (empty: the results "
-        "folder's name; fedclust sweep -m: the job's overrides)"),
-    Key("tracker-parent", str, "", "tracker=mlflow: the id of a parent run this run is logged "
-        "under (fedclust sweep -m opens one parent run per sweep and sets it)"),
-]
-
 
 # ----------------------------------------------------------------------------------------------
 
@@ -240,6 +112,14 @@ def all_keys() -> list[Key]:
     if dup:
         raise RuntimeError(f"run-config keys declared twice: {sorted(dup)}")
     return keys
+
+
+def setting(cfg: Mapping[str, Any], name: str) -> Any:
+    """``cfg[name]``, or the key ``name``'s default when ``cfg`` lacks it (a raw run config,
+    the config an older run saved): a lookup that does not write the default again."""
+    if name in cfg:
+        return cfg[name]
+    return next(k for k in [*COMMON_KEYS, *all_keys()] if k.name == name).default
 
 
 def defaults() -> dict[str, Scalar]:

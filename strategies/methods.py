@@ -33,6 +33,7 @@ the same schema as ``flwr run --run-config`` (:mod:`fedclust.config`). ``start``
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Iterable, Mapping
@@ -45,9 +46,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from fedclust.config import ConfigError, all_keys
+from fedclust.config import ConfigError
+from fedclust.emdcfl.keys import EMDCFLSettings
+from fedclust.fcm.keys import FCMSettings
+from fedclust.fedcref.keys import FedCRefSettings
+from fedclust.fedfcm.keys import FedFCMSettings
 from fedclust.results import RunRecorder
-from fedclust.schema import refuse_unknown
+from fedclust.schema import Key, KeyedSettings, refuse_unknown
 
 LOG = logging.getLogger("fedclust")
 
@@ -191,32 +196,49 @@ FLOWER_START_ARGS = {
 
 
 class FedclustStrategy(Strategy):
-    """Base of the fedclust methods: parameters ↔ run-config keys, and a ``start`` that runs
-    the whole method (see the module docstring)."""
+    """Base of the fedclust methods: a method's Settings (its parameters, typed) and a
+    ``start`` that runs the whole method (see the module docstring).
+
+    A subclass names its Settings class (``settings_class``); its constructor's signature,
+    defaults and the ``Parameters`` of its docstring are generated from that class's fields,
+    the one declaration of each parameter (:func:`fedclust.schema.param`).
+    """
 
     method: ClassVar[str]
-    #: run-config key prefixes of this method's own keys (``"fcm."`` …)
-    prefixes: ClassVar[tuple[str, ...]]
-    #: common run-config keys that are parameters of the method (e.g. FCM's ``scaling``)
+    #: the method's Settings class: its declared fields are the constructor's parameters
+    settings_class: ClassVar[type[KeyedSettings]]
+    #: common run-config keys that are parameters of the method too (FCM's ``scaling``)
     common_params: ClassVar[tuple[str, ...]] = ()
 
-    def __new__(cls, *args: Any, **params: Any) -> FedclustStrategy:
-        # A method with an explicit signature (ExactFCM, FedFCM) would otherwise meet a
-        # mistyped parameter with Python's bare TypeError: name the close matches instead.
-        import inspect
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "settings_class" in cls.__dict__:
+            _generate_constructor(cls)
 
-        sig = inspect.signature(cls.__init__)
-        if not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
-            named = [n for n in sig.parameters if n != "self"]
-            refuse_unknown(f"{cls.__name__}()", [k for k in params if k not in named], named)
+    def __new__(cls, *args: Any, **params: Any) -> FedclustStrategy:
+        # name the close matches of a mistyped parameter, not Python's bare TypeError
+        named = list(cls.param_keys()) + ["settings"]
+        refuse_unknown(f"{cls.__name__}()", [k for k in params if k not in named], named)
         return super().__new__(cls)
 
-    def __init__(self, **params: Any) -> None:
+    def __init__(self, settings: KeyedSettings | None = None, **params: Any) -> None:
         from fedclust.config import check_installed
 
         check_installed(self.method)    # its pip extra, before anything else
-        self.params = dict(params)
-        self.run_config()    # bad names and values are refused here, before any run
+        name = type(self).__name__
+        if settings is not None and not isinstance(settings, self.settings_class):
+            raise ConfigError(f"{name}(settings=...) got a {type(settings).__name__}. Allowed: "
+                              f"a {self.settings_class.__name__}. Fix: pass "
+                              f"settings={self.settings_class.__name__}(...), or the "
+                              f"parameters by name")
+        args = self._args()
+        refuse_unknown(f"{name}()", sorted(set(params) - set(args)), sorted(args))
+        fields = {args[arg][0]: value for arg, value in params.items()}
+        try:      # bad values are refused here, before any run, as the run config's
+            self.settings = (dataclasses.replace(settings, **fields) if settings is not None
+                             else self.settings_class(**fields))
+        except ConfigError as exc:
+            raise ConfigError(f"{name}: {exc}") from None
         #: ``(raw run config, its validation)`` when :func:`from_run_config` built this
         #: object: :meth:`start` with the same run config does not validate it again
         self._validated: tuple[dict[str, Any], dict[str, Any]] | None = None
@@ -224,37 +246,42 @@ class FedclustStrategy(Strategy):
     # ------------------------------------------------------------------ parameters ↔ keys
     @classmethod
     def param_keys(cls) -> dict[str, str]:
-        """Constructor parameter name → run-config key, for every key of the method."""
-        out = {}
-        for key in all_keys():
-            if key.name in cls.common_params:
-                out[key.name.replace("-", "_").replace(".", "_")] = key.name
-            elif key.name.startswith(cls.prefixes):
-                out[key.name.split(".", 1)[1].replace("-", "_")] = key.name
-        return out
+        """Constructor parameter name → run-config key, for every parameter of the method."""
+        return {arg: key.name for arg, (_, key, _) in cls._args().items()}
+
+    @classmethod
+    def _args(cls) -> dict[str, tuple[str, Key, str]]:
+        """Parameter name → ``(field, key, type)``: the declared fields of the settings, then
+        those holding :attr:`common_params`. A parameter is named after its key (``solver``
+        for the field ``solver_name`` of ``emdcfl.solver``) unless the key's name is no
+        Python name (``fedcref.lambda``: the field ``lam``)."""
+        cached = cls.__dict__.get("_args_cache")
+        if cached is None:
+            import keyword
+
+            settings_class = cls.settings_class
+            names = ([name for name, _, _ in settings_class.parameters()]
+                     + [name for name, key, _ in settings_class.bound()
+                        if key.name in cls.common_params])
+            cached = {}
+            for name, key, text in settings_class.parameters(names):
+                arg = key.name.removeprefix(settings_class.key_prefix).replace("-", "_")
+                usable = arg.isidentifier() and not keyword.iskeyword(arg)
+                cached[arg if usable else name] = (name, key, text)
+            cls._args_cache = cached
+        return cached
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The method's parameters by name (the settings' fields the constructor takes)."""
+        return {arg: getattr(self.settings, name) for arg, (name, _, _) in self._args().items()}
 
     def run_config(self) -> dict[str, Any]:
-        """The parameters as run-config keys, ``method`` included; each value checked against
-        its key's schema (the cross-key rules, which need the whole run config, run in
-        :meth:`start` before any message).
-
-        Raises
-        ------
-        ConfigError
-            An unknown parameter name (with the close matches), or a value the key's schema
-            refuses (what is allowed and how to fix it).
-        """
-        names = self.param_keys()
-        refuse_unknown(f"{type(self).__name__}()", sorted(set(self.params) - set(names)),
-                       sorted(names))
-        cfg = {"method": self.method, **{names[k]: v for k, v in self.params.items()}}
-        schema = {k.name: k for k in all_keys()}
-        try:
-            for key, value in cfg.items():
-                schema[key].parse(value)
-        except ConfigError as exc:
-            raise ConfigError(f"{type(self).__name__}: {exc}") from None
-        return cfg
+        """The parameters as run-config keys, ``method`` included (the nodes and the
+        ServerApp read these; the cross-key rules, which need the whole run config, run in
+        :meth:`start` before any message)."""
+        names = [name for name, _, _ in self._args().values()]
+        return {"method": self.method, **self.settings.to_config(names)}
 
     # ------------------------------------------------------------------ Flower Strategy
     def start(self, grid: Grid, *, dataset: str | None = None, seed: int | None = None,
@@ -355,52 +382,58 @@ class FedclustStrategy(Strategy):
         self._round_shape("aggregate_evaluate")
 
 
+def _generate_constructor(cls: type[FedclustStrategy]) -> None:
+    """``cls.__init__`` with the parameters of ``cls.settings_class`` (their keys' defaults)
+    as its signature, and the ``Parameters`` of the docstring written from the same fields."""
+    import inspect
+
+    from fedclust.schema import describe
+
+    settings_class, args = cls.settings_class, cls._args()
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    parameters = [inspect.Parameter("self", kind)]
+    parameters += [inspect.Parameter(arg, kind, default=key.default, annotation=text)
+                   for arg, (_, key, text) in args.items()]
+    parameters.append(inspect.Parameter("settings", inspect.Parameter.KEYWORD_ONLY,
+                                        default=None,
+                                        annotation=f"{settings_class.__name__} | None"))
+    signature = inspect.Signature(parameters)
+
+    def __init__(self: FedclustStrategy, *args: Any, settings: KeyedSettings | None = None,
+                 **params: Any) -> None:
+        given = signature.bind_partial(self, *args, **params).arguments
+        given.pop("self")
+        FedclustStrategy.__init__(self, settings, **given)
+
+    __init__.__signature__ = signature    # type: ignore[attr-defined]
+    __init__.__qualname__ = f"{cls.__qualname__}.__init__"
+    __init__.__doc__ = f"See :class:`{cls.__name__}`."
+    cls.__init__ = __init__    # type: ignore[method-assign]
+    cls.__doc__ = "\n".join([
+        (cls.__doc__ or "").rstrip(), "", "    Parameters", "    ----------",
+        *describe(settings_class, [name for name, _, _ in args.values()],
+                  {name: arg for arg, (name, _, _) in args.items()}),
+        f"    settings : {settings_class.__name__}, optional",
+        "        Every parameter at once; parameters also given by name replace its fields.",
+        ""])
+
+
 class ExactFCM(FedclustStrategy):
     """Exact federated fuzzy c-means (paper 004): each round the clients send the local sums
     ``U_i = Σ_j u_ij^m`` and ``WS_i = Σ_j u_ij^m x_j`` of the memberships to the broadcast
     centers, the server sets ``v_i = Σ_clients WS_i / Σ_clients U_i`` — the centralized FCM
     update, so the result equals FCM on the pooled data.
 
-    Parameters
-    ----------
-    n_clusters : int, default 4
-        Number of clusters ``C``.
-    m : float, default 2.0
-        Fuzzifier ``m`` (``λ`` in paper 004), in (1, 100].
-    epsilon : float, default 0.005
-        Stop when ``‖V(t+1) − V(t)‖_F < ε``.
-    max_rounds : int, default 30
-        Maximum federated rounds ``T``.
-    fraction : float, default 1.0
-        Participation fraction ``γ`` resampled every round.
-    privacy_guard : bool, default True
-        A client with ``N ≤ C(F+1)/F`` rows sends no statistic (paper 004 §4.2).
-    secure_aggregation : bool, default False
-        Sum the statistics with SecAgg+ (the server sees only totals).
-    incremental : bool, default False
-        Keep every client's latest ``U, WS`` on the server and update from the sum over all
-        clients, replacing only the answering clients' sums (incremental EM): with
-        ``fraction < 1`` the fixed point is centralized FCM's. Plain sums only (refused with
-        ``secure_aggregation``).
-    scaling : {"minmax", "standard", "none"}, default "minmax"
-        Federated feature scaling before clustering.
-
     Override of :meth:`start`: the rounds are preceded by a federated scaling phase and
-    followed by a final phase (objective, owners' results).
+    followed by a final phase (objective, owners' results). The parameters are the fields of
+    :class:`~fedclust.fcm.keys.FCMSettings` (``ExactFCM(n_clusters=3)`` or
+    ``ExactFCM(settings=FCMSettings(n_clusters=3))``).
     """
 
     method = "exact-fcm"
-    prefixes = ("fcm.",)
+    settings_class = FCMSettings
     common_params = ("scaling",)
-
-    def __init__(self, n_clusters: int = 4, m: float = 2.0, epsilon: float = 0.005,
-                 max_rounds: int = 30, fraction: float = 1.0, privacy_guard: bool = True,
-                 secure_aggregation: bool = False, incremental: bool = False,
-                 scaling: str = "minmax") -> None:
-        super().__init__(n_clusters=n_clusters, m=m, epsilon=epsilon, max_rounds=max_rounds,
-                         fraction=fraction, privacy_guard=privacy_guard,
-                         secure_aggregation=secure_aggregation, incremental=incremental,
-                         scaling=scaling)
+    settings: FCMSettings
 
 
 class FedFCM(FedclustStrategy):
@@ -408,51 +441,15 @@ class FedFCM(FedclustStrategy):
     local FCM from the global centers, the server averages the local centers (k-means
     averaging), and the federated fuzzy Davies–Bouldin index (eq. 15–17) chooses ``K``.
 
-    Parameters
-    ----------
-    k_min, k_max : int, default 2, 6
-        Range of the number of clusters ``K`` tried.
-    m : float, default 2.0
-        Fuzzifier ``m``.
-    averaging : {"kmeans", "fedavg"}, default "kmeans"
-        Global update: k-means averaging (the paper) or support-weighted averaging.
-    tol : float, default 0.01
-        Stop when ``Σ_k ‖c_k(t) − c_k(t+1)‖ ≤ tol``.
-    max_rounds : int, default 10
-        Maximum federated rounds per ``K``.
-    local_tol : float, default 0.001
-        Local FCM stops when ``‖U(t+1) − U(t)‖_F ≤ local_tol``.
-    local_max_iter : int, default 50
-        Maximum local FCM iterations per round.
-    local_index : bool, default True
-        Clients also report their local fuzzy DB index per ``K``.
-    local_k_max : int, default 0
-        Largest ``K`` of the local index (0 = ``k_max``).
-    p, q : float, default 2.0, 1.0
-        Minkowski ``p`` of the center distances ``M_ij`` and power ``q`` of the spread ``S_i``.
-    privacy_guard : bool, default True
-        A client with ``N ≤ K(F+1)/F`` rows (``K = k_max``) sends no statistic.
-    scaling : {"minmax", "standard", "none"}, default "minmax"
-        Federated feature scaling before clustering.
-
     Override of :meth:`start`: one loop of rounds per ``K``, then the index phase and a final
-    phase at the chosen ``K``.
+    phase at the chosen ``K``. The parameters are the fields of
+    :class:`~fedclust.fedfcm.keys.FedFCMSettings`.
     """
 
     method = "fedfcm"
-    prefixes = ("fedfcm.",)
+    settings_class = FedFCMSettings
     common_params = ("scaling",)
-
-    def __init__(self, k_min: int = 2, k_max: int = 6, m: float = 2.0, averaging: str = "kmeans",
-                 tol: float = 0.01, max_rounds: int = 10, local_tol: float = 0.001,
-                 local_max_iter: int = 50, local_index: bool = True, local_k_max: int = 0,
-                 p: float = 2.0, q: float = 1.0, privacy_guard: bool = True,
-                 scaling: str = "minmax") -> None:
-        super().__init__(k_min=k_min, k_max=k_max, m=m, averaging=averaging, tol=tol,
-                         max_rounds=max_rounds, local_tol=local_tol,
-                         local_max_iter=local_max_iter, local_index=local_index,
-                         local_k_max=local_k_max, p=p, q=q, privacy_guard=privacy_guard,
-                         scaling=scaling)
+    settings: FedFCMSettings
 
 
 class FedCRef(FedclustStrategy):
@@ -461,62 +458,14 @@ class FedCRef(FedclustStrategy):
     communities of associated clusters, one FedAvg autoencoder per community, greedy
     refinement of the local clusters, stop when the community structure is stable.
 
-    Parameters
-    ----------
-    assoc_rule : str, default "confident"
-        The association test: ``"confident"`` (sign tests at level ``beta`` that a foreign
-        model is within ``margin`` of the own model on held-out samples, within
-        ``best_margin`` of the best foreign model, and better than the client's other cluster
-        models; it abstains when the samples are too few), ``"ratio"`` (the median held-out
-        log error ratio ≤ ``epsilon``) or ``"eq2"`` (the paper's eq. 2, with ``theta`` and
-        ``alpha``).
-    margin, best_margin, beta : float, default 0.3, 0.1, 0.02
-        The confident test's margins (in log reconstruction error) and level.
-    refine : str, default "covered"
-        Algorithm 2's candidates: ``"covered"`` (community models take only samples whose
-        best own model is a member of a community the client confirms), ``"gated"`` or
-        ``"paper"``.
-    wire : str, default "int8-delta"
-        Number format of model weights in messages (``"int8-delta"``: the ``"int8"`` weights
-        sent as compressed differences from a model both ends hold; ``"float32"``,
-        ``"float16"``, ``"int8"``).
-    epsilon : float, default 0.15
-        ``ε`` of the ratio test: "within a factor ``e^ε`` of the own model's error".
-    theta : float, default 0.2
-        ``θ`` of eq. (2): threshold on the normalised reconstruction-error gap.
-    alpha : float, default 0.75
-        ``α`` of eq. (2): required ``Pr{D ≤ θ}``.
-    tau : float, default 0.8
-        ``τ``: a client whose labels agree (ACC) ≥ ``τ`` with the previous iteration becomes
-        inactive.
-    max_iterations : int, default 10
-        Maximum iterations of Algorithm 1.
-    fl_rounds : int, default 15
-        FedAvg rounds per community per iteration.
-    init : str, default "auto"
-        Initial local clustering (``"auto"``: the paper's dirty start on simulated nodes,
-        label-free k-means on deployed nodes).
-    **options
-        Any other ``fedcref.*`` key, named without the prefix and with ``_`` for ``-``
-        (``ae_epochs=20``, ``association="mutual"`` …); ``fedclust config list``
-        lists them.
-
     Override of :meth:`start`: every iteration is several phases (local training, cross-
-    evaluation, community FedAvg, refinement).
+    evaluation, community FedAvg, refinement). The parameters are the fields of
+    :class:`~fedclust.fedcref.keys.FedCRefSettings`.
     """
 
     method = "fedcref"
-    prefixes = ("fedcref.",)
-
-    def __init__(self, assoc_rule: str = "confident", margin: float = 0.3,
-                 best_margin: float = 0.1, beta: float = 0.02, refine: str = "covered",
-                 wire: str = "int8-delta", epsilon: float = 0.15, theta: float = 0.2,
-                 alpha: float = 0.75, tau: float = 0.8, max_iterations: int = 10,
-                 fl_rounds: int = 15, init: str = "auto", **options: Any) -> None:
-        super().__init__(assoc_rule=assoc_rule, margin=margin, best_margin=best_margin,
-                         beta=beta, refine=refine, wire=wire, epsilon=epsilon, theta=theta,
-                         alpha=alpha, tau=tau, max_iterations=max_iterations,
-                         fl_rounds=fl_rounds, init=init, **options)
+    settings_class = FedCRefSettings
+    settings: FedCRefSettings
 
 
 class EMDCFL(FedclustStrategy):
@@ -526,38 +475,15 @@ class EMDCFL(FedclustStrategy):
     ``W(train_c, val_o) − W(train_c, val_c) < ε`` in both directions, clusters the clients by
     identical closed neighbourhoods, then runs FedAvg per cluster.
 
-    Parameters
-    ----------
-    epsilon : float or "auto", default "auto"
-        Tolerance ``ε`` of the edge rule: a number (the paper: 0.1), or ``"auto"``: read
-        from the run's own excesses (:func:`fedclust.emdcfl.cluster.auto_epsilon`).
-    rounds : int, default 3
-        Global rounds including round 0.
-    local_epochs : int, default 1
-        Local epochs per round.
-    proj_ratio : float, default 0.9
-        Random projection dimension / embedding dimension.
-    metric : {"cosine", "euclidean", "sqeuclidean"}, default "cosine"
-        Ground cost of the EMD.
-    algorithm : str, default "emdcfl"
-        ``"emdcfl"`` or a baseline on the same data, model and budget (``"oracle"``,
-        ``"fedavg"``, ``"local"``, ``"ifca"``, ``"cfl"``).
-    **options
-        Any other ``emdcfl.*`` key, named without the prefix and with ``_`` for ``-``
-        (``conv1=64``, ``max_samples=512`` …).
-
     Override of :meth:`start`: the clustering step (embeddings of every peer model and the
-    distance matrix) sits between round 0 and the per-cluster FedAvg rounds.
+    distance matrix) sits between round 0 and the per-cluster FedAvg rounds. The parameters
+    are the fields of :class:`~fedclust.emdcfl.keys.EMDCFLSettings` (``algorithm`` runs a
+    baseline on the same data, model and budget instead).
     """
 
     method = "emdcfl"
-    prefixes = ("emdcfl.",)
-
-    def __init__(self, epsilon: float | str = "auto", rounds: int = 3, local_epochs: int = 1,
-                 proj_ratio: float = 0.9, metric: str = "cosine", algorithm: str = "emdcfl",
-                 **options: Any) -> None:
-        super().__init__(epsilon=epsilon, rounds=rounds, local_epochs=local_epochs,
-                         proj_ratio=proj_ratio, metric=metric, algorithm=algorithm, **options)
+    settings_class = EMDCFLSettings
+    settings: EMDCFLSettings
 
 
 #: The strategy class of each method (``method`` run-config value).
@@ -579,11 +505,10 @@ def from_run_config(run_config: Mapping[str, Any]
 
     cfg = validate(run_config)   # every key, as flwr run --run-config
     cls = STRATEGIES[cfg["method"]]
-    param_of = {key: name for name, key in cls.param_keys().items()}
-    params = {param_of[k]: v for k, v in run_config.items() if k in param_of}
-    rest = {k: v for k, v in run_config.items() if k not in param_of and k != "method"}
-    strategy = cls(**params)
-    # start(run_config=rest) runs this run config with the method's other parameters at their
-    # defaults, which validates to the same ``cfg``: validated once
+    own = set(cls.param_keys().values())
+    rest = {k: v for k, v in run_config.items() if k not in own and k != "method"}
+    strategy = cls(settings=cls.settings_class.from_config(cfg))    # typed, from the validation
+    # start(run_config=rest) runs this run config with the method's parameters as validated,
+    # which validates to the same ``cfg``: validated once
     strategy._validated = (strategy.full_run_config(run_config=rest), cfg)
     return strategy, rest

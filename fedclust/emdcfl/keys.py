@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from fedclust.common import common
 from fedclust.emdcfl.data import DATASETS, PALETTES, ROTATIONS
-from fedclust.schema import Key, require
+from fedclust.schema import Key, KeyedSettings, param, require, settings
 
 if TYPE_CHECKING:
     import numpy as np
@@ -39,162 +39,113 @@ def _epsilon_problem(value: str) -> str | None:
 def epsilon_value(value: Any) -> float | str:
     """The ε of a validated ``emdcfl.epsilon``: ``"auto"`` or a float."""
     return AUTO if value == AUTO else float(value)
+
+
 DEVICES = ("cpu", "cuda", "auto")
 RECLUSTER = ("on-join", "every-round")
 
-KEYS: list[Key] = [
-    Key("emdcfl.algorithm", str, "emdcfl",
-        "emdcfl, or a baseline on the same data/model/budget: oracle (ground-truth clusters; "
-        "needs evaluate=true), fedavg, local, ifca, cfl, pacfl", choices=ALGORITHMS),
-    Key("emdcfl.rotation", str, "max", "rotation group of rotmnist/rotfmnist/rotdigits "
-        "(max 0/90/180/270, min -3/-1/1/3, two -3/3/177/183, no 0/0/0/0)",
-        choices=tuple(ROTATIONS)),
-    Key("emdcfl.clients-per-group", int, 0, "clients per data group (rotation or Backdoor "
-        "set; the paper: 10): num-clients must then equal it times the groups (4, Backdoor 3); "
-        "0 = derive the groups from num-clients (client i in group i % groups)", low=0),
-    Key("emdcfl.backdoor-colours", str, "wide", "Backdoor MNIST palette: authors (the "
-        "notebook's green (0.26,0.63,0.4), summer(y/39) shades, purple (149,52,235)/255) or "
-        "wide (summer(0.5), summer(y/9), (0.5,0,0.5): a deviation, used by the reported rows)",
-        choices=PALETTES),
-    Key("emdcfl.samples", int, 150, "images per client (train + validation)", low=2),
-    Key("emdcfl.test-samples", int, 100, "test images per client", low=1),
-    Key("emdcfl.val-fraction", float, 0.1, "share of a client's images used for validation",
-        low=0.0, high=0.9, low_open=True),
-    Key("emdcfl.rounds", int, 3, "global rounds (epochs) including round 0 (local training "
-        "before clustering)", low=1),
-    Key("emdcfl.local-epochs", int, 1, "local epochs per round", low=1),
-    Key("emdcfl.round0-epochs", int, 0, "local epochs of round 0, whose models EMD-CFL "
-        "compares (every algorithm trains round 0 with it, so budgets stay equal); 0 = "
-        "local-epochs", low=0),
-    Key("emdcfl.lr", float, 0.01, "SGD learning rate (momentum 0.9, weight decay 1e-6)",
-        low=0.0, low_open=True),
-    Key("emdcfl.batch-size", int, 32, "local minibatch size", low=1),
-    Key("emdcfl.conv1", int, 64, "channels of the first conv layer (paper: 64)", low=1),
-    Key("emdcfl.conv2", int, 128, "channels of the second conv layer (paper: 128)", low=1),
-    Key("emdcfl.embed-dim", int, 128, "width of the penultimate (embedding) layer", low=2),
-    Key("emdcfl.epsilon", str, "auto", "tolerance ε: edge c→o when W(train_c,val_o) - "
-        "W(train_c,val_c) < ε; a number >= 0 (the paper: 0.1), or auto: read from the run's "
-        "own excesses (the clearest gap above the near-zero mode, at most the clients' median "
-        "W(train_c,val_c))", check=_epsilon_problem,
-        allowed_text="'auto' or a number >= 0"),
-    Key("emdcfl.proj-ratio", float, 0.9, "random projection dimension / embedding dimension",
-        low=0.0, high=1.0, low_open=True),
-    Key("emdcfl.projection", str, "gaussian", "random projection R of each pair: gaussian (the "
-        "authors': randn / sqrt(d), rows normalised) or orthogonal (an orthonormal basis of the "
-        "same draw: keeps lengths and angles in the subspace)", choices=("gaussian", "orthogonal")),
-    Key("emdcfl.max-samples", int, 512, "points per embedding cloud (subsample)", low=2),
-    Key("emdcfl.metric", str, "cosine", "ground cost of the EMD",
-        choices=("cosine", "euclidean", "sqeuclidean")),
-    Key("emdcfl.solver", str, "emd", "exact EMD (ot.emd2) or entropic Sinkhorn",
-        choices=("emd", "sinkhorn")),
-    Key("emdcfl.sinkhorn-reg", float, 0.1, "Sinkhorn regularisation (relative to max cost)",
-        low=0.0, low_open=True),
-    Key("emdcfl.num-itermax", int, 1_000_000, "OT solver iteration limit (non-convergence is "
-        "an error)", low=1000),
-    Key("emdcfl.embed-batch", int, 0, "peer models per embedding message (0 = all in one "
-        "message; the paper CNN is 12.5 MiB, so 40 peers make 0.5 GiB per message). Batches "
-        "give the same distances in more, smaller messages", low=0),
-    Key("emdcfl.workers", int, 2, "server processes computing the EMD matrix", low=1),
-    Key("emdcfl.full-matrix", bool, False, "solve both directions of every pair (the full "
-        "EMD matrix for heatmaps and ε sweeps above the run's ε); false skips a pair's second "
-        "direction once the first failed ε, and any direction whose dual lower bound already "
-        "fails ε (same clusters, fewer solves)"),
-    Key("emdcfl.recluster", str, "on-join", "when to recompute the clusters: on-join (when "
-        "clients take part for the first time; one-shot under full participation, the paper's "
-        "Alg. 1) or every-round (every round among all clients seen so far, as the authors' "
-        "partial-participation code)", choices=RECLUSTER),
-    Key("emdcfl.clients-per-round", int, 0, "partial participation: clients sampled per round "
-        "(0 = all)", low=0),
-    Key("emdcfl.num-clusters", int, 0, "k for IFCA (0 = max(2, ground-truth clusters of the "
-        "simulated dataset))", low=0),
-    Key("emdcfl.cfl-eps1", float, 0.4, "CFL EPS_1 (split when mean update norm < EPS_1)",
-        low=0.0),
-    Key("emdcfl.cfl-eps2", float, 1.6, "CFL EPS_2 (and max update norm > EPS_2)", low=0.0),
-    Key("emdcfl.pacfl-threshold", float, 20.0, "PACFL: merge clusters while their average "
-        "smallest principal angle is <= this many degrees (chosen on held-out seed 100 for "
-        "Rotated MNIST max; Backdoor MNIST: 3)", low=0.0, low_open=True),
-    Key("emdcfl.pacfl-basis", int, 3, "PACFL: left singular vectors per class that a client "
-        "sends (the PACFL code: 3)", low=1),
-    Key("emdcfl.device", str, "cpu", "torch device of client training, embedding and "
-        "evaluation: cpu (one thread), cuda, or auto (cuda if torch.cuda.is_available())",
-        choices=DEVICES),
-    Key("emdcfl.preflight", bool, True, "check on the server that the base image files "
-        "exist before any message (false: a deployment whose nodes all read `data-path`)"),
-]
+
+def _dataset(name: str) -> str:
+    """The EMD-CFL dataset of run config ``dataset`` (the project default 'blobs' maps to
+    'rotdigits')."""
+    return "rotdigits" if name == "blobs" else name
 
 
-@dataclass(frozen=True)
-class EMDCFLSettings:
-    """EMD-CFL (paper 001) and its baselines, typed, from a validated run config
-    (:func:`fedclust.config.validate`; nothing here checks again). Every field is the run
-    config key of the same name under ``emdcfl.`` (``_`` for ``-``), except:
+@settings(prefix="emdcfl.")
+class EMDCFLSettings(KeyedSettings):
+    """EMD-CFL (paper 001) and its baselines, typed: each field declares its run-config key
+    ``emdcfl.<field>`` (``-`` for ``_``), or holds a common key. The server loop, the client
+    steps and the node handlers read these, never the run config's keys."""
 
-    Attributes
-    ----------
-    dataset : str
-        The EMD-CFL dataset (:func:`dataset_name`: the project default ``blobs`` is
-        ``rotdigits``).
-    seed : int
-        Run seed: the initial model, partial participation, the equal-size subsamples of the
-        EMD, the simulated data and the simulated nodes' keys and minibatch orders.
-    evaluate : bool
-        Whether the nodes report test accuracy and ground truth (``evaluate``).
-    data_dir : str
-        Where the simulated clients find the base image files (``data-dir``).
-    plots : bool
-        Draw the EMD heatmap (``plots``).
-    """
-
-    algorithm: str
-    rotation: str
-    clients_per_group: int
-    backdoor_colours: str
-    samples: int
-    test_samples: int
-    val_fraction: float
-    rounds: int
-    local_epochs: int
-    round0_epochs: int
-    lr: float
-    batch_size: int
-    conv1: int
-    conv2: int
-    embed_dim: int
-    epsilon: float | str
-    proj_ratio: float
-    projection: str
-    max_samples: int
-    metric: str
-    solver_name: str
-    sinkhorn_reg: float
-    num_itermax: int
-    embed_batch: int
-    workers: int
-    full_matrix: bool
-    recluster: str
-    clients_per_round: int
-    num_clusters: int
-    cfl_eps1: float
-    cfl_eps2: float
-    pacfl_threshold: float
-    pacfl_basis: int
-    device: str
-    preflight: bool
-    dataset: str
-    seed: int
-    evaluate: bool
-    data_dir: str
-    plots: bool
-
-    @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> EMDCFLSettings:
-        """The settings of a validated run config (every ``emdcfl.*`` key present)."""
-        fields = {k.name.removeprefix("emdcfl.").replace("-", "_"): cfg[k.name] for k in KEYS}
-        fields["solver_name"] = fields.pop("solver")
-        fields["epsilon"] = epsilon_value(fields["epsilon"])
-        return cls(**fields, dataset=dataset_name(cfg), seed=int(cfg["seed"]),
-                   evaluate=bool(cfg["evaluate"]), data_dir=str(cfg["data-dir"]),
-                   plots=bool(cfg["plots"]))
+    algorithm: str = param("emdcfl", "emdcfl, or a baseline on the same data/model/budget: oracle "
+                           "(ground-truth clusters; needs evaluate=true), fedavg, local, ifca, "
+                           "cfl, pacfl", choices=ALGORITHMS)
+    rotation: str = param("max", "rotation group of rotmnist/rotfmnist/rotdigits (max "
+                          "0/90/180/270, min -3/-1/1/3, two -3/3/177/183, no 0/0/0/0)",
+                          choices=tuple(ROTATIONS))
+    clients_per_group: int = param(0, "clients per data group (rotation or Backdoor set; the "
+                                   "paper: 10): num-clients must then equal it times the groups "
+                                   "(4, Backdoor 3); 0 = derive the groups from num-clients "
+                                   "(client i in group i % groups)", low=0)
+    backdoor_colours: str = param("wide", "Backdoor MNIST palette: authors (the notebook's green "
+                                  "(0.26,0.63,0.4), summer(y/39) shades, purple (149,52,235)/255) "
+                                  "or wide (summer(0.5), summer(y/9), (0.5,0,0.5): a deviation, "
+                                  "used by the reported rows)", choices=PALETTES)
+    samples: int = param(150, "images per client (train + validation)", low=2)
+    test_samples: int = param(100, "test images per client", low=1)
+    val_fraction: float = param(0.1, "share of a client's images used for validation", low=0.0,
+                                high=0.9, low_open=True)
+    rounds: int = param(3, "global rounds (epochs) including round 0 (local training before "
+                        "clustering)", low=1)
+    local_epochs: int = param(1, "local epochs per round", low=1)
+    round0_epochs: int = param(0, "local epochs of round 0, whose models EMD-CFL compares (every "
+                               "algorithm trains round 0 with it, so budgets stay equal); 0 = "
+                               "local-epochs", low=0)
+    lr: float = param(0.01, "SGD learning rate (momentum 0.9, weight decay 1e-6)", low=0.0,
+                      low_open=True)
+    batch_size: int = param(32, "local minibatch size", low=1)
+    conv1: int = param(64, "channels of the first conv layer (paper: 64)", low=1)
+    conv2: int = param(128, "channels of the second conv layer (paper: 128)", low=1)
+    embed_dim: int = param(128, "width of the penultimate (embedding) layer", low=2)
+    epsilon: float | str = param(
+        "auto", "tolerance ε: edge c→o when W(train_c,val_o) - W(train_c,val_c) < ε; a number "
+        ">= 0 (the paper: 0.1), or auto: read from the run's own excesses (the clearest gap "
+        "above the near-zero mode, at most the clients' median W(train_c,val_c))",
+        check=_epsilon_problem, allowed_text="'auto' or a number >= 0", convert=epsilon_value,
+        render=str)
+    proj_ratio: float = param(0.9, "random projection dimension / embedding dimension", low=0.0,
+                              high=1.0, low_open=True)
+    projection: str = param("gaussian", "random projection R of each pair: gaussian (the authors': "
+                            "randn / sqrt(d), rows normalised) or orthogonal (an orthonormal basis "
+                            "of the same draw: keeps lengths and angles in the subspace)",
+                            choices=("gaussian", "orthogonal"))
+    max_samples: int = param(512, "points per embedding cloud (subsample)", low=2)
+    metric: str = param("cosine", "ground cost of the EMD",
+                        choices=("cosine", "euclidean", "sqeuclidean"))
+    solver_name: str = param("emd", "exact EMD (ot.emd2) or entropic Sinkhorn",
+                             choices=("emd", "sinkhorn"), name="solver")
+    sinkhorn_reg: float = param(0.1, "Sinkhorn regularisation (relative to max cost)", low=0.0,
+                                low_open=True)
+    num_itermax: int = param(1_000_000, "OT solver iteration limit (non-convergence is an error)",
+                             low=1000)
+    embed_batch: int = param(0, "peer models per embedding message (0 = all in one message; the "
+                             "paper CNN is 12.5 MiB, so 40 peers make 0.5 GiB per message). "
+                             "Batches give the same distances in more, smaller messages", low=0)
+    workers: int = param(2, "server processes computing the EMD matrix", low=1)
+    full_matrix: bool = param(False, "solve both directions of every pair (the full EMD matrix for "
+                              "heatmaps and ε sweeps above the run's ε); false skips a pair's "
+                              "second direction once the first failed ε, and any direction whose "
+                              "dual lower bound already fails ε (same clusters, fewer solves)")
+    recluster: str = param("on-join", "when to recompute the clusters: on-join (when clients take "
+                           "part for the first time; one-shot under full participation, the "
+                           "paper's Alg. 1) or every-round (every round among all clients seen so "
+                           "far, as the authors' partial-participation code)", choices=RECLUSTER)
+    clients_per_round: int = param(0, "partial participation: clients sampled per round (0 = all)",
+                                   low=0)
+    num_clusters: int = param(0, "k for IFCA (0 = max(2, ground-truth clusters of the simulated "
+                              "dataset))", low=0)
+    cfl_eps1: float = param(0.4, "CFL EPS_1 (split when mean update norm < EPS_1)", low=0.0)
+    cfl_eps2: float = param(1.6, "CFL EPS_2 (and max update norm > EPS_2)", low=0.0)
+    pacfl_threshold: float = param(20.0, "PACFL: merge clusters while their average smallest "
+                                   "principal angle is <= this many degrees (chosen on held-out "
+                                   "seed 100 for Rotated MNIST max; Backdoor MNIST: 3)", low=0.0,
+                                   low_open=True)
+    pacfl_basis: int = param(3, "PACFL: left singular vectors per class that a client sends (the "
+                             "PACFL code: 3)", low=1)
+    device: str = param("cpu", "torch device of client training, embedding and evaluation: cpu "
+                        "(one thread), cuda, or auto (cuda if torch.cuda.is_available())",
+                        choices=DEVICES)
+    preflight: bool = param(True, "check on the server that the base image files exist before any "
+                            "message (false: a deployment whose nodes all read `data-path`)")
+    dataset: str = common("dataset", "the EMD-CFL dataset (the project default blobs is "
+                          "rotdigits)", convert=_dataset)
+    seed: int = common("seed", "run seed: the initial model, partial participation, the "
+                       "equal-size subsamples of the EMD, the simulated data and the simulated "
+                       "nodes' keys and minibatch orders")
+    evaluate: bool = common("evaluate", "whether the nodes report test accuracy and ground "
+                            "truth")
+    data_dir: str = common("data-dir", "where the simulated clients find the base image files")
+    plots: bool = common("plots", "draw the EMD heatmap")
 
     def epochs(self, rnd: int) -> int:
         """Local epochs of round ``rnd`` (``round0-epochs`` in round 0 when set)."""
@@ -212,6 +163,9 @@ class EMDCFLSettings:
 
         return Solver(self.metric, self.solver_name, int(self.num_itermax),
                       float(self.sinkhorn_reg), int(self.workers), self.seed)
+
+
+KEYS: list[Key] = EMDCFLSettings.keys()
 
 
 def model_spec(cfg: Mapping[str, Any]) -> ModelSpec:
@@ -315,7 +269,7 @@ def uneven_groups(cfg: dict[str, Any]) -> str | None:
 
 def dataset_name(cfg: Mapping[str, Any]) -> str:
     """The EMD-CFL dataset of a run (the project default 'blobs' maps to 'rotdigits')."""
-    return "rotdigits" if cfg["dataset"] == "blobs" else cfg["dataset"]
+    return _dataset(cfg["dataset"])
 
 
 def site_reader(cfg: Mapping[str, Any], data_format: str, label_column: str

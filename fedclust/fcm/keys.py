@@ -10,44 +10,23 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from fedclust.common import common, setting
 from fedclust.data.capacity import Capacity, check_distinct
 from fedclust.fcm import M_MAX, MAX_UNDERFLOW_DIGITS, SECURE_UNDERFLOW_DIGITS, fuzzifier_problem
-from fedclust.schema import Key, require
-
-FCM_KEYS: list[Key] = [
-    Key("fcm.n-clusters", int, 4, "number of clusters C", low=2),
-    Key("fcm.m", float, 2.0, "fuzzifier m (lambda in paper 004); m -> 1 is hard k-means; "
-        f"at most {M_MAX:g} and m*log10(C) <= {MAX_UNDERFLOW_DIGITS:g} (secure aggregation: "
-        f"{SECURE_UNDERFLOW_DIGITS:g}; larger m: u^m underflows)", low=1.0, high=M_MAX,
-        low_open=True),
-    Key("fcm.epsilon", float, 0.005, "stop when ||V(t+1) - V(t)||_F < epsilon", low=0.0),
-    Key("fcm.max-rounds", int, 30, "maximum federated rounds", low=1),
-    Key("fcm.fraction", float, 1.0, "participation fraction gamma, resampled every round",
-        low=0.0, high=1.0, low_open=True),
-    Key("fcm.privacy-guard", bool, True,
-        "a client with N <= C(F+1)/F points sends no statistic in any phase: no bounds, sums, "
-        "objective or evaluation table (paper 004 §4.2)"),
-    Key("fcm.secure-aggregation", bool, False,
-        "sum U and WS with SecAgg+ so the server sees only the totals (deployment issue)"),
-    Key("fcm.incremental", bool, False,
-        "keep every client's latest U and WS on the server and update from all of them "
-        "(incremental EM): with fcm.fraction < 1 the fixed point is centralized FCM's; "
-        "not with fcm.secure-aggregation"),
-]
+from fedclust.schema import Key, KeyedSettings, KeyName, param, require, settings
 
 
-class FamilySettings:
+class FamilySettings(KeyedSettings):
     """What the two FCM-family settings share: the privacy guard of paper 004 §4.2 and the
     names of the keys that messages about it quote."""
 
     method: ClassVar[str]         #: run config ``method``
     clusters_key: ClassVar[str]   #: the key of :attr:`clusters`
-    guard_key: ClassVar[str]      #: the key of ``privacy_guard``
+    guard_key: ClassVar[str] = KeyName("privacy_guard")   # type: ignore[assignment]
     clusters_symbol: ClassVar[str]   #: the symbol of :attr:`clusters` in messages
-    m_key: ClassVar[str]          #: the key of ``m``
+    m_key: ClassVar[str] = KeyName("m")   # type: ignore[assignment]
     privacy_guard: bool
     m: float
 
@@ -74,54 +53,38 @@ class FamilySettings:
         return bound is not None and n_rows <= bound
 
 
-@dataclass(frozen=True)
+@settings(prefix="fcm.")
 class FCMSettings(FamilySettings):
-    """Exact federated FCM (paper 004), typed, from a validated run config
-    (:func:`fedclust.config.validate`; nothing here checks again).
-
-    Attributes
-    ----------
-    n_clusters : int
-        ``C`` (``fcm.n-clusters``).
-    m : float
-        Fuzzifier ``m``, the paper's ``λ`` (``fcm.m``).
-    epsilon : float
-        Stop when ``‖V(t+1) − V(t)‖_F < ε`` (``fcm.epsilon``).
-    max_rounds : int
-        Most federated rounds ``T`` (``fcm.max-rounds``).
-    fraction : float
-        Participation ``γ``: ``⌈γM⌉`` of the ``M`` clients per round (``fcm.fraction``).
-    privacy_guard : bool
-        A client with ``N ≤ C(F+1)/F`` rows sends no statistic (``fcm.privacy-guard``).
-    secure_aggregation : bool
-        Sums through SecAgg+ (``fcm.secure-aggregation``).
-    incremental : bool
-        Keep every client's latest sums on the server (``fcm.incremental``).
-    scaling : str
-        Federated feature scaling: ``"minmax"``, ``"standard"`` or ``"none"`` (``scaling``).
-    seed : int
-        Draws the initial centers and each round's clients (``seed``).
-    evaluate : bool
-        Collect the label × cluster tables for the ``eval_*`` metrics (``evaluate``).
-    """
+    """Exact federated FCM (paper 004), typed: each field declares its run-config key
+    ``fcm.<field>`` (``-`` for ``_``), or holds a common key. ``C`` is :attr:`n_clusters`,
+    ``λ`` is :attr:`m`, ``γ`` is :attr:`fraction` (``⌈γM⌉`` of the ``M`` clients per round)."""
 
     method: ClassVar[str] = "exact-fcm"
-    clusters_key: ClassVar[str] = "fcm.n-clusters"
-    guard_key: ClassVar[str] = "fcm.privacy-guard"
+    clusters_key: ClassVar[str] = KeyName("n_clusters")   # type: ignore[assignment]
     clusters_symbol: ClassVar[str] = "C"
-    m_key: ClassVar[str] = "fcm.m"
 
-    n_clusters: int
-    m: float
-    epsilon: float
-    max_rounds: int
-    fraction: float
-    privacy_guard: bool
-    secure_aggregation: bool
-    incremental: bool
-    scaling: str
-    seed: int
-    evaluate: bool
+    n_clusters: int = param(4, "number of clusters C", low=2)
+    m: float = param(2.0, "fuzzifier m (lambda in paper 004); m -> 1 is hard k-means; "
+                     f"at most {M_MAX:g} and m*log10(C) <= {MAX_UNDERFLOW_DIGITS:g} (secure "
+                     f"aggregation: {SECURE_UNDERFLOW_DIGITS:g}; larger m: u^m underflows)",
+                     low=1.0, high=M_MAX, low_open=True)
+    epsilon: float = param(0.005, "stop when ||V(t+1) - V(t)||_F < epsilon", low=0.0)
+    max_rounds: int = param(30, "maximum federated rounds", low=1)
+    fraction: float = param(1.0, "participation fraction gamma, resampled every round",
+                            low=0.0, high=1.0, low_open=True)
+    privacy_guard: bool = param(True, "a client with N <= C(F+1)/F points sends no statistic "
+                                "in any phase: no bounds, sums, objective or evaluation table "
+                                "(paper 004 §4.2)")
+    secure_aggregation: bool = param(False, "sum U and WS with SecAgg+ so the server sees only "
+                                     "the totals (deployment issue)")
+    incremental: bool = param(False, "keep every client's latest U and WS on the server and "
+                              "update from all of them (incremental EM): with fcm.fraction < 1 "
+                              "the fixed point is centralized FCM's; not with "
+                              "fcm.secure-aggregation")
+    scaling: str = common("scaling")
+    seed: int = common("seed", "draws the initial centers and each round's clients")
+    evaluate: bool = common("evaluate", "collect the label × cluster tables for the eval_* "
+                            "metrics")
 
     @property
     def clusters(self) -> int:
@@ -131,16 +94,9 @@ class FCMSettings(FamilySettings):
     def hides_rows(self) -> bool:
         return self.secure_aggregation
 
-    @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> FCMSettings:
-        """The settings of a validated run config."""
-        return cls(n_clusters=int(cfg["fcm.n-clusters"]), m=float(cfg["fcm.m"]),
-                   epsilon=float(cfg["fcm.epsilon"]), max_rounds=int(cfg["fcm.max-rounds"]),
-                   fraction=float(cfg["fcm.fraction"]),
-                   privacy_guard=bool(cfg["fcm.privacy-guard"]),
-                   secure_aggregation=bool(cfg["fcm.secure-aggregation"]),
-                   incremental=bool(cfg["fcm.incremental"]), scaling=str(cfg["scaling"]),
-                   seed=int(cfg["seed"]), evaluate=bool(cfg["evaluate"]))
+
+FCM_KEYS: list[Key] = FCMSettings.keys()
+
 
 def check_fcm(cfg: dict[str, Any]) -> None:
     require(cfg["fcm.n-clusters"] >= 2, "fcm.n-clusters", cfg["fcm.n-clusters"],
@@ -155,7 +111,7 @@ def check_fcm(cfg: dict[str, Any]) -> None:
             "set fcm.incremental=false to keep SecAgg+ (paper 004's rule), or "
             "fcm.secure-aggregation=false to use the incremental rule on plain sums, or "
             "fcm.fraction=1 (every client in every round: SecAgg+ alone is then exact)")
-    n = int(cfg.get("num-clients", 0) or 0)
+    n = int(setting(cfg, "num-clients") or 0)
     if cfg["fcm.secure-aggregation"] and n:      # the rule the first secure round applies
         per_round = max(1, math.ceil(cfg["fcm.fraction"] * n))
         require(per_round >= 2, "fcm.fraction", cfg["fcm.fraction"],

@@ -4,12 +4,12 @@ and :class:`SystemSettings` (the simulated system of §5.2)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
+from fedclust.common import common
 from fedclust.data.capacity import Capacity
-from fedclust.schema import Key, require
+from fedclust.schema import Key, KeyedSettings, param, ref, require, settings
 
 IMAGE_DATASETS = ("digits", "mnist", "fashion-mnist", "emnist-digits", "kmnist", "k49", "local",
                   "files")
@@ -23,144 +23,169 @@ def _hidden(value: str) -> str | None:
     return None if sizes and min(sizes) > 0 else "expected positive layer sizes"
 
 
-KEYS: list[Key] = [
+@settings(prefix="fedcref.")
+class FedCRefSettings(KeyedSettings):
+    """Every ``fedcref.*`` key, declared once: field ``x_y`` is the key ``fedcref.x-y`` (the
+    parameters of the FedCRef Strategy). The loop, the clients and the simulated system read
+    views of the same run config that refer to these fields (:func:`key_ref`):
+    :class:`Settings`, :class:`ClientSettings` and :class:`SystemSettings`."""
+
     # system generator (§5.2)
-    Key("fedcref.samples-per-cluster", int, 0, "S, samples per client cluster (0 = auto: 500, "
-        "or 30 for the small embedded 'digits')", low=0),
-    Key("fedcref.k-min", int, 2, "smallest K_i (classes per client)", low=1),
-    Key("fedcref.k-max", int, 0, "largest K_i (0 = |U|/2)", low=0),
-    Key("fedcref.overlap", float, 0.0, "O, fraction of a cluster's samples shared with the other "
-        "clients' clusters of the same class", low=0.0, high=1.0, high_open=True),
-    Key("fedcref.split", str, "train", "dataset split the system is drawn from",
-        choices=("train", "test", "all")),
-    Key("fedcref.k49-min-count", int, 6000, "k49: keep classes with at least this many "
-        "training samples (paper: 31 classes)", low=0),
+    samples_per_cluster: int = param(0, "S, samples per client cluster (0 = auto: 500, or 30 for "
+                                     "the small embedded 'digits')", low=0)
+    k_min: int = param(2, "smallest K_i (classes per client)", low=1)
+    k_max: int = param(0, "largest K_i (0 = |U|/2)", low=0)
+    overlap: float = param(0.0, "O, fraction of a cluster's samples shared with the other clients' "
+                           "clusters of the same class", low=0.0, high=1.0, high_open=True)
+    split: str = param("train", "dataset split the system is drawn from",
+                       choices=("train", "test", "all"))
+    k49_min_count: int = param(6000, "k49: keep classes with at least this many training samples "
+                               "(paper: 31 classes)", low=0)
     # initial clustering
-    Key("fedcref.init", str, "auto", "initial local clustering: 'auto' = 'dirty' on simulated "
-        "nodes (the paper's protocol, built from the true classes) and 'kmeans' on deployed "
-        "nodes (node config data-path; label-free, K_i from num-clusters or the silhouette "
-        "estimate); 'dirty' on a deployed node needs evaluate=true and node config "
-        "allow-evaluation=true",
-        choices=("auto", "dirty", "kmeans", "dec")),
-    Key("fedcref.dirtiness", float, 0.3, "dirty init: probability a sample starts in a wrong "
-        "cluster (0 = oracle split)", low=0.0, high=1.0),
-    Key("fedcref.estimate-k", bool, False, "kmeans/dec init: estimate K_i by silhouette over "
-        "2..fedcref.k-estimate-max instead of using the given K_i"),
-    Key("fedcref.k-estimate-max", int, 8, "largest K_i tried by the silhouette estimate", low=2),
-    Key("fedcref.dec-pretrain-epochs", int, 50, "DEC autoencoder pretraining epochs", low=1),
-    Key("fedcref.dec-maxiter", int, 2000, "DEC KL-refinement iterations", low=0),
+    init: str = param("auto", "initial local clustering: 'auto' = 'dirty' on simulated nodes (the "
+                      "paper's protocol, built from the true classes) and 'kmeans' on deployed "
+                      "nodes (node config data-path; label-free, K_i from num-clusters or the "
+                      "silhouette estimate); 'dirty' on a deployed node needs evaluate=true and "
+                      "node config allow-evaluation=true",
+                      choices=("auto", "dirty", "kmeans", "dec"))
+    dirtiness: float = param(0.3, "dirty init: probability a sample starts in a wrong cluster (0 = "
+                             "oracle split)", low=0.0, high=1.0)
+    estimate_k: bool = param(False, "kmeans/dec init: estimate K_i by silhouette over "
+                             "2..fedcref.k-estimate-max instead of using the given K_i")
+    k_estimate_max: int = param(8, "largest K_i tried by the silhouette estimate", low=2)
+    dec_pretrain_epochs: int = param(50, "DEC autoencoder pretraining epochs", low=1)
+    dec_maxiter: int = param(2000, "DEC KL-refinement iterations", low=0)
     # algorithm (§4, defaults of §5.2)
-    Key("fedcref.alpha", float, 0.75, "alpha: required Pr{D <= theta} (the 75th percentile)",
-        low=0.0, high=1.0, low_open=True),
-    Key("fedcref.theta", float, 0.2, "theta: association threshold on the normalised error gap",
-        low=0.0, high=1.0),
-    Key("fedcref.assoc-rule", str, "confident", "association test: 'confident' (not in the "
-        "paper: sign tests at level beta on the cluster's own samples that the foreign model "
-        "is within fedcref.margin of the own model on held-out samples, within "
-        "fedcref.best-margin of the best foreign model, and better than each of the "
-        "client's other cluster models; abstains when the samples are too few to tell), "
-        "'ratio' (not in the paper: the ratio-quantile of log e_foreign - log e_own over the "
-        "cluster's held-out samples <= epsilon), 'eq2' (the paper: Pr{normalised error gap "
-        "<= theta} >= alpha; theta depends on the dataset) or 'calibrated' (not in the "
-        "paper, not recommended: the same statistic <= lambda times the statistic of the "
-        "client's own closest other cluster model)",
-        choices=("eq2", "ratio", "calibrated", "confident")),
-    Key("fedcref.beta", float, 0.02, "assoc-rule=confident: level of each of its sign tests "
-        "(the chance that one passes on evidence no stronger than a coin's)",
-        low=0.0, high=1.0, low_open=True, high_open=True),
-    Key("fedcref.margin", float, 0.3, "assoc-rule=confident: a foreign model must be within "
-        "a factor e^margin of the own model's error on most held-out samples", low=0.0),
-    Key("fedcref.best-margin", float, 0.1, "assoc-rule=confident: a foreign model must be "
-        "within a factor e^best-margin of the best foreign model's error on most of the "
-        "cluster's samples", low=0.0),
-    Key("fedcref.best-margin-growth", float, 0.3, "assoc-rule=confident: a cluster of n "
-        "samples uses best-margin * max(1, n/60)^best-margin-growth (0 = best-margin at every "
-        "size)", low=0.0),
-    Key("fedcref.wire", str, "int8-delta", "number format of model weights in messages: "
-        "'float32', 'float16', 'int8' (8-bit weights with one scale per output unit: about "
-        "a quarter of the bytes) or 'int8-delta' (the same 8-bit weights, sent as the "
-        "compressed difference of their codes from a model both ends hold: the model's seeded "
-        "initialisation or the previous FedAvg round's model; about half to a third of "
-        "int8's bytes)", choices=("int8-delta", "float32", "float16", "int8")),
-    Key("fedcref.cannot-link", bool, True, "cut the cluster graph so that no community holds "
-        "two clusters of one client (a minimum edge cut between them; not in the paper)"),
-    Key("fedcref.bridge-cut", int, 3, "cut a link that alone joins two groups of at least "
-        "this many clusters each (a bridge of the cluster graph: one mutual acceptance between "
-        "two groups of one kind each; 0 = off; not in the paper)", low=0),
-    Key("fedcref.new-links", str, "first", "which iterations may link clusters: 'every' (the "
-        "paper), 'first' (later iterations test the first iteration's links again and keep "
-        "or drop them, never add one: refined clusters can drift into mixtures of groups), "
-        "'once' (later iterations keep the first iteration's links without a new "
-        "cross-evaluation) or 'partners' (as 'first', but a client receives only the models "
-        "of its clusters' first-iteration partners, and the best foreign model is the best "
-        "of those); 'first', 'once' and 'partners' are not in the paper",
-        choices=("every", "first", "once", "partners")),
-    Key("fedcref.refine", str, "covered", "refinement (Algorithm 2): 'paper' (every sample may "
-        "go to any community model), 'gated' (a sample is offered only the communities of "
-        "the cluster whose own model reconstructs it best) or 'covered' (a sample whose best "
-        "own model belongs to a community the client confirms is reassigned among the "
-        "client's confirmed community models; any other sample keeps its own models)",
-        choices=("paper", "gated", "covered")),
-    Key("fedcref.lambda", float, 0.9, "assoc-rule=calibrated: accept a foreign model closer "
-        "to the own model than this fraction of the way to the client's own closest other "
-        "cluster model (log error ratio over the held-out samples)", low=0.0, high=1.0,
-        low_open=True, high_open=True),
-    Key("fedcref.epsilon", float, 0.15, "epsilon of assoc-rule=ratio: accept a foreign model "
-        "within a factor e^epsilon of the own model's held-out error", low=0.0),
-    Key("fedcref.ratio-quantile", float, 0.5, "quantile of the log error ratio that "
-        "assoc-rule=ratio and calibrated use (0.5 = median)", low=0.0, high=1.0,
-        low_open=True, high_open=True),
-    Key("fedcref.holdout", float, 0.15, "assoc-rule=ratio or calibrated: share of each "
-        "cluster held out "
-        "from its own autoencoder's training, on which the ratio is measured", low=0.0,
-        high=1.0, low_open=True, high_open=True),
-    Key("fedcref.tau", float, 0.8, "tau: a client whose labels agree (ACC) >= tau with the "
-        "previous iteration becomes inactive", low=0.0, high=1.0),
-    Key("fedcref.association", str, "mutual", "cluster graph: 'mutual' (the algorithm), "
-        "'perfect' (baseline: graph from ground truth), 'none' (local-only baseline)",
-        choices=("mutual", "perfect", "none")),
-    Key("fedcref.assoc-best-per-client", bool, True, "deviation (false = paper): a cluster "
-        "accepts at most one cluster per foreign client, its best-scoring one (the reference "
-        "code kept the first match per client pair)"),
-    Key("fedcref.max-iterations", int, 10, "maximum FedCRef iterations", low=1),
-    Key("fedcref.stop-window", int, 3, "stop when communities and isolated counts change by at "
-        "most stop-change for this many consecutive iterations", low=1),
-    Key("fedcref.stop-change", float, 0.1, "relative change regarded as 'unchanged'", low=0.0),
-    Key("fedcref.fl-rounds", int, 15, "FedAvg rounds per community per iteration", low=1),
-    Key("fedcref.reuse-communities", bool, False, "keep a community's model, untrained, "
-        "while its member clusters and their clients' labels are unchanged since it was "
-        "trained (not in the paper: it retrains every community every iteration)"),
-    Key("fedcref.warm-start", bool, False, "start a community from the previous "
-        "iteration's community model with the most members in common (or, if none, from its "
-        "first member's cluster model), trained for warm-rounds FedAvg rounds, and a local "
-        "cluster model from the cluster's previous model, trained for warm-epochs epochs (not "
-        "in the paper: it starts every model afresh)"),
-    Key("fedcref.warm-rounds", int, 5, "warm-start: FedAvg rounds of a warm-started "
-        "community (a fresh one gets fl-rounds)", low=1),
-    Key("fedcref.warm-epochs", int, 5, "warm-start: epochs of a local cluster model that "
-        "starts from the cluster's previous model (a fresh one gets ae-epochs; not with "
-        "assoc-rule=ratio or calibrated, whose held-out samples the previous model has seen)",
-        low=1),
-    Key("fedcref.fl-local-epochs", int, 3, "local epochs per FedAvg round (not in the paper; "
-        "the reference code used 2 then 7; 3 measured better than 1, docs/fedcref.md)", low=1),
-    Key("fedcref.ae-hidden", str, "100,64,32", "autoencoder encoder sizes (decoder mirrored)",
-        check=_hidden),
-    Key("fedcref.ae-epochs", int, 20, "epochs of local cluster autoencoder training", low=1),
-    Key("fedcref.ae-patience", int, 4, "early stopping patience on the epoch loss (0 = off)",
-        low=0),
-    Key("fedcref.ae-init", str, "keras", "autoencoder weight init: 'keras' (glorot-uniform "
-        "weights, zero biases; the reference code) or 'torch' (nn.Linear default)",
-        choices=("keras", "torch")),
-    Key("fedcref.batch-size", int, 32, "mini-batch size of all autoencoder training (reference "
-        "code: Keras default 32)", low=1),
-    Key("fedcref.lr", float, 1e-3, "Adam learning rate", low=0.0, low_open=True),
-    Key("fedcref.min-cluster-size", int, 5, "clusters smaller than this get no model", low=1),
-    Key("fedcref.torch-threads", int, 1, "torch threads per client process (1 is fastest on a "
-        "busy 2-core machine)", low=1),
-    Key("fedcref.device", str, "cpu", "torch device of the clients' autoencoder training and "
-        "reconstruction errors: cpu, cuda, or auto (cuda if torch.cuda.is_available()); "
-        "checked on each node", choices=("cpu", "cuda", "auto")),
-]
+    alpha: float = param(0.75, "alpha: required Pr{D <= theta} (the 75th percentile)", low=0.0,
+                         high=1.0, low_open=True)
+    theta: float = param(0.2, "theta: association threshold on the normalised error gap", low=0.0,
+                         high=1.0)
+    assoc_rule: str = param("confident", "association test: 'confident' (not in the paper: sign "
+                            "tests at level beta on the cluster's own samples that the foreign "
+                            "model is within fedcref.margin of the own model on held-out samples, "
+                            "within fedcref.best-margin of the best foreign model, and better than "
+                            "each of the client's other cluster models; abstains when the samples "
+                            "are too few to tell), 'ratio' (not in the paper: the ratio-quantile "
+                            "of log e_foreign - log e_own over the cluster's held-out samples <= "
+                            "epsilon), 'eq2' (the paper: Pr{normalised error gap <= theta} >= "
+                            "alpha; theta depends on the dataset) or 'calibrated' (not in the "
+                            "paper, not recommended: the same statistic <= lambda times the "
+                            "statistic of the client's own closest other cluster model)",
+                            choices=("eq2", "ratio", "calibrated", "confident"))
+    beta: float = param(0.02, "assoc-rule=confident: level of each of its sign tests (the chance "
+                        "that one passes on evidence no stronger than a coin's)", low=0.0, high=1.0,
+                        low_open=True, high_open=True)
+    margin: float = param(0.3, "assoc-rule=confident: a foreign model must be within a factor "
+                          "e^margin of the own model's error on most held-out samples", low=0.0)
+    best_margin: float = param(0.1, "assoc-rule=confident: a foreign model must be within a factor "
+                               "e^best-margin of the best foreign model's error on most of the "
+                               "cluster's samples", low=0.0)
+    best_margin_growth: float = param(0.3, "assoc-rule=confident: a cluster of n samples uses "
+                                      "best-margin * max(1, n/60)^best-margin-growth (0 = "
+                                      "best-margin at every size)", low=0.0)
+    wire: str = param("int8-delta", "number format of model weights in messages: 'float32', "
+                      "'float16', 'int8' (8-bit weights with one scale per output unit: about a "
+                      "quarter of the bytes) or 'int8-delta' (the same 8-bit weights, sent as the "
+                      "compressed difference of their codes from a model both ends hold: the "
+                      "model's seeded initialisation or the previous FedAvg round's model; about "
+                      "half to a third of int8's bytes)",
+                      choices=("int8-delta", "float32", "float16", "int8"))
+    cannot_link: bool = param(True, "cut the cluster graph so that no community holds two clusters "
+                              "of one client (a minimum edge cut between them; not in the paper)")
+    bridge_cut: int = param(3, "cut a link that alone joins two groups of at least this many "
+                            "clusters each (a bridge of the cluster graph: one mutual acceptance "
+                            "between two groups of one kind each; 0 = off; not in the paper)",
+                            low=0)
+    new_links: str = param("first", "which iterations may link clusters: 'every' (the paper), "
+                           "'first' (later iterations test the first iteration's links again and "
+                           "keep or drop them, never add one: refined clusters can drift into "
+                           "mixtures of groups), 'once' (later iterations keep the first "
+                           "iteration's links without a new cross-evaluation) or 'partners' (as "
+                           "'first', but a client receives only the models of its clusters' "
+                           "first-iteration partners, and the best foreign model is the best of "
+                           "those); 'first', 'once' and 'partners' are not in the paper",
+                           choices=("every", "first", "once", "partners"))
+    refine: str = param("covered", "refinement (Algorithm 2): 'paper' (every sample may go to any "
+                        "community model), 'gated' (a sample is offered only the communities of "
+                        "the cluster whose own model reconstructs it best) or 'covered' (a sample "
+                        "whose best own model belongs to a community the client confirms is "
+                        "reassigned among the client's confirmed community models; any other "
+                        "sample keeps its own models)", choices=("paper", "gated", "covered"))
+    lam: float = param(0.9, "assoc-rule=calibrated: accept a foreign model closer to the own model "
+                       "than this fraction of the way to the client's own closest other cluster "
+                       "model (log error ratio over the held-out samples)", name="lambda", low=0.0,
+                       high=1.0, low_open=True, high_open=True)
+    epsilon: float = param(0.15, "epsilon of assoc-rule=ratio: accept a foreign model within a "
+                           "factor e^epsilon of the own model's held-out error", low=0.0)
+    ratio_quantile: float = param(0.5, "quantile of the log error ratio that assoc-rule=ratio and "
+                                  "calibrated use (0.5 = median)", low=0.0, high=1.0, low_open=True,
+                                  high_open=True)
+    holdout: float = param(0.15, "assoc-rule=ratio or calibrated: share of each cluster held out "
+                           "from its own autoencoder's training, on which the ratio is measured",
+                           low=0.0, high=1.0, low_open=True, high_open=True)
+    tau: float = param(0.8, "tau: a client whose labels agree (ACC) >= tau with the previous "
+                       "iteration becomes inactive", low=0.0, high=1.0)
+    association: str = param("mutual", "cluster graph: 'mutual' (the algorithm), 'perfect' "
+                             "(baseline: graph from ground truth), 'none' (local-only baseline)",
+                             choices=("mutual", "perfect", "none"))
+    assoc_best_per_client: bool = param(True, "deviation (false = paper): a cluster accepts at "
+                                        "most one cluster per foreign client, its best-scoring one "
+                                        "(the reference code kept the first match per client pair)")
+    max_iterations: int = param(10, "maximum FedCRef iterations", low=1)
+    stop_window: int = param(3, "stop when communities and isolated counts change by at most "
+                             "stop-change for this many consecutive iterations", low=1)
+    stop_change: float = param(0.1, "relative change regarded as 'unchanged'", low=0.0)
+    fl_rounds: int = param(15, "FedAvg rounds per community per iteration", low=1)
+    reuse_communities: bool = param(False, "keep a community's model, untrained, while its member "
+                                    "clusters and their clients' labels are unchanged since it was "
+                                    "trained (not in the paper: it retrains every community every "
+                                    "iteration)")
+    warm_start: bool = param(False, "start a community from the previous iteration's community "
+                             "model with the most members in common (or, if none, from its first "
+                             "member's cluster model), trained for warm-rounds FedAvg rounds, and "
+                             "a local cluster model from the cluster's previous model, trained for "
+                             "warm-epochs epochs (not in the paper: it starts every model afresh)")
+    warm_rounds: int = param(5, "warm-start: FedAvg rounds of a warm-started community (a fresh "
+                             "one gets fl-rounds)", low=1)
+    warm_epochs: int = param(5, "warm-start: epochs of a local cluster model that starts from the "
+                             "cluster's previous model (a fresh one gets ae-epochs; not with "
+                             "assoc-rule=ratio or calibrated, whose held-out samples the previous "
+                             "model has seen)", low=1)
+    fl_local_epochs: int = param(3, "local epochs per FedAvg round (not in the paper; the "
+                                 "reference code used 2 then 7; 3 measured better than 1, "
+                                 "docs/fedcref.md)", low=1)
+    ae_hidden: str = param("100,64,32", "autoencoder encoder sizes (decoder mirrored)",
+                           check=_hidden)
+    ae_epochs: int = param(20, "epochs of local cluster autoencoder training", low=1)
+    ae_patience: int = param(4, "early stopping patience on the epoch loss (0 = off)", low=0)
+    ae_init: str = param("keras", "autoencoder weight init: 'keras' (glorot-uniform weights, zero "
+                         "biases; the reference code) or 'torch' (nn.Linear default)",
+                         choices=("keras", "torch"))
+    batch_size: int = param(32, "mini-batch size of all autoencoder training (reference code: "
+                            "Keras default 32)", low=1)
+    lr: float = param(1e-3, "Adam learning rate", low=0.0, low_open=True)
+    min_cluster_size: int = param(5, "clusters smaller than this get no model", low=1)
+    torch_threads: int = param(1, "torch threads per client process (1 is fastest on a busy 2-core "
+                               "machine)", low=1)
+    device: str = param("cpu", "torch device of the clients' autoencoder training and "
+                        "reconstruction errors: cpu, cuda, or auto (cuda if "
+                        "torch.cuda.is_available()); checked on each node",
+                        choices=("cpu", "cuda", "auto"))
+
+
+KEYS: list[Key] = FedCRefSettings.keys()
+
+
+def key_ref(name: str, convert: Callable[[Any], Any] | None = None) -> Any:
+    """A view's field that holds the key :class:`FedCRefSettings` declares as field ``name``
+    (with its default)."""
+    return ref(next(key for field, key, _ in FedCRefSettings.bound() if field == name),
+               convert=convert)
+
+
+def _sizes(value: str | tuple[int, ...]) -> tuple[int, ...]:
+    """``"100,64,32"`` → ``(100, 64, 32)``."""
+    return tuple(int(v) for v in (value.split(",") if isinstance(value, str) else value))
 
 
 def check(cfg: dict[str, Any]) -> None:
@@ -190,8 +215,8 @@ def check(cfg: dict[str, Any]) -> None:
 # typed settings, from a validated run config (fedclust.config.validate; nothing here checks
 # again)
 
-@dataclass(frozen=True)
-class Settings:
+@settings(document=False)
+class Settings(KeyedSettings):
     """The server loop's parameters (:func:`fedclust.fedcref.algorithm.run`).
 
     Attributes
@@ -236,41 +261,27 @@ class Settings:
         FedAvg rounds of a warm-started community (``fedcref.warm-rounds``).
     """
 
-    seed: int = 0
-    max_iterations: int = 10
-    tau: float = 0.8
-    fl_rounds: int = 15
-    stop_window: int = 3
-    stop_change: float = 0.1
-    association: str = "mutual"
-    ae_init: str = "keras"
-    evaluate: bool = False
-    cannot_link: bool = True
-    bridge_cut: int = 3
-    new_links: str = "first"
-    reuse_communities: bool = False
-    warm_start: bool = False
-    warm_rounds: int = 5
+    checked: ClassVar[bool] = False   # tests and probes go beyond the keys' ranges
 
-    @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> Settings:
-        """The settings of a validated run config."""
-        return cls(seed=int(cfg["seed"]), max_iterations=int(cfg["fedcref.max-iterations"]),
-                   tau=float(cfg["fedcref.tau"]), fl_rounds=int(cfg["fedcref.fl-rounds"]),
-                   stop_window=int(cfg["fedcref.stop-window"]),
-                   stop_change=float(cfg["fedcref.stop-change"]),
-                   association=str(cfg["fedcref.association"]),
-                   ae_init=str(cfg["fedcref.ae-init"]), evaluate=bool(cfg["evaluate"]),
-                   cannot_link=bool(cfg["fedcref.cannot-link"]),
-                   bridge_cut=int(cfg["fedcref.bridge-cut"]),
-                   new_links=str(cfg["fedcref.new-links"]),
-                   reuse_communities=bool(cfg["fedcref.reuse-communities"]),
-                   warm_start=bool(cfg["fedcref.warm-start"]),
-                   warm_rounds=int(cfg["fedcref.warm-rounds"]))
+    seed: int = common("seed")
+    max_iterations: int = key_ref("max_iterations")
+    tau: float = key_ref("tau")
+    fl_rounds: int = key_ref("fl_rounds")
+    stop_window: int = key_ref("stop_window")
+    stop_change: float = key_ref("stop_change")
+    association: str = key_ref("association")
+    ae_init: str = key_ref("ae_init")
+    evaluate: bool = common("evaluate")
+    cannot_link: bool = key_ref("cannot_link")
+    bridge_cut: int = key_ref("bridge_cut")
+    new_links: str = key_ref("new_links")
+    reuse_communities: bool = key_ref("reuse_communities")
+    warm_start: bool = key_ref("warm_start")
+    warm_rounds: int = key_ref("warm_rounds")
 
 
-@dataclass(frozen=True)
-class SystemSettings:
+@settings(document=False)
+class SystemSettings(KeyedSettings):
     """The simulated system (§5.2): what :func:`fedclust.fedcref.client.build_system` draws
     from. Hashable: it keys the caches of the system and of each client's data.
 
@@ -297,16 +308,18 @@ class SystemSettings:
         (``fedcref.k49-min-count``).
     """
 
-    dataset: str
-    data_dir: str
-    num_clients: int
-    seed: int
-    samples_per_cluster: int
-    k_min: int
-    k_max: int
-    overlap: float
-    split: str
-    k49_min_count: int
+    checked: ClassVar[bool] = False   # tests and probes go beyond the keys' ranges
+
+    dataset: str = common("dataset")
+    data_dir: str = common("data-dir")
+    num_clients: int = common("num-clients")
+    seed: int = common("seed")
+    samples_per_cluster: int = key_ref("samples_per_cluster")
+    k_min: int = key_ref("k_min")
+    k_max: int = key_ref("k_max")
+    overlap: float = key_ref("overlap")
+    split: str = key_ref("split")
+    k49_min_count: int = key_ref("k49_min_count")
 
     @property
     def samples(self) -> int:
@@ -316,19 +329,8 @@ class SystemSettings:
             return self.samples_per_cluster
         return 30 if self.dataset == "digits" else 500
 
-    @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> SystemSettings:
-        """The settings of a validated run config."""
-        return cls(dataset=str(cfg["dataset"]), data_dir=str(cfg["data-dir"]),
-                   num_clients=int(cfg["num-clients"]), seed=int(cfg["seed"]),
-                   samples_per_cluster=int(cfg["fedcref.samples-per-cluster"]),
-                   k_min=int(cfg["fedcref.k-min"]), k_max=int(cfg["fedcref.k-max"]),
-                   overlap=float(cfg["fedcref.overlap"]), split=str(cfg["fedcref.split"]),
-                   k49_min_count=int(cfg["fedcref.k49-min-count"]))
-
-
-@dataclass(frozen=True)
-class ClientSettings:
+@settings(document=False)
+class ClientSettings(KeyedSettings):
     """What a client's steps use (:mod:`fedclust.fedcref.client`, the ClientApp handlers),
     and what the server's reply checks bound a client's training by.
 
@@ -400,41 +402,43 @@ class ClientSettings:
         runs: :meth:`torch_device`).
     """
 
+    checked: ClassVar[bool] = False   # tests and probes go beyond the keys' ranges
+
     system: SystemSettings
-    init: str
-    dirtiness: float
-    estimate_k: bool
-    k_estimate_max: int
-    dec_pretrain_epochs: int
-    dec_maxiter: int
-    ae_hidden: tuple[int, ...]
-    ae_init: str
-    ae_epochs: int
-    ae_patience: int
-    batch_size: int
-    lr: float
-    min_cluster_size: int
-    warm_start: bool
-    warm_epochs: int
-    fl_local_epochs: int
-    assoc_rule: str
-    holdout: float
-    theta: float
-    alpha: float
-    margin: float
-    best_margin: float
-    best_margin_growth: float
-    beta: float
-    epsilon: float
-    ratio_quantile: float
-    lam: float
-    assoc_best_per_client: bool
-    refine: str
-    wire: str
-    torch_threads: int
-    evaluate: bool
-    seed: int
-    device: str = "cpu"
+    init: str = key_ref("init")
+    dirtiness: float = key_ref("dirtiness")
+    estimate_k: bool = key_ref("estimate_k")
+    k_estimate_max: int = key_ref("k_estimate_max")
+    dec_pretrain_epochs: int = key_ref("dec_pretrain_epochs")
+    dec_maxiter: int = key_ref("dec_maxiter")
+    ae_hidden: tuple[int, ...] = key_ref("ae_hidden", convert=_sizes)
+    ae_init: str = key_ref("ae_init")
+    ae_epochs: int = key_ref("ae_epochs")
+    ae_patience: int = key_ref("ae_patience")
+    batch_size: int = key_ref("batch_size")
+    lr: float = key_ref("lr")
+    min_cluster_size: int = key_ref("min_cluster_size")
+    warm_start: bool = key_ref("warm_start")
+    warm_epochs: int = key_ref("warm_epochs")
+    fl_local_epochs: int = key_ref("fl_local_epochs")
+    assoc_rule: str = key_ref("assoc_rule")
+    holdout: float = key_ref("holdout")
+    theta: float = key_ref("theta")
+    alpha: float = key_ref("alpha")
+    margin: float = key_ref("margin")
+    best_margin: float = key_ref("best_margin")
+    best_margin_growth: float = key_ref("best_margin_growth")
+    beta: float = key_ref("beta")
+    epsilon: float = key_ref("epsilon")
+    ratio_quantile: float = key_ref("ratio_quantile")
+    lam: float = key_ref("lam")
+    assoc_best_per_client: bool = key_ref("assoc_best_per_client")
+    refine: str = key_ref("refine")
+    wire: str = key_ref("wire")
+    torch_threads: int = key_ref("torch_threads")
+    evaluate: bool = common("evaluate")
+    seed: int = common("seed")
+    device: str = key_ref("device")
 
     @property
     def hidden(self) -> list[int]:
@@ -457,36 +461,13 @@ class ClientSettings:
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> ClientSettings:
         """The settings of a validated run config."""
-        return cls(system=SystemSettings.from_config(cfg), init=str(cfg["fedcref.init"]),
-                   dirtiness=float(cfg["fedcref.dirtiness"]),
-                   estimate_k=bool(cfg["fedcref.estimate-k"]),
-                   k_estimate_max=int(cfg["fedcref.k-estimate-max"]),
-                   dec_pretrain_epochs=int(cfg["fedcref.dec-pretrain-epochs"]),
-                   dec_maxiter=int(cfg["fedcref.dec-maxiter"]),
-                   ae_hidden=tuple(int(v) for v in str(cfg["fedcref.ae-hidden"]).split(",")),
-                   ae_init=str(cfg["fedcref.ae-init"]), ae_epochs=int(cfg["fedcref.ae-epochs"]),
-                   ae_patience=int(cfg["fedcref.ae-patience"]),
-                   batch_size=int(cfg["fedcref.batch-size"]), lr=float(cfg["fedcref.lr"]),
-                   min_cluster_size=int(cfg["fedcref.min-cluster-size"]),
-                   warm_start=bool(cfg["fedcref.warm-start"]),
-                   warm_epochs=int(cfg["fedcref.warm-epochs"]),
-                   fl_local_epochs=int(cfg["fedcref.fl-local-epochs"]),
-                   assoc_rule=str(cfg["fedcref.assoc-rule"]),
-                   holdout=float(cfg["fedcref.holdout"]), theta=float(cfg["fedcref.theta"]),
-                   alpha=float(cfg["fedcref.alpha"]), margin=float(cfg["fedcref.margin"]),
-                   best_margin=float(cfg["fedcref.best-margin"]),
-                   best_margin_growth=float(cfg["fedcref.best-margin-growth"]),
-                   beta=float(cfg["fedcref.beta"]), epsilon=float(cfg["fedcref.epsilon"]),
-                   ratio_quantile=float(cfg["fedcref.ratio-quantile"]),
-                   lam=float(cfg["fedcref.lambda"]),
-                   assoc_best_per_client=bool(cfg["fedcref.assoc-best-per-client"]),
-                   refine=str(cfg["fedcref.refine"]), wire=str(cfg["fedcref.wire"]),
-                   torch_threads=int(cfg["fedcref.torch-threads"]),
-                   evaluate=bool(cfg["evaluate"]), seed=int(cfg["seed"]),
-                   device=str(cfg["fedcref.device"]))
+        return cls(system=SystemSettings.from_config(cfg),
+                   **{name: cfg[key.name] for name, key, _ in cls.bound()})
 
 
 def capacity(cfg: Mapping[str, Any]) -> Capacity:
     """What every client's rows must hold: ``fedcref.k-min`` clusters (at least 2)."""
-    return Capacity("fedcref", "fedcref.k-min", max(2, int(cfg.get("fedcref.k-min", 2))),
+    key = FedCRefSettings.key_of("k_min")
+    return Capacity("fedcref", key, max(2, int(cfg.get(key, FedCRefSettings.k_min))),
                     per_client=True)
+

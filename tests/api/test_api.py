@@ -138,7 +138,7 @@ def test_every_method_is_a_flower_strategy_with_its_keys_as_parameters():
         import inspect
 
         for name, p in inspect.signature(cls.__init__).parameters.items():
-            if name in ("self", "options"):
+            if name in ("self", "options", "settings"):
                 continue
             key = cls.param_keys()[name]
             assert p.default == defaults[key], (cls.__name__, name)
