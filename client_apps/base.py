@@ -27,6 +27,7 @@ from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, Record
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
+from fedclust.common import setting
 from fedclust.errors import FedclustError
 
 # The record of a message that carries the server's run config, and its two keys: the config
@@ -145,7 +146,7 @@ def engine_mod(msg: Message, context: Context, call_next) -> Message:
     # Flower refuses a changed run config after the message: change it for the handler only.
     carried = carried_config(msg, context)
     cfg: Mapping[str, Any] = run if carried is None else carried
-    if "num-partitions" in node and int(cfg.get("num-clients", 0) or 0) == 0:
+    if "num-partitions" in node and int(setting(cfg, "num-clients") or 0) == 0:
         cfg = _with_clients(cfg, int(node["num-partitions"]))
     context.run_config = cfg     # type: ignore[assignment]
     if cfg.get("dataset") == "files" and "partition-id" in node:
@@ -153,8 +154,8 @@ def engine_mod(msg: Message, context: Context, call_next) -> Message:
 
         path = site_file(cfg, int(node["partition-id"]))
         context.node_config = {**node, "data-path": str(path),
-                               "data-format": str(cfg.get("files.format", "")),
-                               "label-column": str(cfg.get("files.label-column", ""))}
+                               "data-format": str(setting(cfg, "files.format")),
+                               "label-column": str(setting(cfg, "files.label-column"))}
     try:
         return call_next(msg, context)
     finally:

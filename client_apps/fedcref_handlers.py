@@ -234,7 +234,7 @@ def node_key(context: Context, x: np.ndarray) -> int:
 
 
 def _client_seed(conf: dict, key: int) -> int:
-    return core.derive_seed(int(conf.get("seed", 0)), key)
+    return core.derive_seed(int(conf["seed"]), key)    # the phase's seed, sent by the server
 
 
 def _eval(st: core.ClientState, y: np.ndarray | None, s: ClientSettings) -> np.ndarray | None:

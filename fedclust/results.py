@@ -24,6 +24,7 @@ from typing import IO, Any, Protocol
 import numpy as np
 
 from fedclust import outputs, trackers
+from fedclust.common import setting
 from fedclust.outputs import OutputDirError
 from fedclust.trackers import Tracker, open_tracker
 
@@ -145,7 +146,7 @@ class RunRecorder:
         #: the run-config ``tracker`` (:mod:`fedclust.trackers`): MLflow or TensorBoard get
         #: every record, the final metrics and the artifacts as well
         self.tracker: Tracker | None = None
-        self.tracker = open_tracker(str(self.config.get("tracker", "")), self.dir, self.config,
+        self.tracker = open_tracker(str(setting(self.config, "tracker")), self.dir, self.config,
                                     self.data)
         #: seconds spent opening the tracker (its store, the experiment, the params): not part
         #: of the run's ``wall_time_s``, which starts after it
@@ -236,13 +237,13 @@ def data_record(cfg: Mapping[str, Any], given: Mapping[str, Any] | None = None
         return {"dataset": "local", "source": "each node's own file (node config data-path)"}
     if name == "files":
         return {"dataset": "files", "source": "one file of data-dir per client",
-                "data-dir": str(cfg.get("data-dir", ""))}
+                "data-dir": str(setting(cfg, "data-dir"))}
     out: dict[str, Any] = {"dataset": name}
     if name == "hf":
         out["hf"] = {k[3:]: cfg[k] for k in ("hf.path", "hf.split", "hf.label-column")
                      if cfg.get(k, "") != ""}
     if cfg["method"] in ("exact-fcm", "fedfcm"):     # the image methods split their own way
-        kind = str(cfg.get("partition.kind", "iid"))
+        kind = str(setting(cfg, "partition.kind"))
         out["partition"] = {"kind": kind, **{k.split(".", 1)[1]: cfg[k]
                                              for k in PARTITION_PARAMS.get(kind, ())}}
     return out

@@ -64,7 +64,9 @@ def check(cfg: Mapping[str, Any]) -> None:
     ConfigError
         The package is missing (the message names the pip extra).
     """
-    name = cfg.get("tracker", "")
+    from fedclust.common import setting
+
+    name = setting(cfg, "tracker")
     if name in PACKAGES:
         module, extra = PACKAGES[name]
         if importlib.util.find_spec(module) is None:

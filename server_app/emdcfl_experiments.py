@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fedclust.config import setting
 from fedclust.metrics import format_ci
 
 CPU: dict[str, Any] = {
@@ -107,10 +108,9 @@ def table(out: Path | list[Path]) -> str:
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         c = r["config"]
-        key = (c["dataset"], c.get("emdcfl.rotation", "max"),
-               c.get("emdcfl.algorithm", "emdcfl"), _eps_key(c.get("emdcfl.epsilon", "auto")),
-               int(c.get("emdcfl.local-epochs", 1)),
-               int(c.get("num-clients", 0)), float(c.get("emdcfl.lr", 0.01)))
+        key = (c["dataset"], setting(c, "emdcfl.rotation"), setting(c, "emdcfl.algorithm"),
+               _eps_key(setting(c, "emdcfl.epsilon")), int(setting(c, "emdcfl.local-epochs")),
+               int(setting(c, "num-clients")), float(setting(c, "emdcfl.lr")))
         groups.setdefault(key, []).append(r)
     lines = ["| dataset | rotation | clients | epochs/round | lr | method | eps | seeds | "
              "avg acc | worst acc | clean acc (targets) | backdoor acc (targets) | ARI | "
@@ -222,7 +222,7 @@ def epsilon_sweep(run_dir: Path, epsilons: list[float]) -> str:
     excess = np.load(run_dir / "emd_excess.npy")
     summary = json.loads((run_dir / "summary.json").read_text())
     truth = summary["metrics"]["eval_truth"]
-    given = summary.get("config", {}).get("emdcfl.epsilon", "auto")
+    given = setting(summary.get("config", {}), "emdcfl.epsilon")
     # ε = auto solved every pair the choice could need: those below its cap
     run_eps = (float(summary["metrics"].get("epsilon_cap", np.inf)) if str(given) == "auto"
                else float(given))

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -29,6 +29,9 @@ from flwr.serverapp import Grid
 
 from strategies.wire.records import array_record, to_array, to_numpy  # noqa: F401
 from strategies.wire.replies import node_text
+
+if TYPE_CHECKING:
+    from fedclust.common import CommonSettings
 
 LOG = logging.getLogger("fedclust")
 
@@ -371,6 +374,14 @@ def _node_info_ok(content: RecordDict) -> str | None:
     return None
 
 
+def _preflight(cfg: Mapping[str, Any]) -> bool:
+    """EMD-CFL's ``preflight`` (false: a deployment whose nodes all read their data-path)."""
+    from fedclust.config import setting
+    from fedclust.emdcfl.keys import EMDCFLSettings
+
+    return bool(setting(cfg, EMDCFLSettings.key_of("preflight")))
+
+
 def connected_clients(grid: Grid, cfg: dict[str, object]) -> list[int]:
     """:func:`wait_for_nodes` for a run, refusing more nodes than a simulated partition has.
 
@@ -402,8 +413,7 @@ def connected_clients(grid: Grid, cfg: dict[str, object]) -> list[int]:
             f"from the start: the run would wait 'timeout' for nodes that never come. Allowed: "
             f"num-clients=0 (every node) or {len(nodes)}. Fix: pass num-clients={len(nodes)} "
             f"(or one client array per client to simulate())")
-    shared = not own_data(cfg) and not (cfg["method"] == "emdcfl"
-                                        and not cfg.get("emdcfl.preflight", True))
+    shared = not own_data(cfg) and not (cfg["method"] == "emdcfl" and not _preflight(cfg))
     if shared and len(nodes) > n:
         raise ConfigError(
             f"{len(nodes)} nodes are connected but run config 'num-clients' = {n}: every node "
@@ -518,9 +528,10 @@ def _exchange(grid: Grid, payloads: Mapping[int, RecordDict], message_type: str,
 
 
 def require_honest(ex: Exchange, phase: str, contributions: int, asked: int,
-                   cfg: Mapping[str, Any]) -> None:
+                   common: CommonSettings) -> None:
     """Stop the run when excluded replies left phase ``phase`` fewer honest contributions than
-    it needs: run config ``min-clients`` (0: one), at most the ``asked`` nodes.
+    it needs: ``common.min_clients`` (run config ``min-clients``; 0: one), at most the
+    ``asked`` nodes.
 
     Only exclusions trigger it: a phase that lost nodes to dropouts alone goes on with the
     others as before (each method says what it does with no reply at all).
@@ -532,15 +543,15 @@ def require_honest(ex: Exchange, phase: str, contributions: int, asked: int,
     """
     if not ex.excluded:
         return
-    floor = max(1, min(int(cfg.get("min-clients", 0) or 1), asked))
+    floor = max(1, min(common.min_clients or 1, asked))
     if contributions >= floor:
         return
     who = "; ".join(f"{node_name(n)}: {why.removeprefix('rejected reply: ')}"
                     for n, why in sorted(ex.excluded.items()))
-    need = (f"run config min-clients = {cfg['min-clients']}" if cfg.get("min-clients")
+    need = (f"run config min-clients = {common.min_clients}" if common.min_clients
             else "at least one")
     raise RuntimeError(
-        f"{cfg.get('method', 'run')}: phase '{phase}' kept {contributions} honest "
+        f"{common.method}: phase '{phase}' kept {contributions} honest "
         f"contribution(s) of the {asked} node(s) asked, fewer than it needs ({need}), after "
         f"excluding replies that failed the server's checks — {who}. The result would rest "
         f"on too few nodes, so the run stops. Fix: check the named node(s) (their data, their "

@@ -20,6 +20,7 @@ import numpy as np
 from flwr.app import RecordDict
 from flwr.serverapp import Grid
 
+from fedclust.common import CommonSettings
 from fedclust.emdcfl import loop
 from fedclust.emdcfl.clients import (
     Clouds,
@@ -104,19 +105,19 @@ class FlowerClients:
     grid : Grid
     nodes : list of int
         The run's nodes (:func:`strategies.common.connected_clients`), sorted.
-    cfg : dict
-        The validated run config (``timeout``, ``min-clients``).
+    common : CommonSettings
+        The run's common settings (``timeout``, ``min_clients``).
     s : EMDCFLSettings
     recorder : RunRecorder
         The run's folder: the final phase saves every cluster's model there and names it to
         the nodes.
     """
 
-    def __init__(self, grid: Grid, nodes: list[int], cfg: dict[str, Any], s: EMDCFLSettings,
-                 recorder: RunRecorder) -> None:
-        self.grid, self.ids, self.cfg, self.s = grid, list(nodes), cfg, s
+    def __init__(self, grid: Grid, nodes: list[int], common: CommonSettings,
+                 s: EMDCFLSettings, recorder: RunRecorder) -> None:
+        self.grid, self.ids, self.common, self.s = grid, list(nodes), common, s
         self.recorder = recorder
-        self.timeout = float(cfg["timeout"])
+        self.timeout = common.timeout
         self.declared: dict[int, int] = {}    # train sizes as first reported
 
     def _send(self, nodes: Sequence[int], content: RecordDict | Callable[[int], RecordDict],
@@ -136,7 +137,7 @@ class FlowerClients:
                 reject(ex, nid, why, phase)
         if required:
             require_replies(ex, phase)
-            require_honest(ex, phase, len(ex.replies), len(nodes), self.cfg)
+            require_honest(ex, phase, len(ex.replies), len(nodes), self.common)
         return ex
 
     @staticmethod
@@ -284,7 +285,8 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     if warning:
         LOG.warning("method=emdcfl: %s", warning)
     s = EMDCFLSettings.from_config(cfg)
-    clients = FlowerClients(grid, connected_clients(grid, cfg), cfg, s, recorder)
+    clients = FlowerClients(grid, connected_clients(grid, cfg), CommonSettings.from_config(cfg),
+                            s, recorder)
     out = loop.run(clients, s, recorder)
     if s.algorithm == "emdcfl" and s.plots and "emd_matrix" in recorder.arrays:
         from fedclust.emdcfl.plots import emd_heatmap

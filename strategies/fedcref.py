@@ -41,6 +41,7 @@ import numpy as np
 from flwr.app import Array, ConfigRecord, RecordDict
 from flwr.serverapp import Grid
 
+from fedclust.common import CommonSettings
 from fedclust.fedcref import algorithm, wire
 from fedclust.fedcref import autoencoder as ae
 from fedclust.fedcref.algorithm import (
@@ -156,13 +157,13 @@ class FlowerClients:
     answered (``dropped_nodes``).
     """
 
-    def __init__(self, grid: Grid, nodes: list[int], cfg: dict[str, Any], s: ClientSettings,
+    def __init__(self, grid: Grid, nodes: list[int], common: CommonSettings, s: ClientSettings,
                  result_dir: str, association: str = "mutual") -> None:
-        self.grid, self.nodes, self.cfg, self.s = grid, nodes, cfg, s
+        self.grid, self.nodes, self.common, self.s = grid, nodes, common, s
         self.association = association     # the loop's (fedcref.association)
         self.n = len(nodes)
         self.index = {nid: i for i, nid in enumerate(nodes)}
-        self.timeout = cfg["timeout"]
+        self.timeout = common.timeout
         self.result = result_dir
         self.hidden = s.hidden
         self.layer: list[int] | None = None     # fixed by the first valid model
@@ -232,7 +233,7 @@ class FlowerClients:
                 + "; ".join(f"{node_name(n)}: {why}" for n, why in sorted(ex.failed.items()))
                 + ". Fix: act on the nodes' reasons (their data, their logs, run config "
                   "'timeout'), then run again")
-        require_honest(ex, f"local-{t}", len(ex.replies), len(self.nodes), self.cfg)
+        require_honest(ex, f"local-{t}", len(ex.replies), len(self.nodes), self.common)
         for nid, c in ex.replies.items():
             met = c.metric_records["metrics"]
             self.declared.setdefault(nid, (int(met["key"]), int(met["n"]), int(met["k"])))
@@ -318,7 +319,7 @@ class FlowerClients:
         ex = send_and_collect(self.grid, [self.nodes[i] for i in asked], content,
                               "query.fedcref_assoc", f"assoc-{t}", self.timeout)
         check_each(ex, check, f"assoc-{t}")
-        require_honest(ex, f"assoc-{t}", len(ex.replies), len(asked), self.cfg)
+        require_honest(ex, f"assoc-{t}", len(ex.replies), len(asked), self.common)
         self.traffic.add("cross_evaluation", ex)
         retry = {}
         for nid, c in ex.replies.items():
@@ -338,7 +339,7 @@ class FlowerClients:
                        f"assoc-{t}-resend")
             # a re-send that fails drops its node; too few honest replies left stop the run
             require_honest(ex2, f"assoc-{t}-resend", len(ex.replies) - len(retry)
-                           + len(ex2.replies), len(asked), self.cfg)
+                           + len(ex2.replies), len(asked), self.common)
             self.traffic.add("cross_evaluation", ex2)
             replies.update(ex2.replies)
             failed.update(ex2.failed)
@@ -397,7 +398,7 @@ class FlowerClients:
         ex = send_and_collect(self.grid, targets, content, "train.fedcref_comm",
                               f"comm-{t}-{rnd}", self.timeout)
         check_each(ex, check, f"comm-{t}-{rnd}")
-        require_honest(ex, f"comm-{t}-{rnd}", len(ex.replies), len(targets), self.cfg)
+        require_honest(ex, f"comm-{t}-{rnd}", len(ex.replies), len(targets), self.common)
         self._account("community_training", ex, "comm")
         self.copies.answered({nid: [g for g, _ in members[self.index[nid]]]
                               for nid in ex.replies}, copies)
@@ -438,7 +439,7 @@ class FlowerClients:
         ex = send_and_collect(self.grid, [self.nodes[i] for i in targets], content,
                               "train.fedcref_refine", f"refine-{t}", self.timeout)
         check_each(ex, check, f"refine-{t}")
-        require_honest(ex, f"refine-{t}", len(ex.replies), len(targets), self.cfg)
+        require_honest(ex, f"refine-{t}", len(ex.replies), len(targets), self.common)
         self._account("refinement", ex, "refine")
         out = {}
         for nid, c in ex.replies.items():
@@ -548,7 +549,8 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     """``method=fedcref`` (``preflight`` runs before, from the ServerApp's method registry):
     :func:`fedclust.fedcref.algorithm.run` over :class:`FlowerClients`."""
     loop, settings = Settings.from_config(cfg), ClientSettings.from_config(cfg)
-    clients = FlowerClients(grid, connected_clients(grid, cfg), cfg, settings,
+    clients = FlowerClients(grid, connected_clients(grid, cfg), CommonSettings.from_config(cfg),
+                            settings,
                             str(recorder.dir), loop.association)
     progress = Progress(loop.max_iterations, "fedcref iteration")
 

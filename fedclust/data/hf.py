@@ -166,10 +166,12 @@ def arrays_from_hf(ds: Any, label_column: str = "", feature_columns: str | Seque
 
 def load_hf(cfg: dict[str, Any]) -> Dataset:
     """``dataset="hf"``: the ``hf.*`` keys (see the module docstring)."""
-    ds = open_hf(str(cfg.get("hf.path", "")), str(cfg.get("hf.split", "train")))
-    x, y, names = arrays_from_hf(ds, str(cfg.get("hf.label-column", "")),
-                                 str(cfg.get("hf.feature-columns", "")),
-                                 str(cfg.get("hf.image-column", "")),
+    from fedclust.common import setting
+
+    ds = open_hf(str(setting(cfg, "hf.path")), str(setting(cfg, "hf.split")))
+    x, y, names = arrays_from_hf(ds, str(setting(cfg, "hf.label-column")),
+                                 str(setting(cfg, "hf.feature-columns")),
+                                 str(setting(cfg, "hf.image-column")),
                                  where=f"run config hf.path={cfg.get('hf.path')!r}")
     if y is not None:      # one coding of the whole dataset, before it is partitioned
         y = np.unique(y, return_inverse=True)[1].reshape(-1).astype(np.int64)

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fedclust.common import setting
 from fedclust.data.capacity import Capacity, check_distinct
 from fedclust.data.local import SUFFIXES
 from fedclust.errors import BadInputError
@@ -99,8 +100,8 @@ def check_sites(cfg: Mapping[str, Any], num_nodes: int | None = None) -> list[in
             f"with dataset='files' each simulated client reads one file. Fix: pass "
             f"--federation-config 'num-supernodes={len(files)}' to flwr run (or "
             f"num_supernodes={len(files)} to fedclust-sweep), or move files out of data-dir")
-    return check_tables(cfg, files, cfg.get("files.format", ""),
-                        cfg.get("files.label-column", ""), "the site files of data-dir")
+    return check_tables(cfg, files, setting(cfg, "files.format"),
+                        setting(cfg, "files.label-column"), "the site files of data-dir")
 
 
 def check_tables(cfg: Mapping[str, Any], files: list[Path], data_format: str,
@@ -135,7 +136,7 @@ def check_tables(cfg: Mapping[str, Any], files: list[Path], data_format: str,
                              f"Allowed: the same columns in every file. Fix: give every site "
                              f"the same features (a label column is named by "
                              f"files.label-column and not counted)")
-    if cfg.get("method", "exact-fcm") in ("exact-fcm", "fedfcm"):    # the nodes' digest rule
+    if setting(cfg, "method") in ("exact-fcm", "fedfcm"):    # the nodes' digest rule
         check_columns(files, data_format, label_column, whose)
     check_distinct(capacity(cfg), tables, whose)
     return widths
@@ -144,7 +145,7 @@ def check_tables(cfg: Mapping[str, Any], files: list[Path], data_format: str,
 def capacity(cfg: Mapping[str, Any]) -> Capacity | None:
     """The clusters the data of the run config's method must hold (the method table's
     ``capacity`` column), or None."""
-    spec = METHODS.get(str(cfg.get("method", "")))
+    spec = METHODS.get(str(cfg.get("method")))
     return load(spec.capacity)(cfg) if spec is not None and spec.capacity else None
 
 
@@ -154,9 +155,9 @@ def _site_loader(cfg: Mapping[str, Any], fmt: str | None = None, column: str | N
     labelled image splits, FedCRef's pixel table, the table loader of the FCM family).
     ``fmt``, ``column``: the nodes' data format and label column (default: ``files.format``,
     ``files.label-column``)."""
-    spec = METHODS.get(str(cfg.get("method", "")))
-    fmt = str(cfg.get("files.format", "")) if fmt is None else fmt
-    column = str(cfg.get("files.label-column", "")) if column is None else column
+    spec = METHODS.get(str(cfg.get("method")))
+    fmt = str(setting(cfg, "files.format")) if fmt is None else fmt
+    column = str(setting(cfg, "files.label-column")) if column is None else column
     return load(spec.site_reader if spec is not None else MethodSpec.site_reader)(
         cfg, fmt, column)
 
@@ -208,9 +209,9 @@ def simulated_nodes(run_config: Mapping[str, Any], default: int = 2) -> int:
 
     # the schema's own cast: num-clients="three" gets the run config's message, not int()'s
     key = next(k for k in COMMON_KEYS if k.name == "num-clients")
-    n = int(key.parse(run_config.get("num-clients", 0)))
+    n = int(key.parse(setting(run_config, "num-clients")))
     if n:
         return n
     if run_config.get("dataset") == "files":
-        return len(site_files(run_config.get("data-dir", "")))
+        return len(site_files(setting(run_config, "data-dir")))
     return default

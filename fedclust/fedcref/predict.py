@@ -154,9 +154,18 @@ def _stack_shapes(arrays: dict[str, Any], bad: Any, prefix: str
     return w, b
 
 
+def _threads(summary: dict[str, Any]) -> Any:
+    """``fedcref.torch-threads`` of a run's saved config (its default if the run did not
+    record it)."""
+    from fedclust.fedcref.keys import FedCRefSettings
+
+    key = FedCRefSettings.key_of("torch_threads")
+    return summary.get("config", {}).get(key, FedCRefSettings.torch_threads)
+
+
 def threads_of(summary: dict[str, Any]) -> int:
     """The torch threads the clients computed errors with (``fedcref.torch-threads``)."""
-    return int(summary.get("config", {}).get("fedcref.torch-threads", 1))
+    return int(_threads(summary))
 
 
 def assign(params: ae.Params, labels: NDArray, x: NDArray, threads: int | None = None,
@@ -205,7 +214,7 @@ def predict_rows(run_dir: Path, summary: dict[str, Any], x: np.ndarray,
             f"folder instead (<run dir>/clients/<i>/ in simulation)")
     params, labels, gate, allow = _checked_models(path)
     check_width(x, int(params[0].shape[1]), "models take")
-    threads = summary.get("config", {}).get("fedcref.torch-threads", 1)
+    threads = _threads(summary)
     if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= 4096:
         raise PredictError(f"the config of {run_dir} gives fedcref.torch-threads = {threads!r}. "
                            f"Allowed: an int from 1 to 4096. Fix: point RUN_DIR at the "

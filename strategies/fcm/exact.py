@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from flwr.serverapp import Grid
 
+from fedclust.common import CommonSettings
 from fedclust.fcm import loop
 from fedclust.fcm.keys import FCMSettings
 from fedclust.fcm.phases import Scaling
@@ -39,7 +40,7 @@ class FlowerClients(FamilyClients):
                                        self.s.guard_bound(f)), phase)
         by_node = {nid: sums for nid, r in ex.replies.items()
                    if (sums := wire.read_sums(r)) is not None}
-        require_honest(ex, phase, len(by_node), len(sampled), self.cfg)
+        require_honest(ex, phase, len(by_node), len(sampled), self.common)
         sums = list(by_node.values())
         u = np.sum([s[0] for s in sums], axis=0) if sums else np.zeros(c)
         ws = np.sum([s[1] for s in sums], axis=0) if sums else np.zeros((c, f))
@@ -55,7 +56,8 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
         from strategies.fcm.secure import SecureClients as Clients
     else:
         Clients = FlowerClients
-    clients = Clients(grid, connected_clients(grid, cfg), cfg, s, str(recorder.dir))
+    clients = Clients(grid, connected_clients(grid, cfg), CommonSettings.from_config(cfg), s,
+                      str(recorder.dir))
     metrics = loop.run(clients, s, recorder)
     record_features(recorder, cfg, clients)
     if cfg["plots"]:

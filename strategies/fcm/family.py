@@ -10,6 +10,7 @@ import numpy as np
 from flwr.app import RecordDict
 from flwr.serverapp import Grid
 
+from fedclust.common import CommonSettings
 from fedclust.fcm.keys import FamilySettings
 from fedclust.fcm.phases import Client, FinalStats, NodeStats, Replies, Scaling
 from fedclust.results import RunRecorder
@@ -41,8 +42,8 @@ class FamilyClients:
     grid : Grid
     nodes : list of int
         The run's nodes (:func:`strategies.common.connected_clients`), sorted.
-    cfg : dict
-        The validated run config (for ``timeout`` and ``min-clients``).
+    common : CommonSettings
+        The run's common settings (``timeout``, ``min_clients``).
     s : FamilySettings
         The method's settings.
     run_dir : str
@@ -54,10 +55,10 @@ class FamilyClients:
     #: the index phase)
     final_tables: ClassVar[bool] = True
 
-    def __init__(self, grid: Grid, nodes: list[int], cfg: dict[str, Any], s: FamilySettings,
-                 run_dir: str) -> None:
-        self.grid, self.ids, self.cfg, self.s = grid, list(nodes), cfg, s
-        self.timeout = float(cfg["timeout"])
+    def __init__(self, grid: Grid, nodes: list[int], common: CommonSettings,
+                 s: FamilySettings, run_dir: str) -> None:
+        self.grid, self.ids, self.common, self.s = grid, list(nodes), common, s
+        self.timeout = common.timeout
         self.excluded: dict[int, str] = {}     # nodes whose scaling reply the server refused
         self.run_dir = run_dir
         self.column_digest = 0      # the majority's digest of the feature column names
@@ -122,7 +123,7 @@ class FamilyClients:
         for nid, why in sorted(across.items()):
             reject(ex, nid, why, "scaling")
             del speaking[nid], got[nid]
-        require_honest(ex, "scaling", len(speaking), len(self.ids), self.cfg)
+        require_honest(ex, "scaling", len(speaking), len(self.ids), self.common)
         self.excluded.update(ex.excluded)
         return replies(ex, got, withheld)
 
@@ -148,7 +149,7 @@ class FamilyClients:
                                         self.s.guard_bound(sc.n_features), with_eval), "final")
         shares = {nid: j for nid, r in ex.replies.items()
                   if (j := wire.read_objective(r)) is not None}
-        require_honest(ex, "final", len(shares), len(self.ids), self.cfg)
+        require_honest(ex, "final", len(shares), len(self.ids), self.common)
         tables = ([t for r in ex.replies.values() if (t := wire.read_eval(r)) is not None]
                   if with_eval else [])
         withheld = [nid for nid in ex.replies if nid not in shares]
@@ -171,8 +172,7 @@ def record_features(recorder: RunRecorder, cfg: dict[str, Any], clients: FamilyC
         from fedclust.data.sites import site_files
 
         for path in site_files(cfg["data-dir"]):
-            names = feature_names(str(path), cfg.get("files.format", ""),
-                                  cfg.get("files.label-column", ""))
+            names = feature_names(str(path), cfg["files.format"], cfg["files.label-column"])
             if names and names_digest(names) == digest:
                 out["names"] = names
                 break

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 from flwr.serverapp import Grid
 
+from fedclust.common import CommonSettings
 from fedclust.fcm.phases import Replies, Scaling
 from fedclust.fedfcm import loop
 from fedclust.fedfcm.keys import FedFCMSettings
@@ -36,7 +37,7 @@ class FlowerClients(FamilyClients):
                                         self.s.guard_bound(sc.n_features)), phase)
         got = {nid: local for nid, r in ex.replies.items()
                if (local := wire.read_local(r, ks, fedavg)) is not None}
-        require_honest(ex, phase, len(got), len(self.ids), self.cfg)
+        require_honest(ex, phase, len(got), len(self.ids), self.common)
         return replies(ex, got, [nid for nid in ex.replies if nid not in got])
 
     def index(self, centers: dict[int, np.ndarray], sc: Scaling) -> Replies[loop.IndexStats]:
@@ -52,7 +53,7 @@ class FlowerClients(FamilyClients):
         withheld = [nid for nid in ex.replies if nid not in got]
         for nid in withheld:
             del ex.replies[nid]   # withheld by the privacy guard: nothing to add
-        require_honest(ex, "fedfuzzdb", len(ex.replies), len(self.ids), self.cfg)
+        require_honest(ex, "fedfuzzdb", len(ex.replies), len(self.ids), self.common)
         return replies(ex, got, withheld)
 
 
@@ -60,7 +61,8 @@ def run(grid: Grid, cfg: dict[str, Any], recorder: RunRecorder) -> dict[str, Any
     """``method=fedfcm``: the loop over the run's nodes; writes the run's arrays (and the index
     plot) into ``recorder``'s folder and returns the metrics."""
     s = FedFCMSettings.from_config(cfg)
-    clients = FlowerClients(grid, connected_clients(grid, cfg), cfg, s, str(recorder.dir))
+    clients = FlowerClients(grid, connected_clients(grid, cfg), CommonSettings.from_config(cfg),
+                            s, str(recorder.dir))
     metrics = loop.run(clients, s, recorder)
     record_features(recorder, cfg, clients)
     if cfg["plots"]:
