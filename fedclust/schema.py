@@ -405,21 +405,3 @@ def describe(cls: Any, names: Sequence[str], args: Mapping[str, str] | None = No
 def _sentence(text: str) -> str:
     return text[:1].upper() + text[1:] if text else text
 
-
-def settings_of_keys(name: str, prefix: str, keys: Sequence[Key]) -> type[KeyedSettings]:
-    """A :class:`KeyedSettings` class with one field per key of ``keys`` (for a method whose
-    keys are still a hand-written :class:`Key` list)."""
-    import dataclasses
-    import keyword
-
-    fields = []
-    for key in keys:
-        suffix = key.name.removeprefix(prefix)
-        attr = suffix.replace("-", "_") + ("_" if keyword.iskeyword(suffix) else "")
-        fields.append((attr, key.type.__name__, param(
-            key.default, key.help, name=suffix, type=key.type, low=key.low, high=key.high,
-            low_open=key.low_open, high_open=key.high_open, choices=key.choices,
-            check=key.check, allowed_text=key.allowed_text)))
-    cls = dataclasses.make_dataclass(name, fields, bases=(KeyedSettings,), frozen=True)
-    cls.key_prefix = prefix
-    return cls
