@@ -14,7 +14,7 @@ from fedclust.fcm.keys import FCM_KEYS, FCMSettings
 from fedclust.fedfcm.keys import FedFCMSettings
 from strategies.methods import EMDCFL, STRATEGIES, ExactFCM, FedFCM, from_run_config
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _count_script():
