@@ -1,5 +1,6 @@
-# The two commands of the README:  make run  (set up + default job)  and  make test.
-.PHONY: setup run test lint
+# The commands of the README:  make run  (set up + default job), make test (the suite but its
+# slow end-to-end tests) and make test-slow (those); CI (.ci/run) runs both test targets.
+.PHONY: setup run test test-slow lint
 
 setup:
 	bash scripts/setup.sh
@@ -7,10 +8,17 @@ setup:
 run: setup
 	bash scripts/run_default.sh
 
-# 4 workers on 2 cores: the slow tests (Flower engines, SuperLink + SuperNodes on loopback) mostly
-# wait on Flower's polling and process start-up, not on the CPU.
+PYTEST = PATH="$(CURDIR)/.venv/bin:$$PATH" .venv/bin/python -m pytest -q -n 4 --dist worksteal
+
+# Every test not marked slow: the core, the server loops on the in-process grid, the ClientApps.
 test: setup
-	PATH="$(CURDIR)/.venv/bin:$$PATH" .venv/bin/python -m pytest -q -n 4 --dist worksteal tests
+	$(PYTEST) -m "not slow" tests
+
+# The tests marked slow (pytest.mark.slow): Flower's Simulation Engine and SuperLink + SuperNodes
+# on loopback started as processes, the README's quick start run as written. 4 workers on 2
+# cores: they mostly wait on Flower's polling and process start-up, not on the CPU.
+test-slow: setup
+	$(PYTEST) -m slow tests
 
 lint:
 	.venv/bin/ruff check .
