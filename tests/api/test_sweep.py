@@ -81,8 +81,9 @@ def _sweep(tmp_path, engine: list[str]) -> dict[int, dict]:
 @pytest.mark.slow
 def test_the_in_process_and_the_simulation_engine_give_the_same_numbers(tmp_path):
     """A small sweep (exact FCM, 2 jobs) by default (in-process) and with engine=flower:
-    every metric the same (floats to 1e-9: the engines add the nodes' sums in the order the
-    replies arrive), the centers too; only times and node ids may differ."""
+    every metric the same (floats to 1e-9: the server adds the nodes' sums by node id, and the
+    engines give the nodes different ids, so the order of the terms differs), the centers too;
+    only times and node ids may differ."""
     inproc = _sweep(tmp_path / "inprocess", [])
     flower = _sweep(tmp_path / "flower", ["engine=flower"])
     assert sorted(inproc) == sorted(flower) == [0, 1]
