@@ -31,3 +31,15 @@ def test_a_round_samples_the_ceiling_of_gamma_m_clients(m, fraction):
     want = math.ceil(round(fraction * m, 9))
     assert [h["sampled"] for h in record.history] == [want] * 3
     assert [h["contributed"] for h in record.history] == [want] * 3
+
+
+def test_a_round_nobody_contributed_to_proves_no_convergence():
+    """Paper 004's stop ‖V(t+1) − V(t)‖ < ε counts only in a round somebody contributed to:
+    with no sums the centers stay put (shift 0), which says nothing about convergence."""
+    centers = np.zeros((2, 2))
+    rule = loop.RoundRule(epsilon=1e-3)
+    nobody = loop.RoundSums(np.zeros(2), np.zeros((2, 2)), contributed=0)
+    somebody = loop.RoundSums(np.ones(2), np.zeros((2, 2)), contributed=1)
+    assert not rule.converged(0.0, nobody, centers)
+    assert rule.converged(0.0, somebody, centers)
+    assert not rule.converged(1e-3, somebody, centers)          # strictly below ε
