@@ -19,7 +19,7 @@ from flwr.app import Array
 from client_apps.app import app as client_app
 from server_app.app import run_method
 from server_app.inprocess import InProcessGrid
-from tests.test_fedcref_e2e import FAST, planted
+from tests.fedcref.test_fedcref_e2e import FAST, planted
 
 BAD = 1000
 FEDFCM = {"method": "fedfcm", "dataset": "iris", "num-clients": 3, "seed": 0, "plots": False,

@@ -7,7 +7,7 @@ import re
 import shlex
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _recipe(target: str) -> str:
