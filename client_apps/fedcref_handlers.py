@@ -509,8 +509,10 @@ def fedcref_refine(msg: Message, context: Context) -> Message:
     ids = np.asarray(ids_given if "communities" in conf else range(ae.n_models(comm)),
                      dtype=np.int64)
     members = [[int(q) for q in qs] for qs in parts] or [[] for _ in ids]
-    mode = s.refine
-    outcome = core.refine(st, x, comm, mode, members, s.margin, s.beta, ids, s.torch_device())
+    from fedclust.fedcref.rules import Offer
+
+    mode = s.refinement
+    outcome = core.refine(st, x, Offer(comm, members, ids), mode, s.torch_device())
     _save_state(context, st)
     own = _owner_state(context, st.k)
     refined = bool(len(st.model_clusters)) or bool(ae.n_models(comm))   # else: no candidates
@@ -524,7 +526,7 @@ def fedcref_refine(msg: Message, context: Context) -> Message:
                     "define them (ties)", st.used_mismatch)
     _keep_owner_results(msg, context, s, st, own, len(x), refined=refined)
     return Message(fw.refine_reply(outcome.agreement, outcome.community_share,
-                                   outcome.confirmed if mode == "covered" else None,
+                                   outcome.confirmed if mode.confirms else None,
                                    _eval(st, y, s), time.perf_counter() - t0), reply_to=msg)
 
 

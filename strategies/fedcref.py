@@ -415,14 +415,15 @@ class FlowerClients:
     def refine(self, t: int, targets: list[int], params: ae.Params,
                members: dict[int, list[tuple[int, list[int]]]]) -> dict[int, RefineReply]:
         LOG.info("iteration %d: %d communities trained", t, ae.n_models(params))
-        mode = self.s.refine
+        mode = self.s.refinement
         np_params = ae.to_numpy(params) if ae.n_models(params) else {}
         sent: dict[int, int] = {}
         encode = self.copies.encoder(np_params, self.s.wire)
 
         def content(nid: int) -> RecordDict:
             i = self.index[nid]
-            _, mine, ids = core_refine_inputs(params, members.get(i, []), mode)
+            offer = core_refine_inputs(params, members.get(i, []), mode)
+            mine, ids = offer.members, offer.ids
             sent[nid] = len(ids)
             c = RecordDict({"config": ConfigRecord({"iteration": t,
                                                     **fw.members_config(ids, mine)}),
@@ -434,7 +435,7 @@ class FlowerClients:
 
         def check(nid: int, c: RecordDict) -> str | None:
             _, rows, k = self.declared.get(nid, (None, None, None))
-            return fw.check_refine(c, sent[nid] if mode == "covered" else None, k, rows)
+            return fw.check_refine(c, sent[nid] if mode.confirms else None, k, rows)
 
         ex = send_and_collect(self.grid, [self.nodes[i] for i in targets], content,
                               "train.fedcref_refine", f"refine-{t}", self.timeout)

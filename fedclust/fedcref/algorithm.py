@@ -45,22 +45,18 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedclust.fedcref import autoencoder as ae
-from fedclust.fedcref.association import (
-    communities,
-    cut_bridges,
-    mutual_edges,
-    perfect_edges,
-    split_conflicts,
-)
+from fedclust.fedcref.association import communities, mutual_edges
 from fedclust.fedcref.client import derive_seed
 from fedclust.fedcref.evaluation import majority_classes, mean_accuracy, wrong_associations
 from fedclust.fedcref.health import assess
 from fedclust.fedcref.keys import Settings
+from fedclust.fedcref.rules import Ask, partners  # noqa: F401  (partners: re-exported)
 from fedclust.fedcref.stopping import StabilityStop
 from fedclust.results import coverage
 
 LOG = logging.getLogger("fedclust")
 Node = tuple[int, int]                    # (client, local cluster)
+Edge = tuple[Node, Node]
 Model = dict[str, NDArray[np.float32]]    # one autoencoder: W0 (1, in, out), b0 (1, 1, out) ...
 
 
@@ -168,19 +164,6 @@ def foreign_nodes(nodes: Collection[Node], client: int,
     return [node for node in nodes if node[0] != client]
 
 
-def partners(links: Collection[tuple[Node, Node]], nodes: Collection[Node]
-             ) -> dict[int, list[Node]]:
-    """Per client, the nodes linked by ``links`` to one of its clusters, among ``nodes``
-    (sorted; clients without such a node are left out)."""
-    present = set(nodes)
-    out: dict[int, set[Node]] = {}
-    for a, b in links:
-        if a in present and b in present:
-            out.setdefault(a[0], set()).add(b)
-            out.setdefault(b[0], set()).add(a)
-    return {ci: sorted(ns) for ci, ns in sorted(out.items())}
-
-
 def _pad(tables: list[NDArray]) -> list[NDArray]:
     width = max((t.shape[1] for t in tables), default=0)
     return [np.pad(t, ((0, 0), (0, width - t.shape[1]))) for t in tables]
@@ -204,27 +187,47 @@ def community_seed(seed: int, t: int) -> int:
     return derive_seed(seed, 7, t, 2)
 
 
-def train_communities(clients: Clients, t: int, groups: list[list[Node]], layer: list[int],
-                      s: Settings, kept: list[ae.Params | None] | None = None,
-                      warm: list[ae.Params | None] | None = None) -> ae.Params:
+@dataclass(frozen=True)
+class CommunityStart:
+    """What the communities of :func:`train_communities` start from: the autoencoders' layer
+    sizes; ``kept[g]``, when not None, community g's model from an earlier iteration (used as
+    is, not trained); ``warm[g]``, when not None, the model community g starts from instead of
+    a fresh initialisation (trained ``warm-rounds`` rounds, at most ``fl-rounds``)."""
+
+    layer: list[int]
+    kept: list[ae.Params | None] | None = None
+    warm: list[ae.Params | None] | None = None
+
+    def rounds(self, g: int, s: Settings) -> int:
+        """FedAvg rounds of community g."""
+        if self.kept is not None and self.kept[g] is not None:
+            return 0
+        if self.warm is not None and self.warm[g] is not None:
+            return min(s.warm_rounds, s.fl_rounds)
+        return s.fl_rounds
+
+    def params(self, n: int, seed: int, s: Settings) -> ae.Params:
+        """The ``n`` communities' starting models (fresh ones drawn with ``seed``)."""
+        params = ae.init_params(n, self.layer, seed, s.ae_init)
+        kept, warm = self.kept or [None] * n, self.warm or [None] * n
+        start = [k if k is not None else w for k, w in zip(kept, warm, strict=True)]
+        if any(p is not None for p in start):
+            params = ae.concat([start[g] if start[g] is not None else [p[g:g + 1] for p in params]
+                                for g in range(n)])
+        return params
+
+
+def train_communities(clients: Clients, t: int, groups: list[list[Node]], s: Settings,
+                      start: CommunityStart) -> ae.Params:
     """Lines 21–24: ``fl-rounds`` rounds of FedAvg for all communities at once.
 
     Each round the members return their trained copy and sample count per community; the new
     community model is the count-weighted mean of the copies (a community nobody trained in a
-    round keeps its model). ``kept[g]``, when given and not None, is community g's model from
-    an earlier iteration: it is used as is and not trained. ``warm[g]``, when not None, is
-    the model community g starts from instead of a fresh initialisation; it is trained for
-    ``s.warm_rounds`` rounds (at most ``fl-rounds``) instead of ``fl-rounds``.
+    round keeps its model). ``start`` says what each community starts from and how many
+    rounds it trains (:class:`CommunityStart`).
     """
-    params = ae.init_params(len(groups), layer, community_seed(s.seed, t), s.ae_init)
-    kept = kept or [None] * len(groups)
-    warm = warm or [None] * len(groups)
-    start = [k if k is not None else w for k, w in zip(kept, warm, strict=True)]
-    if any(p is not None for p in start):
-        params = ae.concat([start[g] if start[g] is not None else [p[g:g + 1] for p in params]
-                            for g in range(len(groups))])
-    rounds = [0 if kept[g] is not None else min(s.warm_rounds, s.fl_rounds)
-              if warm[g] is not None else s.fl_rounds for g in range(len(groups))]
+    params = start.params(len(groups), community_seed(s.seed, t), s)
+    rounds = [start.rounds(g, s) for g in range(len(groups))]
     for rnd in range(1, max(rounds, default=0) + 1):
         members = {ci: [(g, qs) for g, qs in m if rnd <= rounds[g]]
                    for ci, m in community_members(groups).items()}
@@ -232,21 +235,27 @@ def train_communities(clients: Clients, t: int, groups: list[list[Node]], layer:
         if not members:
             break
         seed = derive_seed(s.seed, t, 100 + rnd)
-        replies = clients.community_round(t, rnd, params, members, seed)
-        got: dict[int, list[tuple[ae.Params, float]]] = {}
-        for ci in sorted(replies):
-            for c in replies[ci]:
-                if c.count > 0:
-                    got.setdefault(c.community, []).append((c.model, float(c.count)))
-        new = []
-        for g in range(len(groups)):
-            if g in got:
-                stacks, weights = zip(*got[g], strict=True)
-                new.append(ae.fedavg(list(stacks), list(weights)))
-            else:
-                new.append([p[g:g + 1] for p in params])
-        params = ae.concat(new)
+        params = _fedavg(clients.community_round(t, rnd, params, members, seed), params,
+                         len(groups))
     return params
+
+
+def _fedavg(replies: dict[int, list[Contribution]], params: ae.Params, n: int) -> ae.Params:
+    """Line 23: each community's count-weighted mean of its members' copies (a community
+    nobody trained keeps ``params``' model)."""
+    got: dict[int, list[tuple[ae.Params, float]]] = {}
+    for ci in sorted(replies):
+        for c in replies[ci]:
+            if c.count > 0:
+                got.setdefault(c.community, []).append((c.model, float(c.count)))
+    new = []
+    for g in range(n):
+        if g in got:
+            stacks, weights = zip(*got[g], strict=True)
+            new.append(ae.fedavg(list(stacks), list(weights)))
+        else:
+            new.append([p[g:g + 1] for p in params])
+    return ae.concat(new)
 
 
 class _Reuse:
@@ -288,14 +297,14 @@ class _Reuse:
             self.changed[client] = t
 
 
-def community_models(clients: Clients, t: int, groups: list[list[Node]], layer: list[int],
-                     s: Settings, reuse: _Reuse,
-                     members: Mapping[Node, tuple[int, Model]] | None = None) -> ae.Params:
+def community_models(clients: Clients, t: int, groups: list[list[Node]], s: Settings,
+                     state: _State) -> ae.Params:
     """Lines 21–24; with ``reuse-communities``, only the communities whose members or data
     changed are trained, the others keep their model; with ``warm-start``, a trained community
     starts from the nearest community model of the last iteration (:meth:`_Reuse.nearest`),
     or, when none of its clusters was in a community, from the cluster model of its first
-    member (``members``: the current cluster models, which the server already holds)."""
+    member (the current cluster models, which the server already holds)."""
+    reuse, members = state.reuse, state.store
     kept = [reuse.kept(g) if s.reuse_communities else None for g in groups]
     warm: list[ae.Params | None] = [None] * len(groups)
     for i, g in enumerate(groups):
@@ -303,7 +312,8 @@ def community_models(clients: Clients, t: int, groups: list[list[Node]], layer: 
             warm[i] = reuse.nearest(g)
             if warm[i] is None and members and g[0] in members:
                 warm[i] = ae.from_numpy(members[g[0]][1])
-    params = train_communities(clients, t, groups, layer, s, kept, warm)
+    assert state.layer is not None
+    params = train_communities(clients, t, groups, s, CommunityStart(state.layer, kept, warm))
     if any(k is not None for k in kept):
         notes = {ci: [(g, qs) for g, qs in m if kept[g] is not None]
                  for ci, m in community_members(groups).items()}
@@ -337,123 +347,105 @@ class _Evaluation:
                 "eval_community_classes": [[major.get(n, -1) for n in g] for g in groups]}
 
 
-def run(clients: Clients, s: Settings,
-        on_iteration: Callable[[dict[str, Any]], None] | None = None) -> Outcome:
-    """Algorithm 1. ``on_iteration`` receives each iteration's record before the stop test
-    (the strategy adds traffic and logs it)."""
-    active = set(range(clients.n))
-    store: dict[Node, tuple[int, Model]] = {}     # current version of every cluster model
-    ks: dict[int, int] = {}
-    ev = _Evaluation()
-    reuse = _Reuse()
-    stopper = StabilityStop(s.stop_window, s.stop_change)
-    acc_start = float("nan")
+@dataclass
+class _State:
+    """What Algorithm 1 carries from one iteration to the next, and the phases that update it.
+    It is the :class:`~fedclust.fedcref.rules.Step` the cluster graph asks for the
+    association (:meth:`cross_evaluate`)."""
+
+    clients: Clients
+    active: set[int]                      #: the active set A
+    t: int = 0
+    store: dict[Node, tuple[int, Model]] = field(default_factory=dict)   # current cluster models
+    ks: dict[int, int] = field(default_factory=dict)
+    ev: _Evaluation = field(default_factory=lambda: _Evaluation())
+    reuse: _Reuse = field(default_factory=lambda: _Reuse())
+    layer: list[int] | None = None
+    responding: list[int] = field(default_factory=list)
+    first_links: set[Edge] | None = None  #: the links of the first association
+    acc_start: float = float("nan")
     iso_start: int | None = None
     iso_first: int | None = None
-    layer: list[int] | None = None
-    comm_params: ae.Params = []
-    history: list[dict[str, Any]] = []
-    responding: list[int] = []
-    stop_reason = "max-iterations"
-    first_links: set[tuple[Node, Node]] | None = None    # the links of the first association
-    t = 0
-    for t in range(1, s.max_iterations + 1):
-        rec: dict[str, Any] = {"iteration": t, "active_clients": len(active)}
+    in_graph: set[int] = field(default_factory=set)
+    refined: set[int] = field(default_factory=set)
+    asked: set[int] = field(default_factory=set)
 
-        # 1. local cluster models (lines 6-8) ---------------------------------------------
-        local = clients.local(t, active, derive_seed(s.seed, t, 1))
+    def local_models(self, s: Settings, rec: dict[str, Any]) -> list[Node]:
+        """Lines 6–8: the active clients (re)train their cluster models; returns the graph's
+        nodes, the modelled clusters of the clients that answered."""
+        local = self.clients.local(self.t, self.active, derive_seed(s.seed, self.t, 1))
         if not local:
-            raise RuntimeError(f"FedCRef iteration {t}: no client answered the local phase")
+            raise RuntimeError(f"FedCRef iteration {self.t}: no client answered the local phase")
         for ci, r in local.items():
-            ks[ci] = r.k
-            if r.models is not None:
-                for key in [key for key in store if key[0] == ci]:
-                    del store[key]
-                store.update({(ci, q): (r.version, m) for q, m in r.models.items()})
-                if layer is None and r.models:
-                    layer = layer_sizes_of(next(iter(r.models.values())))
-            if r.modelled is not None:   # clusters emptied by refinement lose their model
-                for key in [key for key in store if key[0] == ci and key[1] not in r.modelled]:
-                    del store[key]
-            if r.hist is not None:
-                ev.hists[ci] = r.hist
-        if t == 1 and s.evaluate and ev.hists:
-            acc_start = mean_accuracy(ev.tables())
-        responding = sorted(local)
-        graph_nodes = sorted(key for key in store if key[0] in local)
+            self._keep(ci, r)
+        if self.t == 1 and s.evaluate and self.ev.hists:
+            self.acc_start = mean_accuracy(self.ev.tables())
+        self.responding = sorted(local)
+        nodes = sorted(key for key in self.store if key[0] in local)
         # clusters below min-cluster-size (or emptied by refinement) have no model, so they
         # are not graph nodes: left out of every cluster count, isolated_start included
-        rec["unmodelled_clusters"] = int(sum(ks[i] for i in responding)) - len(graph_nodes)
-        if iso_start is None:
+        rec["unmodelled_clusters"] = int(sum(self.ks[i] for i in self.responding)) - len(nodes)
+        if self.iso_start is None:
             # the paper's "isolated start" (Tables 3-8, Fig. 4d): before any association every
             # cluster (that has a model) is isolated
-            iso_start = len(graph_nodes)
+            self.iso_start = len(nodes)
+        return nodes
 
-        # 2. association on the clients (lines 9-16) --------------------------------------
-        edges: list[tuple[Node, Node]] = []
-        if s.association == "mutual" and s.new_links == "once" and first_links is not None:
-            # the first association's links between clusters that still have a model; no
-            # cross-evaluation
-            present = set(graph_nodes)
-            edges = [e for e in sorted(first_links) if e[0] in present and e[1] in present]
-        elif s.association == "mutual":
-            models = {key: store[key] for key in graph_nodes}
-            only, asked = None, responding
-            if s.new_links == "partners" and first_links is not None:
-                # a re-test can keep only a first-iteration link: each client needs only its
-                # clusters' partners, and a client without any has nothing to test
-                only = partners(first_links, graph_nodes)
-                asked = [ci for ci in responding if ci in only]
-            answers = clients.associate(t, models, asked, only)
-            accept: dict[Node, set[Node]] = {}
-            for ci, mat in answers.items():
-                foreign = foreign_nodes(graph_nodes, ci, only)
-                for q in range(mat.shape[0]):
-                    if (ci, q) in models:
-                        accept[(ci, q)] = {foreign[j] for j in np.flatnonzero(mat[q])}
-            not_asked = set(responding) - set(asked)      # kept: they had nothing to test
-            graph_nodes = [key for key in graph_nodes
-                           if key[0] in answers or key[0] in not_asked]
-            edges = mutual_edges(accept)                               # line 13: both ways
-            if s.new_links in ("first", "partners") and first_links is not None:
-                kept = [e for e in edges if e in first_links]
-                rec["blocked_links"] = len(edges) - len(kept)
-                edges = kept
-            if s.cannot_link:
-                kept = split_conflicts(graph_nodes, edges)
-                rec["cut_edges"] = len(edges) - len(kept)
-                edges = kept
-            if s.bridge_cut:
-                kept = cut_bridges(graph_nodes, edges, s.bridge_cut)
-                rec["bridge_cuts"] = len(edges) - len(kept)
-                edges = kept
-            if first_links is None:
-                first_links = set(edges)
-        elif s.association == "perfect":
-            nh = ev.node_hist()
-            edges = perfect_edges(majority_classes({k: nh[k] for k in graph_nodes if k in nh}))
+    def _keep(self, ci: int, r: LocalReply) -> None:
+        self.ks[ci] = r.k
+        if r.models is not None:
+            for key in [key for key in self.store if key[0] == ci]:
+                del self.store[key]
+            self.store.update({(ci, q): (r.version, m) for q, m in r.models.items()})
+            if self.layer is None and r.models:
+                self.layer = layer_sizes_of(next(iter(r.models.values())))
+        if r.modelled is not None:   # clusters emptied by refinement lose their model
+            for key in [key for key in self.store if key[0] == ci and key[1] not in r.modelled]:
+                del self.store[key]
+        if r.hist is not None:
+            self.ev.hists[ci] = r.hist
 
-        # 3. communities (lines 17-20, eq. 3) ----------------------------------------------
-        groups, isolated = (communities(graph_nodes, edges) if s.association != "none"
-                            else ([], list(graph_nodes)))
+    def cross_evaluate(self, nodes: list[Node], ask: Ask) -> tuple[list[Node], list[Edge]]:
+        """Lines 10–13: each asked client tests the foreign models (the accept bits of
+        eq. 2 or its replacement); Γ gets an edge where both directions accept."""
+        models = {key: self.store[key] for key in nodes}
+        answers = self.clients.associate(self.t, models, ask.asked, ask.only)
+        accept: dict[Node, set[Node]] = {}
+        for ci, mat in answers.items():
+            foreign = foreign_nodes(nodes, ci, ask.only)
+            for q in range(mat.shape[0]):
+                if (ci, q) in models:
+                    accept[(ci, q)] = {foreign[j] for j in np.flatnonzero(mat[q])}
+        not_asked = set(self.responding) - set(ask.asked)      # kept: nothing to test
+        nodes = [key for key in nodes if key[0] in answers or key[0] in not_asked]
+        return nodes, mutual_edges(accept)                    # line 13: both ways
+
+    def node_hist(self) -> dict[Node, NDArray]:
+        return self.ev.node_hist()
+
+    def communities(self, s: Settings, nodes: list[Node], edges: list[Edge],
+                    rec: dict[str, Any]) -> tuple[list[list[Node]], list[Node]]:
+        """Lines 17–20 (eq. 3): the connected components of Γ with ≥ 2 clusters, and the
+        isolated set I."""
+        groups, isolated = communities(nodes, edges)
         rec.update({"communities": len(groups), "isolated": len(isolated),
-                    "edges": len(edges), "clusters": len(graph_nodes)})
-        if iso_first is None:
-            iso_first = len(isolated)
-        if s.evaluate and ev.hists:
-            rec.update(ev.groups(groups))
+                    "edges": len(edges), "clusters": len(nodes)})
+        if self.iso_first is None:
+            self.iso_first = len(isolated)
+        if s.evaluate and self.ev.hists:
+            rec.update(self.ev.groups(groups))
+        self.in_graph = {key[0] for key in nodes}
+        return groups, isolated
 
-        # 4. community models (lines 21-24) ------------------------------------------------
-        comm_params = (community_models(clients, t, groups, layer, s, reuse, store)
-                       if groups and layer is not None else [])
-
-        # 5. refinement on the active clients (lines 25-31) ---------------------------------
-        by_client = community_members(groups) if len(comm_params) else {}
-        replies = clients.refine(t, sorted(active), comm_params, by_client)
-        in_graph, refined, asked = {key[0] for key in graph_nodes}, set(replies), set(active)
-        agreements = {}
+    def refine(self, s: Settings, groups: list[list[Node]], params: ae.Params,
+               rec: dict[str, Any]) -> None:
+        """Lines 25–31: Algorithm 2 on every active client with the community ``params``; a
+        client whose labels agree ``ACC(y', y) ≥ τ`` with its last ones (eq. 4) leaves A."""
+        by_client = community_members(groups) if len(params) else {}
+        replies = self.clients.refine(self.t, sorted(self.active), params, by_client)
+        self.refined, self.asked = set(replies), set(self.active)
+        agreements, shares = {}, []
         confirmed = unconfirmed = 0
-        shares = []
         for ci, r in sorted(replies.items()):
             agreements[ci] = r.agreement
             if r.confirmed is not None:
@@ -461,14 +453,14 @@ def run(clients: Clients, s: Settings,
                 unconfirmed += len(r.confirmed) - sum(r.confirmed)
             if r.community_share is not None:
                 shares.append(r.community_share)
-            reuse.refined(t, ci, r.agreement)
+            self.reuse.refined(self.t, ci, r.agreement)
             if r.agreement >= s.tau:
-                active.discard(ci)
+                self.active.discard(ci)
             if r.hist is not None:
-                ev.hists[ci] = r.hist
-        if s.evaluate and ev.hists:
-            rec["eval_acc"] = mean_accuracy(ev.tables())
-        rec["active_after"] = len(active)
+                self.ev.hists[ci] = r.hist
+        if s.evaluate and self.ev.hists:
+            rec["eval_acc"] = mean_accuracy(self.ev.tables())
+        rec["active_after"] = len(self.active)
         rec["mean_agreement"] = (float(np.mean(list(agreements.values()))) if agreements
                                  else None)
         rec["sizes"] = [len(g) for g in groups]
@@ -477,39 +469,75 @@ def run(clients: Clients, s: Settings,
             rec["unconfirmed_pct"] = 100.0 * unconfirmed / (confirmed + unconfirmed)
         if shares:
             rec["community_share"] = float(np.mean(shares))
+
+    def outcome(self, s: Settings, history: list[dict[str, Any]], params: ae.Params,
+                stop_reason: str) -> Outcome:
+        """The run's summary (and Figure 4's iteration 0) after the last iteration."""
+        last = history[-1] if history else {}
+        responding = set(self.responding)
+        summary: dict[str, Any] = {
+            "iterations": self.t, "stop_reason": stop_reason,
+            "communities": last.get("communities"), "isolated_start": self.iso_start,
+            "isolated_first": self.iso_first, "isolated_end": last.get("isolated"),
+            "active_clients": len(self.active & responding),
+            "active_unresponsive": sorted(self.active - responding),
+            "association": s.association,
+            "health": assess(history),
+        }
+        if history:     # the last iteration's figures: which clients they rest on
+            everyone = range(self.clients.n)
+            summary["communities_coverage"] = coverage("fedcref", "communities", self.in_graph,
+                                                       everyone)
+            summary["refine_coverage"] = coverage("fedcref", "refine", self.refined, self.asked)
+        for warning in summary["health"]["warnings"]:
+            LOG.warning("fedcref: %s", warning)
+        if s.evaluate:
+            summary.update({"eval_acc_start": self.acc_start,
+                            "eval_acc_end": last.get("eval_acc"),
+                            "eval_wrong_associations_pct": last.get("eval_wrong_associations_pct"),
+                            "eval_global_k": last.get("eval_global_k"),
+                            "eval_ideal_communities": last.get("eval_ideal_communities"),
+                            "eval_nodes": len(self.ev.hists)})
+        start = {"communities": 0, "isolated": self.iso_start, "active_clients": self.clients.n,
+                 "eval_acc": self.acc_start}
+        return Outcome(summary=summary, history=history, community_models=params, start=start)
+
+
+def run(clients: Clients, s: Settings,
+        on_iteration: Callable[[dict[str, Any]], None] | None = None) -> Outcome:
+    """Algorithm 1 (the steps are in the module docstring). The variants are objects chosen
+    once from ``s``: where the graph's edges come from and which iterations may link
+    (:attr:`Settings.cluster_graph <fedclust.fedcref.keys.Settings.cluster_graph>`); the
+    clients hold their association rule and refinement. ``on_iteration`` receives each
+    iteration's record before the stop test (the strategy adds traffic and logs it)."""
+    state = _State(clients, active=set(range(clients.n)))
+    graph = s.cluster_graph
+    stopper = StabilityStop(s.stop_window, s.stop_change)
+    history: list[dict[str, Any]] = []
+    params: ae.Params = []
+    stop_reason = "max-iterations"
+    for t in range(1, s.max_iterations + 1):
+        state.t = t
+        rec: dict[str, Any] = {"iteration": t, "active_clients": len(state.active)}
+        # lines 6-8: the active clients train one autoencoder per local cluster (eq. 1)
+        nodes = state.local_models(s, rec)
+        # lines 9-16: cross-evaluation on the clients; an edge where both directions accept
+        nodes, edges = graph.edges(state, nodes, rec)
+        # lines 17-20 (eq. 3): communities and the isolated set I
+        groups, isolated = state.communities(s, nodes, edges, rec)
+        # lines 21-24: one FedAvg autoencoder per community
+        params = (community_models(clients, t, groups, s, state)
+                  if groups and state.layer is not None else [])
+        # lines 25-31: Algorithm 2 on the active clients; a stable client leaves A (eq. 4)
+        state.refine(s, groups, params, rec)
         if on_iteration is not None:
             on_iteration(rec)
         history.append(rec)
-
-        # 6. stop (§4.5); a client that no longer answers cannot become stable, so it does
-        # not keep the run going
-        reason = stopper.update(len(groups), len(isolated), len(active & set(responding)))
+        # §4.5: stop when A is empty or the counts are stable; a client that no longer
+        # answers cannot become stable, so it does not keep the run going
+        reason = stopper.update(len(groups), len(isolated),
+                                len(state.active & set(state.responding)))
         if reason is not None:
             stop_reason = reason
             break
-
-    last = history[-1] if history else {}
-    summary: dict[str, Any] = {
-        "iterations": t, "stop_reason": stop_reason,
-        "communities": last.get("communities"), "isolated_start": iso_start,
-        "isolated_first": iso_first, "isolated_end": last.get("isolated"),
-        "active_clients": len(active & set(responding)),
-        "active_unresponsive": sorted(active - set(responding)),
-        "association": s.association,
-        "health": assess(history),
-    }
-    if history:     # the last iteration's figures: which clients they rest on
-        everyone = range(clients.n)
-        summary["communities_coverage"] = coverage("fedcref", "communities", in_graph, everyone)
-        summary["refine_coverage"] = coverage("fedcref", "refine", refined, asked)
-    for warning in summary["health"]["warnings"]:
-        LOG.warning("fedcref: %s", warning)
-    if s.evaluate:
-        summary.update({"eval_acc_start": acc_start, "eval_acc_end": last.get("eval_acc"),
-                        "eval_wrong_associations_pct": last.get("eval_wrong_associations_pct"),
-                        "eval_global_k": last.get("eval_global_k"),
-                        "eval_ideal_communities": last.get("eval_ideal_communities"),
-                        "eval_nodes": len(ev.hists)})
-    start = {"communities": 0, "isolated": iso_start, "active_clients": clients.n,
-             "eval_acc": acc_start}
-    return Outcome(summary=summary, history=history, community_models=comm_params, start=start)
+    return state.outcome(s, history, params, stop_reason)

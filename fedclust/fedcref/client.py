@@ -17,9 +17,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from fedclust.fedcref import autoencoder as ae
-from fedclust.fedcref.association import HELD_OUT_RULES, accept_matrix
+from fedclust.fedcref.association import accept_matrix
 from fedclust.fedcref.keys import ClientSettings, SystemSettings
 from fedclust.fedcref.refine import cluster_refine, label_agreement
+from fedclust.fedcref.rules import Offer, PaperRefine, Refinement, RefineView, refinement_of
 from fedclust.fedcref.system import ClientSlice, generate_system
 
 
@@ -156,7 +157,7 @@ def plan_local(state: ClientState, x: NDArray, s: ClientSettings, seed: int) -> 
     state.held_out = None
     # the baselines (association none / perfect) hold out the same samples, so that they
     # differ from the run only in the cluster graph
-    if s.assoc_rule in HELD_OUT_RULES:
+    if s.association_rule.held_out:
         state.held_out = hold_out(state.labels, s.holdout, derive_seed(seed, 3))
         train_on = ~state.held_out
     previous = {int(q): r for r, q in enumerate(state.model_clusters)}
@@ -265,72 +266,42 @@ def associate(state: ClientState, x: NDArray, keys: list[str], new_models: dict[
                else np.zeros((0, len(x)), dtype=np.float32))
     groups = (np.array([int(str(k).split(":")[0]) for k in keys], dtype=np.int64)
               if s.assoc_best_per_client else None)
-    rule = s.assoc_rule
+    rule = s.association_rule
     held_out = state.held_out
-    if rule in HELD_OUT_RULES and held_out is None:  # models trained on every sample: none
+    if rule.held_out and held_out is None:  # models trained on every sample: none held out
         held_out = np.zeros(len(x), dtype=bool)
-    confident = rule == "confident"
-    acc = accept_matrix(state.labels, state.own_errors, foreign, s.theta, s.alpha,
-                        s.min_cluster_size, groups, rule,
-                        s.margin if confident else s.epsilon, s.ratio_quantile, held_out,
-                        s.lam, s.beta, s.best_margin if confident else None,
-                        s.best_margin_growth)
+    acc = accept_matrix(state.labels, state.own_errors, foreign, rule, held_out, groups)
     return acc, [], time.perf_counter() - t0
-
-
-def train_communities(x: NDArray, labels: NDArray, params: ae.Params,
-                      members: list[NDArray[np.int64]], s: ClientSettings, seed: int,
-                      device: str = "cpu") -> tuple[ae.Params, NDArray[np.int64]]:
-    """One FedAvg round for all the communities this client takes part in (one message).
-
-    ``members[g]`` lists the local clusters in community g (usually one); the community model
-    is trained on their union. Returns the updated models and the sample counts (FedAvg weights).
-    """
-    call, counts = community_call(x, labels, params, members, s, seed)
-    return call.run(device), counts
 
 
 def community_call(x: NDArray, labels: NDArray, params: ae.Params,
                    members: list[NDArray[np.int64]], s: ClientSettings, seed: int
                    ) -> tuple[ae.TrainCall, NDArray[np.int64]]:
-    """:func:`train_communities`'s training call and sample counts, to run with others."""
+    """Line 22 on a client, one FedAvg round for all the communities it takes part in (one
+    message): the training call and the sample counts (FedAvg weights).
+
+    ``members[g]`` lists the local clusters in community g (usually one); the community model
+    is trained on their union.
+    """
     data = [x[np.isin(labels, m)] for m in members]
     return (ae.TrainCall(params, data, s.fl_local_epochs, s.batch_size, s.lr, 0, seed),
             np.array([len(d) for d in data], dtype=np.int64))
 
 
-REFINE_MODES = ("paper", "gated", "covered")
+def refine(state: ClientState, x: NDArray, offer: Offer | ae.Params,
+           mode: Refinement | str = PaperRefine(), device: str = "cpu") -> RefineOutcome:
+    """Algorithm 2 with the client's own models and the community models of ``offer``;
+    returns ACC between the previous and the new labeling (eq. 4, the stability test) and
+    what the client found.
 
-
-def refine(state: ClientState, x: NDArray, community_models: ae.Params, mode: str = "paper",
-           members: list[list[int]] | None = None, epsilon: float = 0.15,
-           beta: float = 0.05, ids: NDArray[np.int64] | None = None, device: str = "cpu"
-           ) -> RefineOutcome:
-    """Algorithm 2 with the client's own models and community models; returns ACC between
-    the previous and the new labeling (eq. 4, the stability test) and what the client found.
-
-    ``members[g]`` lists the client's clusters in community g (row g of ``community_models``;
-    empty for a community it is not in); ``ids[g]`` is that community's number in the run
-    (default: g), for the record of the models used. ``mode`` (``fedcref.refine``) chooses
-    which models a sample may go to; ``q*(x)`` is the cluster whose *own* model reconstructs
-    x best:
-
-    - ``"paper"``: every own and every community model, the paper's step.
-    - ``"gated"``: the own models, and the communities that hold ``q*(x)``: a sample never
-      goes to a community whose member clusters its own models do not favour.
-    - ``"covered"``: the client first *confirms* each community it is in with the confident
-      test (:func:`fedclust.fedcref.association.confident_accepts`) on its member cluster's
-      samples (:func:`confirm_communities`).
-      A sample whose ``q*(x)`` is in a confirmed community goes to the best of the client's
-      confirmed community models and the own models of its clusters that no confirmed
-      community covers; any other sample keeps its own models. A community model never wins
-      a sample whose best own model is a cluster no confirmed community covers: the models
-      trained on several clients' data, which reconstruct every kind of sample better than
-      one client's models do, never pull samples out of the classes they were not trained
-      on.
-
-    Samples are then assigned by Algorithm 2's greedy picks among the models each sample may
-    go to (:func:`fedclust.fedcref.refine.cluster_refine` on errors masked to +inf).
+    ``offer`` (:func:`refine_inputs`): the community models, the client's clusters in each
+    (empty for a community it is not in) and their numbers in the run, for the record of the
+    models used; bare stacked models mean communities ``0..G−1`` the client is in none of.
+    ``mode`` (``fedcref.refine``, :mod:`fedclust.fedcref.rules`: :class:`PaperRefine`,
+    :class:`GatedRefine`, :class:`CoveredRefine`) chooses which models a sample may go to,
+    by the cluster ``q*(x)`` whose *own* model reconstructs x best. Samples are then
+    assigned by Algorithm 2's greedy picks among the models each sample may go to
+    (:func:`fedclust.fedcref.refine.cluster_refine` on errors masked to +inf).
 
     Also records the selected models (``state.used_*``) and the gate that masks them (the
     own models and, per own-best cluster, which selected models are allowed): every new label
@@ -338,8 +309,11 @@ def refine(state: ClientState, x: NDArray, community_models: ae.Params, mode: st
     whose best remaining allowed model is the pick), so applying them to the client's rows
     (:func:`fedclust.fedcref.predict.assign`) gives its labels back.
     """
-    if mode not in REFINE_MODES:
-        raise ValueError(f"refine mode must be one of {REFINE_MODES}, got {mode!r}")
+    mode = refinement_of(mode)
+    if not isinstance(offer, Offer):
+        n = ae.n_models(offer)
+        offer = Offer(offer, [[] for _ in range(n)], np.arange(n, dtype=np.int64))
+    community_models = offer.models
     own = (state.own_errors if state.own_errors is not None
            else own_error_matrix(state, x, device))
     n_own = len(state.model_clusters)
@@ -353,25 +327,10 @@ def refine(state: ClientState, x: NDArray, community_models: ae.Params, mode: st
     if not rows:
         return outcome
     errors = np.concatenate(rows)
-    members = members if members is not None else [[] for _ in range(n_com)]
     allow_by_own = np.ones((n_own, len(errors)), dtype=bool)   # gate: own-best row -> rows
-    if mode != "paper" and n_own:
-        allow_by_own[:] = False
-        allow_by_own[:, :n_own] = True
-        if mode == "gated":
-            for g in range(n_com):
-                for q in members[g]:
-                    j = np.flatnonzero(state.model_clusters == q)
-                    allow_by_own[j, n_own + g] = True
-        else:
-            outcome.confirmed = confirm_communities(state, own, com, members, epsilon, beta)
-            covered = [r for r, q in enumerate(state.model_clusters)
-                       if any(q in members[g] for g in np.flatnonzero(outcome.confirmed))]
-            uncovered = np.setdiff1d(np.arange(n_own), covered)
-            for r in covered:
-                allow_by_own[r, :n_own] = False
-                allow_by_own[r, uncovered] = True
-                allow_by_own[r, n_own + np.flatnonzero(outcome.confirmed)] = True
+    if n_own:
+        allow_by_own, outcome.confirmed = mode.allow(RefineView(
+            state.model_clusters, own, com, state.labels, state.held_out, offer.members))
     gate = np.argmin(own[state.model_clusters], axis=0) if n_own else None
     masked = errors if gate is None else np.where(allow_by_own[gate].T, errors, np.inf)
     raw, sel = cluster_refine(masked, state.k)
@@ -380,19 +339,8 @@ def refine(state: ClientState, x: NDArray, community_models: ae.Params, mode: st
     outcome.agreement = label_agreement(state.labels, labels)
     outcome.community_share = float(np.mean(sel[raw] >= n_own)) if sel.size else 0.0
     state.labels = labels
-    # the selected models in candidate order (ties in the greedy picks go to the lower index)
-    order = np.argsort(sel, kind="stable")
-    cand = sel[order]
-    state.used_clusters = mapping[order].astype(np.int64)
-    state.used_kind = np.where(cand < n_own, USED_OWN, USED_COMMUNITY).astype(np.int64)
-    ids = np.arange(n_com) if ids is None else np.asarray(ids, dtype=np.int64)
-    state.used_ref = np.where(cand < n_own, state.model_clusters[np.minimum(cand, n_own - 1)]
-                              if n_own else 0,
-                              ids[np.clip(cand - n_own, 0, max(n_com - 1, 0))]
-                              if n_com else 0).astype(np.int64)
-    candidates = ae.concat([p for p in (state.models, community_models) if ae.n_models(p)])
-    state.used_models = ae.select(candidates, cand)
-    if mode == "paper" or not n_own:
+    cand = _record_used(state, offer, sel, mapping)
+    if not mode.gates or not n_own:
         state.gate_models, state.gate_allow = [], np.zeros((0, len(cand)), dtype=bool)
     else:
         state.gate_models = state.models
@@ -402,16 +350,36 @@ def refine(state: ClientState, x: NDArray, community_models: ae.Params, mode: st
     return outcome
 
 
-def refine_inputs(params: ae.Params, members: list[tuple[int, list[int]]], mode: str
-                  ) -> tuple[ae.Params, list[list[int]], NDArray[np.int64]]:
-    """What a client's refinement takes from the run's community models: every model with
-    ``mode="paper"`` (any may win a sample), else only the client's own communities (no other
-    may); with the client's clusters in each model and the models' community numbers."""
+def _record_used(state: ClientState, offer: Offer, sel: NDArray[np.int64],
+                 mapping: NDArray[np.int64]) -> NDArray[np.int64]:
+    """Records the selected models in candidate order (ties in the greedy picks go to the
+    lower index): which cluster each labels, whether it is own or a community's, and its
+    number. Returns their candidate rows in that order."""
+    n_own, n_com = len(state.model_clusters), ae.n_models(offer.models)
+    order = np.argsort(sel, kind="stable")
+    cand = sel[order]
+    state.used_clusters = mapping[order].astype(np.int64)
+    state.used_kind = np.where(cand < n_own, USED_OWN, USED_COMMUNITY).astype(np.int64)
+    ids = np.asarray(offer.ids, dtype=np.int64)
+    state.used_ref = np.where(cand < n_own, state.model_clusters[np.minimum(cand, n_own - 1)]
+                              if n_own else 0,
+                              ids[np.clip(cand - n_own, 0, max(n_com - 1, 0))]
+                              if n_com else 0).astype(np.int64)
+    candidates = ae.concat([p for p in (state.models, offer.models) if ae.n_models(p)])
+    state.used_models = ae.select(candidates, cand)
+    return cand
+
+
+def refine_inputs(params: ae.Params, members: list[tuple[int, list[int]]], mode: Refinement
+                  ) -> Offer:
+    """What a client's refinement takes from the run's community models: every model when
+    ``mode.offers_all`` (any may win a sample), else only the client's own communities (no
+    other may); with the client's clusters in each model and the models' community numbers."""
     mine = {int(g): [int(q) for q in qs] for g, qs in members}
-    ids = (np.arange(ae.n_models(params), dtype=np.int64) if mode == "paper"
+    ids = (np.arange(ae.n_models(params), dtype=np.int64) if mode.offers_all
            else np.array(sorted(mine), dtype=np.int64))
     models = ae.select(params, ids) if len(ids) and ae.n_models(params) else []
-    return models, [mine.get(int(g), []) for g in ids], ids
+    return Offer(models, [mine.get(int(g), []) for g in ids], ids)
 
 
 def _gated_argmin(errors: NDArray, allow: NDArray[np.bool_], gate: NDArray | None
@@ -421,47 +389,6 @@ def _gated_argmin(errors: NDArray, allow: NDArray[np.bool_], gate: NDArray | Non
     if not len(allow) or gate is None:
         return np.argmin(errors, axis=0)
     return np.argmin(np.where(allow[gate].T, errors, np.inf), axis=0)
-
-
-def confirm_communities(state: ClientState, own: NDArray, com: NDArray,
-                        members: list[list[int]], epsilon: float, beta: float
-                        ) -> NDArray[np.bool_]:
-    """Which of its communities the client confirms (``fedcref.refine=covered``).
-
-    Community g is confirmed when, for each of the client's clusters q in it, the community
-    model passes the confident test against q's own model (on q's samples, q's held-out
-    samples for the equivalence part, the client's other cluster models as the "different"
-    anchor). A community the client is not in is never confirmed. Without held-out samples
-    (``assoc-rule=eq2`` trains the own models on every sample) there is nothing to test on,
-    and every community the client is in counts as confirmed.
-
-    The converse check — that g passes the test for none of the client's clusters outside g
-    — is not made: a community model is trained on several clients' data, and against own
-    models trained on one client's it passes for other classes too (on MNIST, 10 clients ×
-    150 per cluster, it rejected every community of the first iteration).
-    """
-    from fedclust.fedcref.association import confident_accepts
-
-    if state.held_out is None:
-        return np.array([bool(qs) for qs in members], dtype=bool)
-    held = state.held_out
-    modelled = [int(q) for q in state.model_clusters]
-
-    def passes(q: int, g: int) -> bool:
-        whole = state.labels == q
-        others = [r for r in modelled if r != q]
-        if whole.sum() < 2 or not others:
-            return False
-        return bool(confident_accepts(own[q, whole], com[g:g + 1, whole],
-                                      own[others][:, whole], held[whole], epsilon, beta)[0])
-
-    out = np.zeros(len(members), dtype=bool)
-    for g, qs in enumerate(members):
-        qs = [int(q) for q in qs if int(q) in modelled]
-        if not qs:
-            continue
-        out[g] = all(passes(q, g) for q in qs)
-    return out
 
 
 @dataclass

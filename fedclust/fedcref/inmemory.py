@@ -9,6 +9,7 @@ Flower run on the same data and start. For tests and probes of the algorithm.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -152,14 +153,14 @@ class InMemoryClients:
     def refine(self, t: int, targets: list[int], params: ae.Params,
                members: dict[int, list[tuple[int, list[int]]]]) -> dict[int, RefineReply]:
         out = {}
+        mode = self.s.refinement
         for i in targets:
-            models, mine, ids = core.refine_inputs(params, members.get(i, []), self.s.refine)
-            models = self._travel(models) if ae.n_models(models) else models
-            r = core.refine(self.states[i], self.xs[i], models, self.s.refine, mine,
-                            self.s.margin, self.s.beta, ids, self.device)
-            covered = self.s.refine == "covered"
+            offer = core.refine_inputs(params, members.get(i, []), mode)
+            if ae.n_models(offer.models):
+                offer = replace(offer, models=self._travel(offer.models))
+            r = core.refine(self.states[i], self.xs[i], offer, mode, self.device)
             out[i] = RefineReply(r.agreement, self._hist(i),
-                                 [bool(b) for b in r.confirmed] if covered else None,
+                                 [bool(b) for b in r.confirmed] if mode.confirms else None,
                                  r.community_share)
         return out
 

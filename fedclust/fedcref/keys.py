@@ -5,11 +5,15 @@ and :class:`SystemSettings` (the simulated system of §5.2)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from fedclust.common import common
 from fedclust.data.capacity import Capacity
 from fedclust.schema import Key, KeyedSettings, param, ref, require, settings
+
+if TYPE_CHECKING:
+    from fedclust.fedcref.rules import AssociationRule, ClusterGraph, Refinement
 
 IMAGE_DATASETS = ("digits", "mnist", "fashion-mnist", "emnist-digits", "kmnist", "k49", "local",
                   "files")
@@ -279,6 +283,20 @@ class Settings(KeyedSettings):
     warm_start: bool = key_ref("warm_start")
     warm_rounds: int = key_ref("warm_rounds")
 
+    @cached_property
+    def cluster_graph(self) -> ClusterGraph:
+        """Where the graph's edges come from, chosen once (:mod:`fedclust.fedcref.rules`):
+        the mutual test under the links policy ``new_links`` and the graph cuts, or a
+        baseline."""
+        from fedclust.fedcref import association, rules
+
+        if self.association == "perfect":
+            return association.Perfect()
+        if self.association == "none":
+            return association.Unlinked()
+        return association.Mutual(rules.LINK_POLICIES[self.new_links](),
+                                  association.GraphCuts(self.cannot_link, self.bridge_cut))
+
 
 @settings(document=False)
 class SystemSettings(KeyedSettings):
@@ -444,6 +462,30 @@ class ClientSettings(KeyedSettings):
     def hidden(self) -> list[int]:
         """The encoder layer sizes as a list."""
         return list(self.ae_hidden)
+
+    @cached_property
+    def association_rule(self) -> AssociationRule:
+        """The association test of ``assoc_rule``, chosen once (:mod:`fedclust.fedcref.rules`);
+        a cluster of fewer than ``min_cluster_size`` samples abstains."""
+        from fedclust.fedcref import rules
+
+        n = self.min_cluster_size
+        return {"eq2": lambda: rules.Eq2(self.theta, self.alpha, n),
+                "ratio": lambda: rules.Ratio(self.epsilon, self.ratio_quantile, n),
+                "calibrated": lambda: rules.Calibrated(self.lam, self.ratio_quantile, n),
+                "confident": lambda: rules.Confident(self.margin, self.best_margin, self.beta,
+                                                     self.best_margin_growth, n),
+                }[self.assoc_rule]()
+
+    @cached_property
+    def refinement(self) -> Refinement:
+        """The refinement of ``refine``, chosen once (:mod:`fedclust.fedcref.rules`); ``covered``
+        confirms its communities with ``margin`` and ``beta``."""
+        from fedclust.fedcref import rules
+
+        if self.refine == "covered":
+            return rules.CoveredRefine(self.margin, self.beta)
+        return rules.REFINEMENTS[self.refine]()
 
     def torch_device(self) -> str:
         """The torch device of ``fedcref.device`` on this machine.
