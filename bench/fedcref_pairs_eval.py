@@ -19,6 +19,7 @@ import itertools
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -45,9 +46,23 @@ def load(path: Path) -> dict:
             "held": [z[f"held{i}"] for i in range(n)], "y": [z[f"y{i}"] for i in range(n)]}
 
 
+def make_rule(rule: str, epsilon: float = 0.15, quantile: float = 0.5, lam: float = 0.5,
+              beta: float = 0.05, delta: float | None = None, delta_growth: float = 0.0) -> Any:
+    """The association rule object named ``rule`` with this script's parameter names."""
+    from fedclust.fedcref import rules
+
+    return {"eq2": lambda: rules.Eq2(0.2, 0.75, MIN_SIZE),
+            "ratio": lambda: rules.Ratio(epsilon, quantile, MIN_SIZE),
+            "calibrated": lambda: rules.Calibrated(lam, quantile, MIN_SIZE),
+            "confident": lambda: rules.Confident(epsilon, delta, beta, delta_growth, MIN_SIZE),
+            }[rule]()
+
+
 def accept_bits(sys_: dict, rule: str, **kw) -> dict:
     """{(i, q): set of foreign nodes accepted}, best per foreign client."""
     from fedclust.fedcref.association import accept_matrix
+
+    test = make_rule(rule, **kw)
 
     owner = sys_["owner"]
     row = {o: r for r, o in enumerate(owner)}
@@ -61,8 +76,7 @@ def accept_bits(sys_: dict, rule: str, **kw) -> dict:
             own[o[1]] = err[row[o]]
         fk = [r for r, o in enumerate(owner) if o[0] != i]
         groups = np.array([owner[r][0] for r in fk])
-        acc = accept_matrix(labels, own, err[fk], rule=rule, groups=groups, held_out=held,
-                            theta=0.2, alpha=0.75, min_size=MIN_SIZE, **kw)
+        acc = accept_matrix(labels, own, err[fk], test, held, groups)
         for q in range(k):
             out[(i, q)] = {owner[fk[c]] for c in np.flatnonzero(acc[q])}
     return out
@@ -73,8 +87,8 @@ def part_tally(sys_: dict, epsilon: float, beta: float, delta: float | None = No
     """Directed pairs (same and different class) and how many pass each confident part, as
     ``[pairs, own, best, others, all]``; with ``by_class``, the same-class pairs also per true
     class of the tested cluster (``"same:<class>"``)."""
-    from fedclust.fedcref.association import confident_parts
-
+    test = make_rule("confident", epsilon=epsilon, beta=beta, delta=delta,
+                     delta_growth=delta_growth)
     owner = sys_["owner"]
     row = {o: r for r, o in enumerate(owner)}
     _, major = majority(sys_)
@@ -86,9 +100,8 @@ def part_tally(sys_: dict, epsilon: float, beta: float, delta: float | None = No
             continue
         others = [row[o] for o in owner if o[0] == i and o != (i, q)]
         fk = [row[o] for o in owner if o[0] != i]
-        parts = confident_parts(err[row[(i, q)]][whole], err[fk][:, whole],
-                                err[others][:, whole], held[whole], epsilon, beta, delta,
-                                delta_growth)
+        parts = test.parts(err[row[(i, q)]][whole], err[fk][:, whole], err[others][:, whole],
+                           held[whole])
         for c, r in enumerate(fk):
             kind = "same" if major[owner[r]] == major[(i, q)] else "different"
             counts = [1, *parts[:, c], parts[:, c].all()]

@@ -20,6 +20,7 @@ from fedclust.fedcref.association import (
 )
 from fedclust.fedcref.evaluation import wrong_associations
 from fedclust.fedcref.refine import cluster_refine, label_agreement, table_accuracy
+from fedclust.fedcref.rules import Calibrated, Eq2, Ratio
 from fedclust.fedcref.system import SystemSizeError, dirty_clustering, generate_system
 from fedclust.metrics import mean_ci
 
@@ -61,15 +62,15 @@ def test_edge_needs_both_clients_error_vectors_to_accept() -> None:
     good_on_1 = own1 + 1e-3 * rng.random(100)
     good_on_1[0, :3] += 10                             # gaps normalise to ≈ 0 except outliers
     bad_on_0 = rng.random((1, 100)) * 5                # client 1's model on client 0's samples
-    acc1 = accept_matrix(labels, own1, good_on_1, theta=0.2, alpha=0.75)         # D1
-    acc0 = accept_matrix(labels, own0, bad_on_0, theta=0.2, alpha=0.75)           # D2
+    acc1 = accept_matrix(labels, own1, good_on_1, Eq2(0.2, 0.75))         # D1
+    acc0 = accept_matrix(labels, own0, bad_on_0, Eq2(0.2, 0.75))           # D2
     assert acc1[0, 0] and not acc0[0, 0]
     accept = {(0, 0): {(1, 0)} if acc0[0, 0] else set(),
               (1, 0): {(0, 0)} if acc1[0, 0] else set()}
     assert mutual_edges(accept) == []
     good_on_0 = own0 + 1e-3 * rng.random(100)
     good_on_0[0, :3] += 10
-    assert accept_matrix(labels, own0, good_on_0, theta=0.2, alpha=0.75)[0, 0]
+    assert accept_matrix(labels, own0, good_on_0, Eq2(0.2, 0.75))[0, 0]
     accept[(0, 0)] = {(1, 0)}
     assert mutual_edges(accept) == [((0, 0), (1, 0))]
 
@@ -99,10 +100,10 @@ def test_accept_matrix_per_cluster() -> None:
     own = np.stack([rng.random(100), rng.random(100)])
     foreign = np.stack([own[0] + 0.001 * rng.random(100), rng.random(100) * 5])
     foreign[0, :3] += 10          # a few outliers: the rest of the gaps normalise to ~0
-    acc = accept_matrix(labels, own, foreign, theta=0.2, alpha=0.75)
+    acc = accept_matrix(labels, own, foreign, Eq2(0.2, 0.75))
     assert acc.shape == (2, 2)
     assert acc[0, 0] and not acc[0, 1]
-    empty = accept_matrix(np.zeros(100, int), own, foreign, 0.2, 0.75)
+    empty = accept_matrix(np.zeros(100, int), own, foreign, Eq2(0.2, 0.75))
     assert not empty[1].any()     # cluster 1 has no samples
 
 
@@ -115,9 +116,9 @@ def test_accept_matrix_best_per_client() -> None:
     closer[:3] += 10
     close[3:20] += 5              # 17% of the gaps at 0.5 > θ: Pr = 0.80 ≥ α, 'closer' 0.97
     foreign = np.stack([close, closer, close])
-    assert accept_matrix(labels, own, foreign, 0.2, 0.75).tolist() == [[True, True, True]]
+    assert accept_matrix(labels, own, foreign, Eq2(0.2, 0.75)).tolist() == [[True, True, True]]
     # foreign models 0 and 1 belong to client 7, model 2 to client 9: one accept per client
-    one = accept_matrix(labels, own, foreign, 0.2, 0.75, groups=np.array([7, 7, 9]))
+    one = accept_matrix(labels, own, foreign, Eq2(0.2, 0.75), groups=np.array([7, 7, 9]))
     assert one.tolist() == [[False, True, True]]
 
 
@@ -130,8 +131,8 @@ def test_best_per_client_ties_are_broken_by_a_continuous_score() -> None:
     grp = np.array([4, 4])
     for foreign, want in ((np.stack([worse, better]), [False, True]),
                           (np.stack([better, worse]), [True, False])):
-        assert accept_matrix(labels, own, foreign, 0.2, 0.75).all()
-        assert accept_matrix(labels, own, foreign, 0.2, 0.75, groups=grp)[0].tolist() == want
+        assert accept_matrix(labels, own, foreign, Eq2(0.2, 0.75)).all()
+        assert accept_matrix(labels, own, foreign, Eq2(0.2, 0.75), groups=grp)[0].tolist() == want
 
 
 def test_eq2_is_scale_free_and_the_ratio_test_is_not() -> None:
@@ -144,8 +145,7 @@ def test_eq2_is_scale_free_and_the_ratio_test_is_not() -> None:
     for c in (1.05, 10.0):
         foreign = own * c
         assert accept_score(own[0], foreign, 0.2)[0] == accept_score(own[0], own * 1.05, 0.2)[0]
-        ratio = accept_matrix(labels, own, foreign, 0.2, 0.75, rule="ratio", epsilon=0.2,
-                              held_out=held)
+        ratio = accept_matrix(labels, own, foreign, Ratio(epsilon=0.2), held_out=held)
         assert ratio[0, 0] == (np.log(c) <= 0.2)
     np.testing.assert_allclose(log_ratio_quantile(own[0], own * 2.0, 0.5), [np.log(2.0)])
 
@@ -157,16 +157,13 @@ def test_ratio_test_uses_the_quantile_of_held_out_samples_only() -> None:
     held[:20] = True
     foreign = np.full((1, 100), 1.0)
     foreign[0, 20:] = 100.0          # terrible on the training samples: not looked at
-    assert accept_matrix(labels, own, foreign, 0.2, 0.75, rule="ratio", held_out=held).all()
+    assert accept_matrix(labels, own, foreign, Ratio(), held_out=held).all()
     foreign = np.full((1, 100), 1.0)
     foreign[0, :8] = 5.0             # 40% of the held-out samples are 5x worse: median passes
-    assert accept_matrix(labels, own, foreign, 0.2, 0.75, rule="ratio", held_out=held).all()
-    assert not accept_matrix(labels, own, foreign, 0.2, 0.75, rule="ratio", held_out=held,
-                             quantile=0.75).any()
+    assert accept_matrix(labels, own, foreign, Ratio(), held_out=held).all()
+    assert not accept_matrix(labels, own, foreign, Ratio(quantile=0.75), held_out=held).any()
     with pytest.raises(ValueError, match="held_out"):
-        accept_matrix(labels, own, foreign, 0.2, 0.75, rule="ratio")
-    with pytest.raises(ValueError, match="rule"):
-        accept_matrix(labels, own, foreign, 0.2, 0.75, rule="eq2-preference")
+        accept_matrix(labels, own, foreign, Ratio())
 
 
 def test_calibrated_test_takes_its_scale_from_the_clients_other_cluster() -> None:
@@ -178,24 +175,22 @@ def test_calibrated_test_takes_its_scale_from_the_clients_other_cluster() -> Non
     own = np.stack([np.ones(100), np.full(100, 4.0)])
     own[1, labels == 1] = 1.0                        # model 1 is good on its own cluster
     foreign = np.stack([np.full(100, 1.9), np.full(100, 2.1)])
-    acc = accept_matrix(labels, own, foreign, 0.2, 0.75, rule="calibrated", held_out=held,
-                        lam=0.5)
+    acc = accept_matrix(labels, own, foreign, Calibrated(lam=0.5), held_out=held)
     assert acc[0].tolist() == [True, False]
     # the same foreign errors against a closer "different" anchor (2x): only e^{0.5 log 2}
     own[1, labels == 0] = 2.0
-    acc = accept_matrix(labels, own, foreign, 0.2, 0.75, rule="calibrated", held_out=held,
-                        lam=0.5)
+    acc = accept_matrix(labels, own, foreign, Calibrated(lam=0.5), held_out=held)
     assert acc[0].tolist() == [False, False]
     # scale-free in the errors as a whole, unlike ε: multiplying everything changes nothing
-    acc10 = accept_matrix(labels, 10 * own, 10 * foreign, 0.2, 0.75, rule="calibrated",
-                          held_out=held, lam=0.5)
+    acc10 = accept_matrix(labels, 10 * own, 10 * foreign, Calibrated(lam=0.5),
+                          held_out=held)
     np.testing.assert_array_equal(acc10, acc)
     # no other modelled cluster: no anchor, nothing accepted
-    lone = accept_matrix(np.zeros(100, int), own[:1], foreign, 0.2, 0.75, rule="calibrated",
-                         held_out=held, lam=0.99)
+    lone = accept_matrix(np.zeros(100, int), own[:1], foreign, Calibrated(lam=0.99),
+                         held_out=held)
     assert not lone.any()
     with pytest.raises(ValueError, match="held_out"):
-        accept_matrix(labels, own, foreign, 0.2, 0.75, rule="calibrated")
+        accept_matrix(labels, own, foreign, Calibrated())
 
 
 def test_hold_out_takes_a_share_of_every_cluster() -> None:

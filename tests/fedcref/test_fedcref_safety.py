@@ -12,14 +12,15 @@ from fedclust.config import validate
 from fedclust.fedcref import algorithm
 from fedclust.fedcref import autoencoder as ae
 from fedclust.fedcref import client as core
-from fedclust.fedcref.association import (
-    confident_accepts,
-    cut_bridges,
-    sign_test_p,
-    split_conflicts,
-)
+from fedclust.fedcref.association import cut_bridges, sign_test_p, split_conflicts
 from fedclust.fedcref.inmemory import InMemoryClients
+from fedclust.fedcref.rules import Confident, CoveredRefine, Offer
 from fedclust.fedcref.system import dirty_clustering
+
+
+def confident_accepts(own, foreign, others, held, margin, beta, best_margin=None, growth=0.0):
+    """The confident test (:class:`~fedclust.fedcref.rules.Confident`) with these parameters."""
+    return Confident(margin, best_margin, beta, growth).accepts(own, foreign, others, held)
 
 
 def _patterns(n_classes: int, seed: int, similar: float) -> np.ndarray:
@@ -195,7 +196,9 @@ def test_refinement_never_gives_a_sample_to_a_community_its_own_models_do_not_fa
     st.own_errors = core.own_error_matrix(st, x)
     members = [[0], [1, 2], []]
     best_own = np.argmin(st.own_errors, axis=0)
-    core.refine(st, x, _const_models([0.12, 0.45, 0.82]), mode, members)
+    refinement = CoveredRefine(0.15, 0.05) if mode == "covered" else mode
+    core.refine(st, x, Offer(_const_models([0.12, 0.45, 0.82]), members, np.arange(3)),
+                refinement)
     # the model that labels each sample: the best of the selected models its gate allows
     allowed = st.gate_allow[best_own].T if len(st.gate_allow) else True
     chosen = np.argmin(np.where(allowed, ae.errors(st.used_models, x), np.inf), axis=0)
