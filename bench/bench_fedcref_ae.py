@@ -60,7 +60,8 @@ def main() -> None:
     loop_train = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    ae.train(ae.init_params(a.k, ae.layer_sizes(d, [100, 64, 32]), 0), data, a.epochs, a.batch)
+    ae.train(ae.TrainCall(ae.init_params(a.k, ae.layer_sizes(d, [100, 64, 32]), 0), data,
+                          a.epochs, a.batch))
     stacked_train = time.perf_counter() - t0
 
     models = ae.init_params(a.m, ae.layer_sizes(d, [100, 64, 32]), 1)

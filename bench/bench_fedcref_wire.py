@@ -28,7 +28,7 @@ def main() -> None:
     from fedclust.fedcref import autoencoder as ae
     from fedclust.fedcref import client as core
     from fedclust.fedcref import wire
-    from fedclust.fedcref.initial import initial_clustering
+    from fedclust.fedcref.initial import Dirty, initial_clustering
     from fedclust.fedcref.keys import ClientSettings
 
     ap = parser(__doc__, first_line=True, data_dir=True, dataset="mnist", clients=10,
@@ -46,7 +46,7 @@ def main() -> None:
         x, y = core.client_data(cfg, i)
         key = core.client_key(x)
         st = core.ClientState(labels=initial_clustering(
-            "dirty", x, int(np.unique(y).size), y_true=y, dirtiness=s.dirtiness,
+            Dirty(s.dirtiness), x, int(np.unique(y).size), y_true=y,
             random_state=core.derive_seed(args.seed, key, 0)), k=int(np.unique(y).size))
         seed = core.derive_seed(phase, key)
         core.train_local(st, x, s, seed)
@@ -59,8 +59,9 @@ def main() -> None:
             fresh.append((row, {k: v[j:j + 1] for k, v in init.items()},
                           np.array([[wire.INIT, seed, count, j]])))
             held = wire.roundtrip(row, "int8")
-            trained, _ = core.train_communities(x, st.labels, ae.from_numpy(held),
-                                                [np.array([q])], s, seed + j)
+            call, _ = core.community_call(x, st.labels, ae.from_numpy(held),
+                                          [np.array([q])], s, seed + j)
+            trained = call.run()
             rounds.append((ae.to_numpy(trained), held, np.array([[wire.HELD, 0, 0, j]])))
     out = {}
     for name, cases in (("fresh cluster model vs its initialisation", fresh),

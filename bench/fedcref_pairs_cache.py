@@ -38,7 +38,7 @@ def build(dataset: str, clients: int, spc: int, seed: int, dirtiness: float, dat
     from fedclust.config import validate
     from fedclust.fedcref import autoencoder as ae
     from fedclust.fedcref import client as core
-    from fedclust.fedcref.initial import initial_clustering
+    from fedclust.fedcref.initial import Dirty, initial_clustering
     from fedclust.fedcref.keys import ClientSettings
 
     path = cache_path(out, dataset, clients, spc, seed, dirtiness)
@@ -56,8 +56,7 @@ def build(dataset: str, clients: int, spc: int, seed: int, dirtiness: float, dat
     for i in range(clients):
         x, y = core.client_data(cfg, i)
         key = core.client_key(x)
-        start = initial_clustering("dirty", x, int(np.unique(y).size), y_true=y,
-                                   dirtiness=dirtiness,
+        start = initial_clustering(Dirty(dirtiness), x, int(np.unique(y).size), y_true=y,
                                    random_state=core.derive_seed(seed, key, 0))
         st = core.ClientState(labels=start, k=int(np.unique(y).size))
         core.train_local(st, x, settings, core.derive_seed(phase, key))

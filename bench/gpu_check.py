@@ -231,7 +231,7 @@ def fedcref_system(a: argparse.Namespace, extra: dict[str, Any]) -> dict[str, An
     import numpy as np
 
     from fedclust.fedcref import client as core
-    from fedclust.fedcref.initial import initial_clustering
+    from fedclust.fedcref.initial import Dirty, initial_clustering
 
     cfg = _fedcref_config(a, extra, "cpu")
     t0 = time.perf_counter()
@@ -240,7 +240,7 @@ def fedcref_system(a: argparse.Namespace, extra: dict[str, Any]) -> dict[str, An
         x, y = core.client_data(cfg, i)
         k = int(np.unique(y).size)
         starts.append(initial_clustering(
-            "dirty", x, k, y_true=y, dirtiness=cfg["fedcref.dirtiness"],
+            Dirty(cfg["fedcref.dirtiness"]), x, k, y_true=y,
             random_state=core.derive_seed(cfg["seed"], core.client_key(x), 0)))
         xs.append(x)
         ys.append(y)

@@ -173,11 +173,11 @@ def _init_state(context: Context, cfg: dict[str, Any], x: np.ndarray, y: np.ndar
         k = dirty_k(y, k, context.node_config.get("data-path"))
     else:
         y = None    # a label-free start: kmeans/dec never see the true classes
-    labels = initial_clustering(
-        kind, x, max(k, 2), y_true=y, dirtiness=s.dirtiness,
-        estimate_k=estimate and kind != "dirty", k_max=s.k_estimate_max,
-        dec_options={"pretrain_epochs": s.dec_pretrain_epochs, "maxiter": s.dec_maxiter},
-        random_state=seed)
+    start = {"dirty": _initial.Dirty(s.dirtiness),
+             "dec": _initial.DECStart({"pretrain_epochs": s.dec_pretrain_epochs,
+                                       "maxiter": s.dec_maxiter})}.get(kind, kind)
+    k_i = range(2, s.k_estimate_max + 1) if estimate and kind != "dirty" else max(k, 2)
+    labels = initial_clustering(start, x, k_i, y_true=y, random_state=seed)
     return core.ClientState(labels=labels, k=int(labels.max()) + 1 if kind != "dirty" else k)
 
 

@@ -115,9 +115,7 @@ class TrainInfo:
     steps: int                       # stacked optimizer steps taken
 
 
-def train(params: Params, datasets: Sequence[NDArray[np.float32]],
-          epochs: int | Sequence[int], batch_size: int = 128, lr: float = 1e-3,
-          patience: int = 0, seed: int = 0, streams: Sequence[tuple[int, int]] | None = None,
+def train(call: TrainCall, streams: Sequence[tuple[int, int]] | None = None,
           device: str = "cpu", fused: bool | None = None) -> tuple[Params, TrainInfo]:
     """Train M stacked autoencoders, model m on ``datasets[m]`` only (MSE, Adam).
 
@@ -128,10 +126,10 @@ def train(params: Params, datasets: Sequence[NDArray[np.float32]],
 
     Parameters
     ----------
-    params : stacked parameters (modified copies are returned, on the CPU; inputs untouched)
-    datasets : M arrays ``(n_m, d)`` in [0, 1]
-    epochs : int, or one per model
-    batch_size, lr, patience, seed
+    call : :class:`TrainCall`
+        ``params``: the stacked parameters (modified copies are returned, on the CPU; inputs
+        untouched); ``datasets``: M arrays ``(n_m, d)`` in [0, 1]; ``epochs`` (an int, or one
+        per model), ``batch_size``, ``lr``, ``patience``, ``seed``.
     streams : M pairs ``(seed, index)``, optional
         Model m's shuffling stream is ``default_rng([seed, index])`` (default ``(seed, m)``):
         models of several clients trained together keep the streams each client's own call
@@ -147,6 +145,7 @@ def train(params: Params, datasets: Sequence[NDArray[np.float32]],
     -------
     params, TrainInfo
     """
+    params, datasets, epochs, lr, seed = call.params, call.datasets, call.epochs, call.lr, call.seed
     m_count = n_models(params)
     assert len(datasets) == m_count, "one dataset per stacked model"
     dev = torch.device(device)
@@ -160,13 +159,11 @@ def train(params: Params, datasets: Sequence[NDArray[np.float32]],
         streams = [(int(seed), m) for m in range(m_count)]
     rngs = [np.random.default_rng([int(s) & 0xFFFF_FFFF, int(j)]) for s, j in streams]
     limit = np.broadcast_to(np.asarray(epochs, dtype=np.int64), (m_count,))
-    bsz = int(batch_size)
+    bsz = int(call.batch_size)
     steps_m = np.maximum(1, -(-sizes // bsz))
-    best = np.full(m_count, np.inf)
-    wait = np.zeros(m_count, dtype=np.int64)
-    running = (sizes > 0) & (limit > 0)
+    stop = _EarlyStop(sizes, (sizes > 0) & (limit > 0), call.patience)
+    running = stop.running
     ran = np.zeros(m_count, dtype=np.int64)
-    last = np.full(m_count, np.nan)
     pending: list[tuple[Any, NDArray[np.bool_]]] = []   # epoch losses not read back yet
     n_steps = 0
     for epoch in range(int(limit.max(initial=0))):
@@ -206,10 +203,10 @@ def train(params: Params, datasets: Sequence[NDArray[np.float32]],
             n_steps += 1
         ran[running] += 1
         pending.append((ep_loss, running.copy()))
-        if patience > 0:
-            _epoch_ends(pending, sizes, last, best, wait, running, patience)
-    _epoch_ends(pending, sizes, last, best, wait, running, patience)
-    return opt.result(), TrainInfo(ran, last, n_steps)
+        if call.patience > 0:
+            stop.epoch_ends(pending)
+    stop.epoch_ends(pending)
+    return opt.result(), TrainInfo(ran, stop.last, n_steps)
 
 
 class _Adam:
@@ -271,38 +268,47 @@ class _Adam:
                 for j, s in enumerate(self.shapes)]
 
 
-def _epoch_ends(pending: list[tuple[Any, NDArray[np.bool_]]], sizes: NDArray[np.int64],
-                last: NDArray[np.float64], best: NDArray[np.float64], wait: NDArray[np.int64],
-                running: NDArray[np.bool_], patience: int) -> None:
-    """Read back the epoch losses of ``pending`` (in order) and apply early stopping."""
-    for ep_loss, ran in pending:
-        loss = ep_loss.cpu().numpy() / np.maximum(sizes, 1)
-        for m in np.flatnonzero(ran):
-            last[m] = loss[m]
-            if loss[m] < best[m]:
-                best[m], wait[m] = loss[m], 0
-            else:
-                wait[m] += 1
-                if patience > 0 and wait[m] >= patience:
-                    running[m] = False
-    pending.clear()
+class _EarlyStop:
+    """Keras ``EarlyStopping(monitor="loss")`` per model: ``running[m]`` turns False once
+    model m's epoch loss has not improved for ``patience`` epochs (never with 0)."""
+
+    def __init__(self, sizes: NDArray[np.int64], running: NDArray[np.bool_],
+                 patience: int) -> None:
+        self.sizes, self.running, self.patience = sizes, running, patience
+        self.best = np.full(len(sizes), np.inf)
+        self.wait = np.zeros(len(sizes), dtype=np.int64)
+        self.last = np.full(len(sizes), np.nan)          # the last epoch's mean loss
+
+    def epoch_ends(self, pending: list[tuple[Any, NDArray[np.bool_]]]) -> None:
+        """Read back the epoch losses of ``pending`` (in order) and apply early stopping."""
+        for ep_loss, ran in pending:
+            loss = ep_loss.cpu().numpy() / np.maximum(self.sizes, 1)
+            for m in np.flatnonzero(ran):
+                self.last[m] = loss[m]
+                if loss[m] < self.best[m]:
+                    self.best[m], self.wait[m] = loss[m], 0
+                else:
+                    self.wait[m] += 1
+                    if self.patience > 0 and self.wait[m] >= self.patience:
+                        self.running[m] = False
+        pending.clear()
 
 
 @dataclass
 class TrainCall:
-    """One :func:`train` call, to run alone or together with others (:func:`train_calls`)."""
+    """One :func:`train` call, to run alone or together with others (:func:`train_calls`):
+    the stacked models, one dataset per model, and the training's hyperparameters."""
 
     params: Params
-    datasets: list[NDArray[np.float32]]
-    epochs: int
-    batch_size: int
-    lr: float
-    patience: int
-    seed: int
+    datasets: Sequence[NDArray[np.float32]]
+    epochs: int | Sequence[int]
+    batch_size: int = 128
+    lr: float = 1e-3
+    patience: int = 0
+    seed: int = 0
 
     def run(self, device: str = "cpu") -> Params:
-        return train(self.params, self.datasets, self.epochs, self.batch_size, self.lr,
-                     self.patience, self.seed, device=device)[0]
+        return train(self, device=device)[0]
 
 
 def train_calls(calls: Sequence[TrainCall], device: str = "cpu", merge: bool = True
@@ -324,9 +330,9 @@ def train_calls(calls: Sequence[TrainCall], device: str = "cpu", merge: bool = T
         parts = [calls[i] for i in members]
         streams = [(c.seed, j) for c in parts for j in range(n_models(c.params))]
         epochs = [c.epochs for c in parts for _ in range(n_models(c.params))]
-        trained, _ = train(concat([c.params for c in parts]),
-                           [d for c in parts for d in c.datasets], epochs, batch, lr,
-                           patience, streams=streams, device=device)
+        merged = TrainCall(concat([c.params for c in parts]),
+                           [d for c in parts for d in c.datasets], epochs, batch, lr, patience)
+        trained, _ = train(merged, streams=streams, device=device)
         start = 0
         for i, c in zip(members, parts, strict=True):
             stop = start + n_models(c.params)

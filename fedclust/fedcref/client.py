@@ -47,7 +47,8 @@ def derive_seed(*parts: int) -> int:
 @functools.lru_cache(maxsize=2)
 def _labels_and_system(s: SystemSettings) -> tuple[list[ClientSlice], int]:
     _, y = _dataset(s.dataset, s.data_dir, s.split, s.k49_min_count)
-    system = generate_system(y, s.num_clients, s.samples, s.k_min, s.k_max, s.overlap, s.seed)
+    system = generate_system(y, s.num_clients, s.samples, (s.k_min, s.k_max), s.overlap,
+                             s.seed)
     return system, int(np.unique(y).size)
 
 

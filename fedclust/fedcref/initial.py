@@ -14,6 +14,10 @@ no true classes to build a dirty split from (or must not use them).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
 import numpy as np
 from numpy.typing import NDArray
 from sklearn.cluster import KMeans
@@ -50,30 +54,47 @@ def resolve_init(kind: str, simulated: bool) -> str:
     return kind
 
 
-def initial_clustering(kind: str, x: NDArray[np.float32], k: int, *, y_true: NDArray | None = None,
-                       dirtiness: float = 0.0, estimate_k: bool = False, k_max: int = 10,
-                       dec_options: dict | None = None, random_state: int = 0
+@dataclass(frozen=True)
+class Dirty:
+    """The true split with each sample moved to a random other cluster with probability
+    ``dirtiness`` (simulation: needs the true classes)."""
+
+    dirtiness: float = 0.0
+
+
+@dataclass(frozen=True)
+class DECStart:
+    """Deep Embedded Clustering with ``options`` (keyword arguments of
+    :class:`fedclust.fedcref.dec.DEC`)."""
+
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+def initial_clustering(kind: str | Dirty | DECStart, x: NDArray[np.float32], k: int | range, *,
+                       y_true: NDArray | None = None, random_state: int = 0
                        ) -> NDArray[np.int64]:
     """Initial labels (0..K−1) of one client's samples.
 
     Parameters
     ----------
-    kind : {"dirty", "kmeans", "dec"}
+    kind : ``"dirty"``, ``"kmeans"``, ``"dec"``, or the options of one: :class:`Dirty`,
+        :class:`DECStart` (a name: the default options)
     x : (n, d) the client's samples in [0, 1]
-    k : K_i (ignored when ``estimate_k``)
+    k : K_i; or a range of K_i over which ``kmeans``/``dec`` estimate it by silhouette
+        (``dirty`` ignores it: its clusters are the true classes)
     y_true : true classes, required by ``dirty`` only (simulation)
-    dirtiness : probability of moving a sample (``dirty``)
-    estimate_k : estimate K_i by silhouette over 2..k_max
-    dec_options : keyword arguments of :class:`fedclust.fedcref.dec.DEC`
     """
-    if kind == "dirty":
+    kind = {"dirty": Dirty(), "dec": DECStart()}.get(kind, kind) if isinstance(kind, str) \
+        else kind
+    estimate = isinstance(k, range)
+    if isinstance(kind, Dirty):
         if y_true is None:
             raise ValueError("dirty initial clustering is a simulation: it needs the true classes")
-        return dirty_clustering(y_true, dirtiness, random_state)
+        return dirty_clustering(y_true, kind.dirtiness, random_state)
     # client seeds are 63-bit digests (fedclust.fedcref.client.client_key); scikit-learn
     # (KMeans, RandomState) accepts only [0, 2**32 - 1]
     random_state = int(random_state) % 2**32
-    need = 2 if estimate_k else int(k)
+    need = 2 if estimate else int(k)
     distinct = len(np.unique(np.asarray(x).reshape(len(x), -1), axis=0)) if len(x) else 0
     if distinct < need:
         from fedclust.data.local import LocalDataError
@@ -83,17 +104,17 @@ def initial_clustering(kind: str, x: NDArray[np.float32], k: int, *, y_true: NDA
             f"{need} clusters FedCRef fits on a client (every feature constant, or duplicated "
             f"rows). Fix: give this node more varied data, or leave it out of the federation")
     if kind == "kmeans":
-        if estimate_k:
-            k = silhouette_k(x, range(2, k_max + 1), random_state)
+        if isinstance(k, range):
+            k = silhouette_k(x, k, random_state)
         return KMeans(k, n_init=10, random_state=random_state).fit_predict(x).astype(np.int64)
-    if kind == "dec":
+    if isinstance(kind, DECStart):
         from fedclust.fedcref.dec import DEC
 
-        opts = dict(dec_options or {})
-        dec = DEC(n_clusters=k, random_state=random_state, **opts)
-        if estimate_k:
+        dec = DEC(n_clusters=k.start if isinstance(k, range) else k, random_state=random_state,
+                  **dict(kind.options))
+        if isinstance(k, range):
             dec.pretrain(x)
             z = dec.embed(x)
-            dec.n_clusters = silhouette_k(z, range(2, k_max + 1), random_state)
+            dec.n_clusters = silhouette_k(z, k, random_state)
         return dec.fit_predict(x).astype(np.int64)
     raise ValueError(f"unknown initial clustering {kind!r}; allowed: dirty, kmeans, dec")

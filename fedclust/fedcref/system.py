@@ -40,7 +40,7 @@ class ClientSlice:
 
 
 def generate_system(y: NDArray[np.int64], n_clients: int, samples_per_cluster: int,
-                    k_min: int = 2, k_max: int = 0, overlap: float = 0.0,
+                    k_range: tuple[int, int] = (2, 0), overlap: float = 0.0,
                     random_state: int = 0) -> list[ClientSlice]:
     """Generate the clients of paper 000 §5.2.
 
@@ -51,7 +51,7 @@ def generate_system(y: NDArray[np.int64], n_clients: int, samples_per_cluster: i
     n_clients : int
     samples_per_cluster : int
         S, samples of each class on a client.
-    k_min, k_max : int
+    k_range : (k_min, k_max)
         Range of K_i (inclusive); ``k_max = 0`` means ⌊|U| / 2⌋.
     overlap : float in [0, 1)
         O, fraction of a cluster's samples shared with the other clusters of the same class.
@@ -69,6 +69,7 @@ def generate_system(y: NDArray[np.int64], n_clients: int, samples_per_cluster: i
     y = np.asarray(y, dtype=np.int64)
     classes = np.unique(y)
     n_u = classes.size
+    k_min, k_max = k_range
     k_max = k_max or n_u // 2
     k_max = min(k_max, n_u)
     if not 1 <= k_min <= k_max:

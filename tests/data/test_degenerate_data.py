@@ -82,5 +82,4 @@ def test_fedcref_refuses_a_client_with_fewer_distinct_rows_than_it_fits(tmp_path
     from fedclust.fedcref.initial import initial_clustering
 
     with pytest.raises(LocalDataError, match="1 distinct point"):     # a deployed node
-        initial_clustering("kmeans", np.full((40, 4), 2.0), 3, estimate_k=True, k_max=4,
-                           random_state=0)
+        initial_clustering("kmeans", np.full((40, 4), 2.0), range(2, 5), random_state=0)

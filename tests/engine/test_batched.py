@@ -203,8 +203,8 @@ def test_merged_autoencoder_training_is_each_models_own_training():
         for x, y in zip(a, b, strict=True):
             torch.testing.assert_close(x, y, rtol=0, atol=1e-6)
     # one parameter buffer (the CUDA layout) and one tensor per layer: the same arithmetic
-    per_layer, _ = ae.train(p0, data, 5, 16, 1e-3, 2, 7, fused=False)
-    fused, _ = ae.train(p0, data, 5, 16, 1e-3, 2, 7, fused=True)
+    per_layer, _ = ae.train(ae.TrainCall(p0, data, 5, 16, 1e-3, 2, 7), fused=False)
+    fused, _ = ae.train(ae.TrainCall(p0, data, 5, 16, 1e-3, 2, 7), fused=True)
     for x, y in zip(per_layer, fused, strict=True):
         torch.testing.assert_close(x, y, rtol=0, atol=1e-6)
 

@@ -68,15 +68,14 @@ def test_same_trajectory_as_the_former_server_loop(flower_run) -> None:
 
 def _inmemory(root: Path, **extra: object) -> tuple[InMemoryClients, dict]:
     """The fixed system's clients and their dirty start, as the ClientApp builds them."""
-    from fedclust.fedcref.initial import initial_clustering
+    from fedclust.fedcref.initial import Dirty, initial_clustering
 
     cfg = validate({**FIXED, "data-dir": str(root), "output-dir": "unused", **extra})
     xs, ys, starts = [], [], []
     for i in range(cfg["num-clients"]):
         x, y = core.client_data(cfg, i)
         k = int(np.unique(y).size)
-        starts.append(initial_clustering("dirty", x, k, y_true=y,
-                                         dirtiness=cfg["fedcref.dirtiness"],
+        starts.append(initial_clustering(Dirty(cfg["fedcref.dirtiness"]), x, k, y_true=y,
                                          random_state=core.derive_seed(cfg["seed"],
                                                                        core.client_key(x), 0)))
         xs.append(x)

@@ -321,9 +321,10 @@ def test_stacked_training_equals_separate_training(kind: str) -> None:
     data = [rng.random((37, 16)).astype(np.float32), rng.random((70, 16)).astype(np.float32)]
     sizes = ae.layer_sizes(16, [8, 4])
     p0 = ae.init_params(2, sizes, seed=5, kind=kind)
-    together, info = ae.train(p0, data, epochs=3, batch_size=16, seed=1)
+    together, info = ae.train(ae.TrainCall(p0, data, epochs=3, batch_size=16, seed=1))
     # model 1 alone, with the same permutations: replay the rng draws of the joint run
-    alone, _ = ae.train(ae.select(p0, [0]), data[:1], epochs=3, batch_size=16, seed=1)
+    alone, _ = ae.train(ae.TrainCall(ae.select(p0, [0]), data[:1], epochs=3, batch_size=16,
+                                      seed=1))
     assert info.epochs.tolist() == [3, 3]
     for a, b in zip(ae.select(together, [0]), alone, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
@@ -382,21 +383,21 @@ def test_kmeans_init_with_silhouette_k() -> None:
     from fedclust.fedcref.initial import initial_clustering
 
     x, y = _blobs()
-    lab = initial_clustering("kmeans", x, 2, estimate_k=True, k_max=5, random_state=0)
+    lab = initial_clustering("kmeans", x, range(2, 6), random_state=0)
     assert len(np.unique(lab)) == 3 and label_agreement(y, lab) == 1.0
 
 
 def test_kmeans_and_dec_init_accept_63_bit_client_seeds() -> None:
     # the ClientApp derives seeds from a 63-bit digest; sklearn's KMeans rejects >= 2**32
     torch.set_num_threads(1)
-    from fedclust.fedcref.initial import initial_clustering
+    from fedclust.fedcref.initial import DECStart, initial_clustering
 
     x, _ = _blobs()
     seed = 7126998361905123456
     for kind in ("kmeans", "dec"):
-        lab = initial_clustering(kind, x, 3, random_state=seed,
-                                 dec_options={"hidden": (16, 8, 2), "pretrain_epochs": 2,
-                                              "maxiter": 5})
+        start = DECStart({"hidden": (16, 8, 2), "pretrain_epochs": 2, "maxiter": 5}) \
+            if kind == "dec" else kind
+        lab = initial_clustering(start, x, 3, random_state=seed)
         assert lab.shape == (len(x),)
 
 
@@ -431,13 +432,12 @@ def test_centralized_dec_picks_k_by_tsne_silhouette() -> None:
 
 def test_dec_estimates_k_by_silhouette() -> None:
     torch.set_num_threads(1)
-    from fedclust.fedcref.initial import initial_clustering
+    from fedclust.fedcref.initial import DECStart, initial_clustering
 
     x, y = _blobs(n=150, k=3)
-    lab = initial_clustering("dec", x, 2, estimate_k=True, k_max=5, random_state=0,
-                             dec_options={"hidden": (16, 8, 2), "pretrain_epochs": 15,
-                                          "batch_size": 32, "maxiter": 20,
-                                          "update_interval": 10})
+    lab = initial_clustering(DECStart({"hidden": (16, 8, 2), "pretrain_epochs": 15,
+                                       "batch_size": 32, "maxiter": 20,
+                                       "update_interval": 10}), x, range(2, 6), random_state=0)
     assert np.unique(lab).size == 3                 # given K = 2 is ignored, K = 3 found
     assert label_agreement(y, lab) >= 0.95
 

@@ -112,7 +112,7 @@ def _trained(start: dict[str, np.ndarray], epochs: int, seed: int = 0) -> dict[s
     data = [(rng.random((64, 784)) < 0.2).astype(np.float32) * rng.random((64, 784),
                                                                          dtype=np.float32)
             for _ in range(m)]
-    out, _ = ae.train(ae.from_numpy(start), data, epochs, 32, 1e-3, 0, seed)
+    out, _ = ae.train(ae.TrainCall(ae.from_numpy(start), data, epochs, 32, 1e-3, 0, seed))
     return ae.to_numpy(out)
 
 
