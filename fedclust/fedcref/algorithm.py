@@ -13,10 +13,11 @@ One iteration ``t`` (line numbers are Algorithm 1's):
    theirs. The server keeps the current version of every cluster model.
 2. **Association** (lines 9–16): each client receives the foreign models, computes their
    per-sample errors on each local cluster ``q`` and tests eq. (2),
-   ``Pr{Normalize_[0,1]|E_iq→iq − E_jp→iq| ≤ θ} ≥ α``, or the ratio test
-   (:mod:`fedclust.fedcref.association`). Only the accept bits come back. With
-   ``new-links=partners``, later iterations send a client only the models of its clusters'
-   first-iteration partners (the only links a re-test can keep).
+   ``Pr{Normalize_[0,1]|E_iq→iq − E_jp→iq| ≤ θ} ≥ α``, or another association rule
+   (:mod:`fedclust.fedcref.rules`). Only the accept bits come back. The links policy
+   (``new-links``) says which iterations may link: with ``partners``, later iterations send a
+   client only the models of its clusters' first-iteration partners (the only links a re-test
+   can keep).
 3. **Communities** (lines 17–20, eq. 3): Γ has an edge where *both* directions accept
    (line 13); communities are its connected components with ≥ 2 clusters, the rest is the
    isolated set ``I``.
