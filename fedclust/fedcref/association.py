@@ -17,6 +17,8 @@ runs one over a client's clusters (:func:`accept_matrix`) and builds the graph f
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import networkx as nx
 import numpy as np
@@ -26,7 +28,11 @@ from fedclust.fedcref.rules import (  # noqa: F401  (the statistics, re-exported
     BEST_MARGIN_SIZE,
     AssociationRule,
     Cluster,
+    Edge,
     Eq2,
+    First,
+    LinkPolicy,
+    Step,
     accept_score,
     log_ratio_quantile,
     normalized_gap,
@@ -222,3 +228,77 @@ def perfect_edges(majority: dict[Hashable, int]) -> list[tuple[Hashable, Hashabl
                 if a[0] != b[0]:  # type: ignore[index]
                     edges.append((a, b))
     return edges
+
+
+# ------------------------------------------------------------------------- cluster graphs
+
+@dataclass(frozen=True)
+class GraphCuts:
+    """Links removed after the mutual test (not in the paper): ``cannot_link`` — no community
+    holds two clusters of one client (:func:`split_conflicts`);
+    ``bridge_cut`` — a link that alone joins two groups of at least this many clusters
+    (:func:`cut_bridges`; 0: off)."""
+
+    cannot_link: bool = True
+    bridge_cut: int = 3
+
+    def apply(self, nodes: list[Node], edges: list[Edge], rec: dict[str, Any]) -> list[Edge]:
+        """The edges kept; ``rec`` gets how many each cut removed."""
+        if self.cannot_link:
+            kept = split_conflicts(nodes, edges)
+            rec["cut_edges"] = len(edges) - len(kept)
+            edges = kept
+        if self.bridge_cut:
+            kept = cut_bridges(nodes, edges, self.bridge_cut)
+            rec["bridge_cuts"] = len(edges) - len(kept)
+            edges = kept
+        return edges
+
+
+@dataclass(frozen=True)
+class Mutual:
+    """The algorithm (lines 9–16): the clients' mutual acceptances, as the links policy allows,
+    less the graph cuts."""
+
+    links: LinkPolicy = First()
+    cuts: GraphCuts = GraphCuts()
+
+    def edges(self, step: Step, nodes: list[Node], rec: dict[str, Any]
+              ) -> tuple[list[Node], list[Edge]]:
+        first = step.first_links
+        ask = self.links.ask(first, nodes, step.responding)
+        if ask is None:           # the first links between clusters that still have a model
+            assert first is not None
+            present = set(nodes)
+            return nodes, [e for e in sorted(first) if e[0] in present and e[1] in present]
+        nodes, edges = step.cross_evaluate(nodes, ask)
+        kept = self.links.allowed(edges, first)
+        if kept is not None:
+            rec["blocked_links"] = len(edges) - len(kept)
+            edges = kept
+        edges = self.cuts.apply(nodes, edges, rec)
+        if first is None:
+            step.first_links = set(edges)
+        return nodes, edges
+
+
+@dataclass(frozen=True)
+class Perfect:
+    """Baseline (``association=perfect``, evaluation only): link clusters of different clients
+    whose true majority class is the same."""
+
+    def edges(self, step: Step, nodes: list[Node], rec: dict[str, Any]
+              ) -> tuple[list[Node], list[Edge]]:
+        from fedclust.fedcref.evaluation import majority_classes
+
+        nh = step.node_hist()
+        return nodes, perfect_edges(majority_classes({k: nh[k] for k in nodes if k in nh}))
+
+
+@dataclass(frozen=True)
+class Unlinked:
+    """Baseline (``association=none``): no edge, every cluster stays isolated (local only)."""
+
+    def edges(self, step: Step, nodes: list[Node], rec: dict[str, Any]
+              ) -> tuple[list[Node], list[Edge]]:
+        return nodes, []

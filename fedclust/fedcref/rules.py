@@ -18,10 +18,12 @@ received models; :meth:`ClientSettings.association_rule
 A rule sees one cluster at a time (:class:`Cluster`) and returns a :class:`Verdict`;
 :func:`fedclust.fedcref.association.accept_matrix` runs it over a client's clusters.
 
-**Links policies** (which iterations may link clusters; :attr:`Settings.links
-<fedclust.fedcref.keys.Settings.links>`): :class:`Every` (the paper), :class:`First`,
-:class:`Once`, :class:`Partners`. **Graph cuts** (:class:`GraphCuts`) remove links after the
-mutual test.
+**Links policies** (which iterations may link clusters, ``fedcref.new-links``): :class:`Every`
+(the paper), :class:`First`, :class:`Once`, :class:`Partners`. The cluster graphs that use them
+(:class:`~fedclust.fedcref.association.Mutual` with its
+:class:`~fedclust.fedcref.association.GraphCuts`, and the baselines) are in
+:mod:`fedclust.fedcref.association`; :attr:`Settings.cluster_graph
+<fedclust.fedcref.keys.Settings.cluster_graph>` builds one.
 
 **Refinements** (which models a sample may go to in Algorithm 2;
 :meth:`ClientSettings.refinement <fedclust.fedcref.keys.ClientSettings.refinement>`):
@@ -390,31 +392,6 @@ LINK_POLICIES: dict[str, type] = {"every": Every, "first": First, "once": Once,
                                   "partners": Partners}
 
 
-@dataclass(frozen=True)
-class GraphCuts:
-    """Links removed after the mutual test (not in the paper): ``cannot_link`` — no community
-    holds two clusters of one client (:func:`~fedclust.fedcref.association.split_conflicts`);
-    ``bridge_cut`` — a link that alone joins two groups of at least this many clusters
-    (:func:`~fedclust.fedcref.association.cut_bridges`; 0: off)."""
-
-    cannot_link: bool = True
-    bridge_cut: int = 3
-
-    def apply(self, nodes: list[Node], edges: list[Edge], rec: dict[str, Any]) -> list[Edge]:
-        """The edges kept; ``rec`` gets how many each cut removed."""
-        from fedclust.fedcref.association import cut_bridges, split_conflicts
-
-        if self.cannot_link:
-            kept = split_conflicts(nodes, edges)
-            rec["cut_edges"] = len(edges) - len(kept)
-            edges = kept
-        if self.bridge_cut:
-            kept = cut_bridges(nodes, edges, self.bridge_cut)
-            rec["bridge_cuts"] = len(edges) - len(kept)
-            edges = kept
-        return edges
-
-
 class Step(Protocol):
     """What the association phase of one iteration offers a cluster graph
     (:class:`fedclust.fedcref.algorithm` implements it)."""
@@ -439,56 +416,6 @@ class ClusterGraph(Protocol):
     def edges(self, step: Step, nodes: list[Node], rec: dict[str, Any]
               ) -> tuple[list[Node], list[Edge]]:
         """The graph's nodes and edges this iteration (``rec``: the iteration's record)."""
-
-
-@dataclass(frozen=True)
-class Mutual:
-    """The algorithm (lines 9–16): the clients' mutual acceptances, as the links policy allows,
-    less the graph cuts."""
-
-    links: LinkPolicy = First()
-    cuts: GraphCuts = GraphCuts()
-
-    def edges(self, step: Step, nodes: list[Node], rec: dict[str, Any]
-              ) -> tuple[list[Node], list[Edge]]:
-        first = step.first_links
-        ask = self.links.ask(first, nodes, step.responding)
-        if ask is None:           # the first links between clusters that still have a model
-            assert first is not None
-            present = set(nodes)
-            return nodes, [e for e in sorted(first) if e[0] in present and e[1] in present]
-        nodes, edges = step.cross_evaluate(nodes, ask)
-        kept = self.links.allowed(edges, first)
-        if kept is not None:
-            rec["blocked_links"] = len(edges) - len(kept)
-            edges = kept
-        edges = self.cuts.apply(nodes, edges, rec)
-        if first is None:
-            step.first_links = set(edges)
-        return nodes, edges
-
-
-@dataclass(frozen=True)
-class Perfect:
-    """Baseline (``association=perfect``, evaluation only): link clusters of different clients
-    whose true majority class is the same."""
-
-    def edges(self, step: Step, nodes: list[Node], rec: dict[str, Any]
-              ) -> tuple[list[Node], list[Edge]]:
-        from fedclust.fedcref.association import perfect_edges
-        from fedclust.fedcref.evaluation import majority_classes
-
-        nh = step.node_hist()
-        return nodes, perfect_edges(majority_classes({k: nh[k] for k in nodes if k in nh}))
-
-
-@dataclass(frozen=True)
-class Unlinked:
-    """Baseline (``association=none``): no edge, every cluster stays isolated (local only)."""
-
-    def edges(self, step: Step, nodes: list[Node], rec: dict[str, Any]
-              ) -> tuple[list[Node], list[Edge]]:
-        return nodes, []
 
 
 # ------------------------------------------------------------------------- refinements
