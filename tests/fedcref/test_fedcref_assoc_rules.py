@@ -20,20 +20,23 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedclust.fedcref.association import accept_matrix, confident_parts
+from fedclust.fedcref.association import accept_matrix
+from fedclust.fedcref.rules import Calibrated, Confident, Eq2, Ratio
 
 N = 200          # samples of the tested client, 100 per cluster
 F = 40           # foreign models
 
 
-def _accept(labels, own, foreign, held, groups=None, **rule) -> np.ndarray:
-    return accept_matrix(labels, own, foreign, groups=groups, held_out=held, min_size=2,
-                         **{"theta": 0.2, "alpha": 0.75, **rule})
+def _accept(labels, own, foreign, held, groups=None, rule="eq2", theta=0.2, alpha=0.75,
+            epsilon=0.15, lam=0.5) -> np.ndarray:
+    test = {"eq2": Eq2(theta, alpha), "ratio": Ratio(epsilon),
+            "calibrated": Calibrated(lam)}[rule]
+    return accept_matrix(labels, own, foreign, test, held_out=held, groups=groups)
 
 
 def _parts(own, foreign, others, held, epsilon=0.3, beta=0.02, delta=0.1, growth=0.0):
     """(3, F) bool: as good as the own model, as good as the best, better than the others."""
-    return confident_parts(own, foreign, others, held, epsilon, beta, delta, growth)
+    return Confident(epsilon, delta, beta, growth).parts(own, foreign, others, held)
 
 
 @pytest.fixture(scope="module")
