@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fedclust.config import validate
 from fedclust.fedcref.association import accept_matrix
 from fedclust.fedcref.keys import ClientSettings
 from fedclust.fedcref.rules import Calibrated, Cluster, Confident, Eq2, Ratio
@@ -104,16 +105,17 @@ def test_a_cluster_below_the_minimum_size_abstains() -> None:
 
 
 def test_the_settings_choose_the_minimum_size_and_the_rule_once() -> None:
-    fields = dict.fromkeys(ClientSettings.__dataclass_fields__)
-    base = {**fields, "assoc_rule": "confident", "min_cluster_size": 5, "margin": 0.3,
-            "best_margin": 0.1, "beta": 0.02, "best_margin_growth": 0.3, "theta": 0.2,
-            "alpha": 0.75, "epsilon": 0.15, "ratio_quantile": 0.5, "lam": 0.9}
-    s = ClientSettings(**base)
-    assert s.association_rule == Confident(0.3, 0.1, 0.02, 0.3, min_size=5)
+    def settings_with(name: str) -> ClientSettings:
+        cfg = validate({"method": "fedcref", "fedcref.assoc-rule": name,
+                        "fedcref.min-cluster-size": 7})
+        return ClientSettings.from_config(cfg)
+
+    s = settings_with("confident")
+    assert s.association_rule == Confident(0.3, 0.1, 0.02, 0.3, min_size=7)
     assert s.association_rule is s.association_rule           # built once
-    for name, rule in (("eq2", Eq2(0.2, 0.75, 5)), ("ratio", Ratio(0.15, 0.5, 5)),
-                       ("calibrated", Calibrated(0.9, 0.5, 5))):
-        assert ClientSettings(**{**base, "assoc_rule": name}).association_rule == rule
+    for name, rule in (("eq2", Eq2(0.2, 0.75, 7)), ("ratio", Ratio(0.15, 0.5, 7)),
+                       ("calibrated", Calibrated(0.9, 0.5, 7))):
+        assert settings_with(name).association_rule == rule
 
 
 def test_the_ratio_rule_accepts_within_a_factor_e_epsilon_on_held_out_samples() -> None:
