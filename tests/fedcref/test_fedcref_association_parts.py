@@ -12,7 +12,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedclust.fedcref.association import confident_accepts, confident_parts
+from fedclust.fedcref.rules import Confident
+
+
+def confident_parts(own, foreign, others, held, epsilon, beta, delta=None, growth=0.0):
+    """(3, F) bool: the parts of :class:`~fedclust.fedcref.rules.Confident`."""
+    return Confident(epsilon, delta, beta, growth).parts(own, foreign, others, held)
+
+
+def confident_accepts(own, foreign, others, held, epsilon, beta, delta=None, growth=0.0):
+    return Confident(epsilon, delta, beta, growth).accepts(own, foreign, others, held)
+
 
 N, H = 40, 20                   # samples of the cluster, the first H held out
 EPS, BETA, DELTA = 0.3, 0.05, 0.1
