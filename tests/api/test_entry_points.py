@@ -35,21 +35,23 @@ def _one_clear_line(err: str, *words: str) -> None:
         assert word in err, (word, err)
 
 
+@pytest.fixture
+def two_sites(tmp_path, monkeypatch):
+    """Two site files ``a.csv`` and ``b.csv`` in the working folder (a temporary one)."""
+    for name in ("a.csv", "b.csv"):
+        np.savetxt(tmp_path / name, np.random.default_rng(0).normal(size=(20, 2)),
+                   delimiter=",")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
 @pytest.mark.parametrize("argv", [
     ["up", "fcm.m=abc", "--data", "a.csv", "b.csv"],
     ["up", "fcm.n-clusters=", "--data", "a.csv", "b.csv"],
     ["up", "fcm.max-rounds=2", "--data", "missing0.csv", "missing1.csv"],
 ])
-def test_deploy_up_refuses_bad_values_before_starting_anything(tmp_path, capsys, argv):
-    for name in ("a.csv", "b.csv"):
-        np.savetxt(tmp_path / name, np.random.default_rng(0).normal(size=(20, 2)),
-                   delimiter=",")
-    cwd = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        assert cli(["deploy", *argv]) == 2
-    finally:
-        os.chdir(cwd)
+def test_deploy_up_refuses_bad_values_before_starting_anything(two_sites, capsys, argv):
+    assert cli(["deploy", *argv]) == 2
     err = capsys.readouterr().err
     _one_clear_line(err, "fedclust deploy up:", "Fix:")
 
@@ -130,26 +132,18 @@ def test_sigterm_ends_a_sweep_like_ctrl_c(tmp_path):
     assert (run / "interrupted.json").exists() and not (run / "RUNNING").exists()
 
 
-def test_deploy_up_refuses_more_before_starting(tmp_path, capsys):
-    for name in ("a.csv", "b.csv"):
-        np.savetxt(tmp_path / name, np.random.default_rng(0).normal(size=(20, 2)),
-                   delimiter=",")
-    cwd = os.getcwd()
-    os.chdir(tmp_path)
-    try:
-        for argv, word in [(["up", "fcm.m=1.5", "fcm.m=2", "--data", "a.csv", "b.csv"],
-                            "more than once"),
-                           (["up", 'method="emdcfl"', "--data", "a.csv", "b.csv"], ".npz")]:
-            assert cli(["deploy", *argv]) == 2
-            err = capsys.readouterr().err
-            _one_clear_line(err, word, "Fix")
-        with pytest.raises(SystemExit):
-            cli(["deploy", "certs", "c", "--nodes", "-1"])
-        with pytest.raises(SystemExit):
-            cli(["deploy", "fleet-gateway", "--listen", "127.0.0.1:99999", "--superlink",
-                 "127.0.0.1:1"])
-    finally:
-        os.chdir(cwd)
+def test_deploy_up_refuses_more_before_starting(two_sites, capsys):
+    for argv, word in [(["up", "fcm.m=1.5", "fcm.m=2", "--data", "a.csv", "b.csv"],
+                        "more than once"),
+                       (["up", 'method="emdcfl"', "--data", "a.csv", "b.csv"], ".npz")]:
+        assert cli(["deploy", *argv]) == 2
+        err = capsys.readouterr().err
+        _one_clear_line(err, word, "Fix")
+    with pytest.raises(SystemExit):
+        cli(["deploy", "certs", "c", "--nodes", "-1"])
+    with pytest.raises(SystemExit):
+        cli(["deploy", "fleet-gateway", "--listen", "127.0.0.1:99999", "--superlink",
+             "127.0.0.1:1"])
 
 
 @pytest.mark.parametrize("where", ["start", "finish"])
