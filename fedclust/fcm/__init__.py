@@ -181,7 +181,7 @@ def local_sums_many(pooled: Pooled, centers: ArrayLike, m: float = 2.0
     for k, (a, b) in enumerate(zip(pooled.starts, stops, strict=True)):
         np.dot(um[a:b].T, pooled.xa[a:b, :f], out=ws[k])
     if not (np.isfinite(u).all() and np.isfinite(ws).all()):
-        raise ValueError("local_sums_many: the rows hold NaN or infinite values")
+        _as_2d(pooled.xa[:, :f])        # raises with what is wrong and how to fix it
     return u, ws
 
 
