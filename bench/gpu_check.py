@@ -255,7 +255,7 @@ def _fedcref_config(a: argparse.Namespace, extra: dict[str, Any], device: str
 
     return validate({"method": "fedcref", "dataset": "mnist", "data-dir": a.data_dir,
                      "seed": a.seed, "evaluate": True, "plots": False, "num-clients": 25,
-                     "fedcref.samples-per-cluster": 500,
+                     "fedcref.samples-per-cluster": 500, "fedcref.split": "all",
                      "fedcref.max-iterations": a.fedcref_iterations, **extra,
                      "fedcref.device": device})
 
