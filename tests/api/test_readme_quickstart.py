@@ -3,7 +3,8 @@ FLWR_HOME, the block's commands in bash — its first step is a bare `flwr run .
 default simulation federation (2 SuperNodes). Then every other method's embedded default with
 only `--run-config 'method="…"'`. Every run must end `finished:completed` (read with `flwr ls`:
 `flwr run --stream` exits 0 even when a run fails), and each step's files must be where the
-README says. One test: a bare `flwr run .` always starts its local SuperLink on the same ports."""
+README says. One test: a bare `flwr run .` always starts its local SuperLink on the same ports
+(the test starts that SuperLink first, with a longer wait: :func:`start_local_superlink`)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,21 @@ def _stop_processes_mentioning(text: str) -> None:
                 pass
 
 
+def start_local_superlink(cwd: Path, env: dict[str, str]) -> None:
+    """Start the local SuperLink a bare `flwr run .` starts (Flower's own starter: the same
+    command, ports and FLWR_HOME), waiting up to 180 s for it instead of Flower's 15 s
+    (`flwr.cli.constant.LOCAL_SUPERLINK_STARTUP_TIMEOUT`). CI's slow part starts many processes
+    at once, and a SuperLink's start can then take longer than 15 s; the block's first
+    `flwr run .` finds this one running, as a second `flwr run .` of a user's session does."""
+    code = ("import flwr.cli.local_superlink as local\n"
+            "local.LOCAL_SUPERLINK_STARTUP_TIMEOUT = 180.0\n"
+            "local._start_local_superlink()\n")
+    done = subprocess.run([str(cwd / ".venv" / "bin" / "python"), "-c", code], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert all(_port_busy(p) for p in LOCAL_SUPERLINK_PORTS[:1]), "no local SuperLink is up"
+
+
 def quickstart_block() -> str:
     text = (ROOT / "README.md").read_text()
     after = text[text.index(MARK) + len(MARK):]
@@ -81,6 +97,7 @@ def test_readme_quickstart_runs_as_written(tmp_path):
     active = ". .venv/bin/activate && "
     try:
         t0 = time.perf_counter()
+        start_local_superlink(repo, env)
         done = subprocess.run(["bash", "-c", script], cwd=repo, env=env, capture_output=True,
                               text=True, timeout=900)
         seconds = {"quickstart": time.perf_counter() - t0}
