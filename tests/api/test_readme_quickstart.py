@@ -61,7 +61,7 @@ def start_local_superlink(cwd: Path, env: dict[str, str]) -> None:
     done = subprocess.run([str(cwd / ".venv" / "bin" / "python"), "-c", code], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert all(_port_busy(p) for p in LOCAL_SUPERLINK_PORTS[:1]), "no local SuperLink is up"
+    assert _port_busy(LOCAL_SUPERLINK_PORTS[0]), "no local SuperLink is up"
 
 
 def quickstart_block() -> str:
