@@ -171,6 +171,7 @@ RUN_ID=$(python -c 'import json,sys; t=sys.argv[1]; print(json.loads(t[t.index("
 echo "submitted run $RUN_ID"
 STATUS=unknown
 deadline=$((SECONDS + RUN_TIMEOUT))
+pause=1    # each `flwr ls` costs about 2 s of CPU: the pause between polls doubles up to 8 s
 while true; do
   STATUS=$(flwr ls local-deploy --run-id "$RUN_ID" --format json 2>/dev/null | python -c \
     'import json,sys; t=sys.stdin.read(); print(json.loads(t[t.index("{"):])["runs"][0]["status"])' \
@@ -181,7 +182,8 @@ while true; do
     flwr log "$RUN_ID" local-deploy --show 2>/dev/null | tail -n 15 >&2 || true
     die "run $RUN_ID not finished after ${RUN_TIMEOUT}s (last status: $STATUS)" superlink superexec-serverapp
   fi
-  sleep 2
+  sleep "$pause"
+  pause=$((pause < 8 ? pause * 2 : 8))
 done
 flwr log "$RUN_ID" local-deploy --show | tail -n 15 || true
 echo "run $RUN_ID: $STATUS in $(( $(date +%s) - T0 )) s; results: $OUT"

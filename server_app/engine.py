@@ -355,11 +355,17 @@ def flwr_run(run_config: dict[str, Any], env: dict[str, str], connection: str, a
 
 
 def wait_for_run(run_id: int, env: dict[str, str], connection: str, timeout: float = 1800,
-                 t0: float | None = None, poll: float = 2.0) -> RunOutcome:
-    """Poll ``flwr ls --run-id`` until the run is finished; return its status and log."""
+                 t0: float | None = None, poll: float = 2.0, max_poll: float = 10.0
+                 ) -> RunOutcome:
+    """Poll ``flwr ls --run-id`` until the run is finished; return its status and log.
+
+    Each ``flwr ls`` is a fresh Python process that costs about 2 s of CPU, so the wait between
+    two polls grows from ``poll`` by half each time, up to ``max_poll``: a short run is seen
+    finished within seconds, and watching a long one does not take a core from the run."""
     t0 = time.perf_counter() if t0 is None else t0
     status, info = "unknown", {}
     deadline = time.monotonic() + timeout
+    wait = poll
     while time.monotonic() < deadline:
         ls = subprocess.run(["flwr", "ls", connection, "--run-id", str(run_id), "--format",
                              "json"], env=env, capture_output=True, text=True, timeout=120)
@@ -371,7 +377,8 @@ def wait_for_run(run_id: int, env: dict[str, str], connection: str, timeout: flo
             pass
         if status.startswith("finished"):
             break
-        time.sleep(poll)
+        time.sleep(max(0.0, min(wait, deadline - time.monotonic())))
+        wait = min(max_poll, wait * 1.5)
     log = subprocess.run(["flwr", "log", str(run_id), connection, "--show"], env=env,
                          capture_output=True, text=True, timeout=120)
     return RunOutcome(run_id, status, time.perf_counter() - t0, log.stdout + log.stderr, info)
