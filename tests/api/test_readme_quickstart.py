@@ -113,7 +113,7 @@ def test_readme_quickstart_runs_as_written(tmp_path):
                                   f"'method=\"{method}\"'"], cwd=repo, env=env,
                                  capture_output=True, text=True, timeout=600)
             assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-3000:]
-        deadline = time.monotonic() + 120       # a streamed run's status may lag its log
+        deadline = time.monotonic() + 120       # in case a status lags its streamed log
         while True:
             ls = subprocess.run(["bash", "-c", active + "flwr ls --format json"], cwd=repo,
                                 env=env, capture_output=True, text=True, timeout=120)
