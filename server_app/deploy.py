@@ -427,9 +427,10 @@ class LoopbackDeployment(TornDown):
         except ProcessLookupError:
             pass
         try:
-            node.proc.wait(15)
-        except subprocess.TimeoutExpired:
+            node.proc.wait(30)
+        except subprocess.TimeoutExpired:     # a SIGTERM goodbye stuck on a loaded machine
             os.killpg(node.proc.pid, signal.SIGKILL)
+            node.proc.wait(30)
         return node.node_id
 
     def logs(self) -> str:

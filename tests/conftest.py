@@ -1,7 +1,9 @@
-"""Shared fixtures: where the real benchmark data live, and a quiet logger."""
+"""Shared fixtures: where the real benchmark data live, a quiet logger, and one Ray cluster at a
+time across the test workers."""
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 from pathlib import Path
@@ -55,3 +57,27 @@ def fedclust_log():
     logger.addHandler(handler)
     yield handler.messages
     logger.removeHandler(handler)
+
+
+@pytest.fixture(autouse=True)
+def _exclusive(request, tmp_path_factory):
+    """A test marked ``pytest.mark.exclusive("ray")`` waits until no other test of this session
+    holds ``"ray"`` (a lock file in the folder all xdist workers share).
+
+    Each Simulation Engine run starts its own Ray cluster, and Ray gives its raylet a fixed 30 s
+    to register (``ray/_private/node.py``): two or three clusters starting side by side on a
+    2-core machine miss it and the run fails. The lock is taken before the test's own clock
+    starts, so waiting for it counts against no timeout of the test.
+    """
+    marker = request.node.get_closest_marker("exclusive")
+    if marker is None:
+        yield
+        return
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    with open(shared / f"exclusive-{marker.args[0]}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -165,6 +165,7 @@ def test_a_node_without_the_extra_answers_with_the_install_line():
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive("ray")
 def test_the_default_flwr_run_job_needs_no_heavy_package(tmp_path):
     """The default job through Flower's Simulation Engine (``flwr run``) with torch, POT and
     networkx made uninstalled in every process the SuperLink starts: it completes, and no

@@ -85,6 +85,7 @@ def copy_repository(dest: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive("ray")
 def test_readme_quickstart_runs_as_written(tmp_path):
     busy = [p for p in LOCAL_SUPERLINK_PORTS if _port_busy(p)]
     assert not busy, f"ports {busy} are taken by another local SuperLink; stop it"

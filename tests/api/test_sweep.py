@@ -79,6 +79,7 @@ def _sweep(tmp_path, engine: list[str]) -> dict[int, dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive("ray")
 def test_the_in_process_and_the_simulation_engine_give_the_same_numbers(tmp_path):
     """A small sweep (exact FCM, 2 jobs) by default (in-process) and with engine=flower:
     every metric the same (floats to 1e-9: the server adds the nodes' sums by node id, and the

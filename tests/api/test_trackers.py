@@ -212,6 +212,7 @@ def test_tracker_start_up_is_not_the_runs_time(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive("ray")
 def test_tracker_uri_reaches_the_serverapp_under_flwr_run(tmp_path):
     """Under ``flwr run`` the ServerApp runs with the SuperLink's environment (here its
     MLFLOW_TRACKING_URI names another store): the run config's ``tracker-uri`` is what it

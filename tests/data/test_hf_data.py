@@ -80,6 +80,7 @@ def test_exact_fcm_on_a_dirichlet_partition_of_a_saved_dataset_in_process(saved,
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive("ray")
 def test_exact_fcm_on_a_saved_dataset_on_flowers_simulation_engine(saved, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "FLWR_TELEMETRY_ENABLED": "0",
            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}

@@ -165,6 +165,7 @@ def test_sweep_runs_site_files_with_one_node_per_file(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive("ray")
 def test_site_files_on_flowers_simulation_engine(tmp_path):
     from server_app.engine import SimulationSuperLink
 

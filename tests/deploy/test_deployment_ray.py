@@ -34,7 +34,7 @@ from tests.fake_grid import run_server
 
 RAY = str(Path(sys.executable).parent / "ray")   # the venv's CLI, also when not on PATH
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive("ray")]
 
 
 # `ray start` flags of every port the head listens on (ray 2.55; `ray start --help`).

@@ -12,7 +12,7 @@ import pytest
 from server_app.engine import SimulationSuperLink
 from tests.fake_grid import run_server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.exclusive("ray")]
 
 
 def test_exact_fcm_and_fedfcm_run_on_the_simulation_engine(tmp_path):
