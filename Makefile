@@ -16,9 +16,10 @@ test: setup
 
 # The tests marked slow (pytest.mark.slow): Flower's Simulation Engine and SuperLink + SuperNodes
 # on loopback started as processes, the README's quick start run as written. 4 workers on 2
-# cores: they mostly wait on Flower's polling and process start-up, not on the CPU.
+# cores: they mostly wait on Flower's polling and process start-up, not on the CPU; those that
+# start a Ray cluster take turns (pytest.mark.exclusive("ray")). The 20 longest are listed.
 test-slow: setup
-	$(PYTEST) -m slow tests
+	$(PYTEST) -m slow --durations=20 tests
 
 lint:
 	.venv/bin/ruff check .
