@@ -3,12 +3,13 @@ time across the test workers."""
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 from pathlib import Path
 
 import pytest
+
+from tests.exclusive import exclusive
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,24 +61,12 @@ def fedclust_log():
 
 
 @pytest.fixture(autouse=True)
-def _exclusive(request, tmp_path_factory):
-    """A test marked ``pytest.mark.exclusive("ray")`` waits until no other test of this session
-    holds ``"ray"`` (a lock file in the folder all xdist workers share).
-
-    Each Simulation Engine run starts its own Ray cluster, and Ray gives its raylet a fixed 30 s
-    to register (``ray/_private/node.py``): two or three clusters starting side by side on a
-    2-core machine miss it and the run fails. The lock is taken before the test's own clock
-    starts, so waiting for it counts against no timeout of the test.
-    """
+def _exclusive(request):
+    """A test marked ``pytest.mark.exclusive(resource)`` waits for ``resource`` before its call
+    (tests/exclusive.py), so waiting counts against no timeout of the test."""
     marker = request.node.get_closest_marker("exclusive")
     if marker is None:
         yield
         return
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    with open(shared / f"exclusive-{marker.args[0]}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with exclusive(marker.args[0]):
+        yield

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from server_app.deploy import LoopbackDeployment, write_partitions
+from tests.exclusive import exclusive
 from tests.fake_grid import run_server
 
 pytestmark = pytest.mark.slow
@@ -72,7 +73,7 @@ def reference_runs(tmp_path: Path, engine: str) -> dict[str, Path]:
         return outs
     from server_app.engine import SimulationSuperLink
 
-    with SimulationSuperLink(workdir=tmp_path / "sim") as link:
+    with exclusive("ray"), SimulationSuperLink(workdir=tmp_path / "sim") as link:
         for name, job in JOBS.items():
             res = link.run({**BASE, **job, "output-dir": str(outs[name])},
                            num_supernodes=BASE["num-clients"])
