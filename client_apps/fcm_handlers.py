@@ -192,16 +192,18 @@ def _sums_many(xs: list[np.ndarray], centers: np.ndarray, m: float
 
 def keep_owner_results(msg: Message, context: Context, s: FamilySettings, x: np.ndarray,
                        centers: np.ndarray, shift: np.ndarray, scale: np.ndarray,
-                       run_dir: str | None = None) -> None:
+                       run_dir: str | None = None, u: np.ndarray | None = None) -> None:
     """Write this node's FCM results for its owner (never sent): ``assignments.csv``
     (``row,cluster,u0,…``), ``centers.csv`` in the original feature units, the arrays
-    ``fedclust predict`` needs, and ``result.json`` last."""
+    ``fedclust predict`` needs, and ``result.json`` last (``u``: the memberships of ``x`` at
+    ``centers``, when already computed)."""
     from client_apps import results
 
     folder = results.owner_dir(msg, context, run_dir)
     if folder is None:
         return
-    u = fcm.memberships(x, centers, s.m)
+    if u is None:
+        u = fcm.memberships(x, centers, s.m)
     labels = np.argmax(u, axis=1)
     results.write_assignments(folder, labels, u)
     results.write_table(folder / "centers.csv", [f"f{i}" for i in range(centers.shape[1])],
@@ -241,14 +243,81 @@ def fcm_final(msg: Message, context: Context) -> Message:
     (:func:`keep_owner_results`); nothing of them is in the reply.
     """
     data, cfg, x = _scaled_data(msg, context)
-    s = settings(cfg)
-    centers = wire.read_centers(msg.content)
-    sc = wire.read_scaling(msg.content)
+    return _final_answer(msg, context, data, settings(cfg), x,
+                         wire.read_centers(msg.content), wire.read_scaling(msg.content))
+
+
+@batched("query.fcm_final")
+def fcm_final_batch(items: list[tuple[Message, Context]]) -> list[Answer]:
+    """:func:`fcm_final` of the run's simulated nodes together (an in-process engine): every
+    node's memberships and objective share from one pass over their stacked rows
+    (:func:`fedclust.fcm.memberships_many`), each node still its own owner folder and its own
+    reply. The owner files that every simulated node holds alike (the centers, the scaling,
+    ``predict.json``) are written once and linked into the other folders
+    (:func:`client_apps.results.shared_files`)."""
+    from client_apps import results
+
+    answers: list[Answer | None] = [None] * len(items)
+    read: dict[int, tuple[np.ndarray, Any]] = {}     # per message content: centers, scaling
+    nodes: dict[int, tuple[ClientData, dict[str, Any], Any, np.ndarray]] = {}
+    groups: dict[tuple[int, float], list[tuple[int, np.ndarray]]] = {}
+    for k, (msg, context) in enumerate(items):
+        try:
+            got = read.get(id(msg.content))
+            if got is None:
+                got = read[id(msg.content)] = (wire.read_centers(msg.content),
+                                               wire.read_scaling(msg.content))
+            cfg = run_config(context)
+            s = settings(cfg)
+            data = load_client_data(context, cfg)
+            x = _scaled(data.x, *got[1]) if got[1] is not None else data.x
+            nodes[k] = (data, cfg, s, x)
+            if len(x):
+                groups.setdefault((id(msg.content), s.m), []).append((k, x))
+        except Exception as exc:
+            answers[k] = exc
+    pooled: dict[int, tuple[np.ndarray, float]] = {}      # node -> its memberships, objective
+    for (content, m), jobs in groups.items():
+        try:
+            u, j = _memberships_many([x for _, x in jobs], read[content][0], m)
+        except Exception:           # each node meets its own error below
+            continue
+        stops = np.cumsum([len(x) for _, x in jobs])
+        for i, (k, x) in enumerate(jobs):
+            pooled[k] = (u[stops[i] - len(x):stops[i]], float(j[i]))
+    with results.shared_files():
+        for k, (data, _, s, x) in nodes.items():
+            msg, context = items[k]
+            try:
+                answers[k] = _final_answer(msg, context, data, s, x, *read[id(msg.content)],
+                                           *pooled.get(k, (None, None)))
+            except Exception as exc:
+                answers[k] = exc
+    return answers  # type: ignore[return-value]
+
+
+def _memberships_many(xs: list[np.ndarray], centers: np.ndarray, m: float
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """Every node's memberships (stacked) and objective share; the stacked rows of the sums
+    phase when the same arrays come back."""
+    hit = _POOLED[0] if _POOLED else None
+    if hit is not None and len(hit[0]) == len(xs) and all(
+            a is b for a, b in zip(hit[0], xs, strict=True)):
+        return fcm.memberships_many(hit[1], centers, m)
+    return fcm.memberships_many(fcm.Pooled.of(xs), centers, m)
+
+
+def _final_answer(msg: Message, context: Context, data: ClientData, s: FCMSettings |
+                  FedFCMSettings, x: np.ndarray, centers: np.ndarray, sc: Any,
+                  u: np.ndarray | None = None, objective: float | None = None) -> Message:
+    """:func:`fcm_final`'s work and reply for one node (``u``, ``objective``: its memberships
+    and objective share, when already computed)."""
     shift, scale = sc if sc is not None else (np.zeros(x.shape[1]), np.ones(x.shape[1]))
-    keep_owner_results(msg, context, s, x, centers, shift, scale)
+    keep_owner_results(msg, context, s, x, centers, shift, scale, u=u)
     if guard_withholds(s, x):
         return Message(wire.withheld_reply(), reply_to=msg)
-    objective = fcm.objective(x, centers, s.m)
+    if objective is None:
+        objective = fcm.objective(x, centers, s.m)
     # FedFCM's evaluation tables of every K already came with the FedFuzzDB statistics.
     if s.evaluate and data.y_eval is not None and isinstance(s, FCMSettings):
         return Message(wire.final_reply(objective, eval_table(data.y_eval, x, centers),

@@ -25,7 +25,10 @@ folder, are flushed once at the end of the run (:func:`fedclust.outputs.flushed_
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import contextvars
+import json
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +37,7 @@ from flwr.app import ConfigRecord, Context, Message
 
 from fedclust import outputs
 from fedclust.data.sites import RESULTS_FOLDER
-from fedclust.results import to_jsonable, write_table
+from fedclust.results import table_bytes, to_jsonable
 
 RESULT_RECORD = "result"
 OWNER_STATE = "fedclust.owner-folder"   # context.state: the folder this node claimed
@@ -104,21 +107,69 @@ def write_assignments(folder: Path, labels: np.ndarray,
         cols += list(u.T)
         header += [f"u{i}" for i in range(u.shape[1])]
         fmt += ["%.17g"] * u.shape[1]
-    return write_table(folder / "assignments.csv", header, np.column_stack(cols), fmt)
+    return write_bytes(folder / "assignments.csv",
+                       table_bytes(header, np.column_stack(cols), fmt))
+
+
+def write_table(path: Path, header: list[str], table: np.ndarray,
+                fmt: str | list[str] = "%.17g") -> Path:
+    """A CSV of the owner folder (:func:`fedclust.results.table_bytes`), written atomically."""
+    return write_bytes(path, table_bytes(header, table, fmt))
 
 
 def write_result(folder: Path, meta: Mapping[str, Any]) -> Path:
     """``result.json`` (what the run gave this client), written atomically and last."""
-    return outputs.write_json(folder / "result.json", to_jsonable(dict(meta)))
+    return write_bytes(folder / "result.json",
+                       json.dumps(to_jsonable(dict(meta)), indent=2).encode("utf-8"))
 
 
 def write_predict_info(folder: Path, method: str, config: Mapping[str, Any], **extra: Any) -> Path:
     """``predict.json`` (``scope: "client"``): what ``fedclust predict`` needs to be pointed at
     the owner folder itself; ``config`` holds only the keys prediction needs."""
-    return outputs.write_json(folder / "predict.json", {
-        "method": method, "scope": "client", "config": dict(config), **extra})
+    return write_bytes(folder / "predict.json", json.dumps(
+        {"method": method, "scope": "client", "config": dict(config), **extra},
+        indent=2).encode("utf-8"))
 
 
 def save_array(path: Path, array: np.ndarray) -> Path:
     """An ``.npy`` file of the owner folder, written atomically."""
-    return outputs.save_npy(path, array)
+    from fedclust.npy import dumps
+
+    return write_bytes(path, dumps(np.asarray(array)))
+
+
+# (file name, bytes) -> the first owner folder's file with them, within shared_files()
+_SHARED: contextvars.ContextVar[dict[tuple[str, bytes], Path] | None] = contextvars.ContextVar(
+    "fedclust_shared_owner_files", default=None)
+
+
+@contextlib.contextmanager
+def shared_files() -> Iterator[None]:
+    """Within: simulated nodes' owner files that another node's folder already holds with the
+    same name and bytes (the final centers, the scaling, ``predict.json`` of every simulated
+    client of a run) are hard links of that one file, not new copies: an in-process engine
+    writes thousands of owner folders at once. Only writes that the run makes durable at its
+    end (:func:`fedclust.outputs.deferred`) are shared; a deployed node writes its own."""
+    token = _SHARED.set({})
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
+def write_bytes(path: Path, data: bytes) -> Path:
+    """``path`` holds ``data``, written atomically (or, within :func:`shared_files`, a link
+    of the same file another owner folder holds)."""
+    shared = _SHARED.get()
+    if shared is None or not outputs.deferred(path):
+        return outputs.write_atomic(path, lambda fh: fh.write(data))
+    key = (path.name, data)
+    first = shared.get(key)
+    if first is not None:
+        try:
+            return outputs.link_file(first, path)
+        except OSError:         # no hard links here: a copy of its own
+            pass
+    outputs.write_atomic(path, lambda fh: fh.write(data))
+    shared[key] = path
+    return path

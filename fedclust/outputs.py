@@ -151,6 +151,44 @@ def write_atomic(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
     return Path(name)
 
 
+def deferred(path: str | Path) -> bool:
+    """Whether a write to ``path`` now skips its own flush: a simulation's run makes it durable
+    at its end (:func:`durable_at_exit`, :func:`flushed_by_run`)."""
+    return _deferred(path)
+
+
+def link_file(src: str | Path, path: str | Path) -> Path:
+    """``path`` as a hard link of ``src`` (a file fedclust wrote, on the same file system): the
+    file :func:`write_atomic` would write with ``src``'s bytes, without writing them again.
+    Atomic like it (the name appears complete or not at all, an existing ``path`` is
+    replaced), recorded in the nearest manifest first. Only for a simulation's files, which
+    its run makes durable once at its end (:func:`deferred`).
+
+    Raises
+    ------
+    OSError
+        The file system refuses the link (another device, no hard links): write the bytes.
+    """
+    name = os.fspath(path)
+    record(name, FILE)
+    try:
+        os.link(src, name)
+    except FileExistsError:
+        if os.path.isdir(name):
+            raise OutputDirError(f"{name!r} is a folder, where fedclust writes a file. Fix: "
+                                 f"move or rename that folder, or write elsewhere") from None
+        folder, base = os.path.split(name)
+        tmp = os.path.join(folder, f".{base}.{secrets.token_hex(6)}.part")
+        os.link(src, tmp)
+        try:
+            os.replace(tmp, name)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    return Path(name)
+
+
 def write_text(path: str | Path, text: str) -> Path:
     """``path`` holds ``text`` (UTF-8), written atomically."""
     data = text.encode("utf-8")

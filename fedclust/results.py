@@ -19,7 +19,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -404,9 +404,16 @@ def _refuse_for_run(folder: Path, overwrite: bool) -> bool:
 
 def write_table(path: Path, header: Sequence[str], table: np.ndarray,
                 fmt: str | Sequence[str] = "%.17g") -> Path:
-    """A CSV with a header line, written atomically: the bytes of ``numpy.savetxt(fh, table,
-    delimiter=",", header=",".join(header), comments="", fmt=fmt)``, formatted a block of rows
-    at a time (half its cost: a simulation writes one table per client)."""
+    """A CSV with a header line, written atomically: :func:`table_bytes`."""
+    data = table_bytes(header, table, fmt)
+    return outputs.write_atomic(path, lambda fh: fh.write(data))
+
+
+def table_bytes(header: Sequence[str], table: np.ndarray, fmt: str | Sequence[str] = "%.17g"
+                ) -> bytes:
+    """The bytes of ``numpy.savetxt(fh, table, delimiter=",", header=",".join(header),
+    comments="", fmt=fmt)``, formatted a block of rows at a time (half its cost: a simulation
+    writes one table per client)."""
     rows = np.asarray(table).reshape(len(table), -1)
     ncol = rows.shape[1]
     if isinstance(fmt, str):
@@ -414,14 +421,11 @@ def write_table(path: Path, header: Sequence[str], table: np.ndarray,
     else:
         line = ",".join(fmt)
     line += "\n"
-
-    def write(fh: IO[bytes]) -> None:
-        fh.write((",".join(header) + "\n").encode("latin1"))
-        for start in range(0, len(rows), TABLE_BLOCK):
-            block = rows[start:start + TABLE_BLOCK]
-            fh.write(((line * len(block)) % tuple(block.ravel().tolist())).encode("latin1"))
-
-    return outputs.write_atomic(path, write)
+    parts = [(",".join(header) + "\n").encode("latin1")]
+    for start in range(0, len(rows), TABLE_BLOCK):
+        block = rows[start:start + TABLE_BLOCK]
+        parts.append(((line * len(block)) % tuple(block.ravel().tolist())).encode("latin1"))
+    return b"".join(parts)
 
 
 TABLE_BLOCK = 8192      # rows formatted at once by write_table

@@ -185,6 +185,32 @@ def local_sums_many(pooled: Pooled, centers: ArrayLike, m: float = 2.0
     return u, ws
 
 
+def memberships_many(pooled: Pooled, centers: ArrayLike, m: float = 2.0
+                     ) -> tuple[Float, Float]:
+    r""":func:`memberships` and :func:`objective` of several clients at the same centers, in one
+    pass over their stacked rows (an in-process simulation's final phase).
+
+    Returns
+    -------
+    U : ndarray of shape (N, C)
+        The memberships of every row, the clients' rows one after the other
+        (``pooled.starts``); each row's equal :func:`memberships`'s up to rounding.
+    J : ndarray of shape (S,)
+        Each client's objective share :math:`\sum_j \sum_c \mu_{cj}^m d^2_{cj}` over its own
+        rows (:func:`objective`'s, up to rounding).
+    """
+    centers = _as_2d(centers, "centers")
+    f = pooled.n_features
+    mu = fcm_pass(pooled.xa, centers, m, augmented=True, sums=False,
+                  memberships=True).memberships
+    assert mu is not None
+    if not np.isfinite(mu).all():
+        _as_2d(pooled.xa[:, :f])        # raises with what is wrong and how to fix it
+    um = mu * mu if m == 2.0 else np.power(mu, m)
+    per_row = np.einsum("ij,ij->i", um, squared_distances(pooled.xa[:, :f], centers))
+    return mu, np.add.reduceat(per_row, pooled.starts)
+
+
 def labels_from_centers(x: ArrayLike, centers: ArrayLike) -> NDArray[np.int64]:
     """Crisp labels ``(n,)``: the highest membership, which is the nearest center."""
     return squared_distances(np.asarray(x, dtype=np.float64),
