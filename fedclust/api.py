@@ -13,6 +13,7 @@ process.
 
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -197,7 +198,8 @@ def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any] 
         record["classes"] = list(classes)
     if not emdcfl:
         _check_distinct(strategy, clients, run_config)
-    with tempfile.TemporaryDirectory(prefix="fedclust-simulate-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="fedclust-simulate-",
+                                     dir=_scratch_dir(clients, labels)) as tmp:
         nodes = []
         for i, data in enumerate(clients):
             path = Path(tmp) / f"client{i:04d}.npz"
@@ -208,7 +210,7 @@ def simulate(method_or_strategy: str | FedclustStrategy, clients: Sequence[Any] 
                 np.savez(path, **parts)
                 allow = "cluster" in parts
             else:
-                _write_rows(i, data, y, path)
+                path = _write_rows(i, data, y, path)
                 allow = y is not None
             nodes.append({"data-path": str(path), "allow-evaluation": allow})
         result = _run(strategy, nodes, seed, output_dir, dataset, dict(run_config or {}),
@@ -600,7 +602,34 @@ def _not_a_table(i: int, data: Any) -> str | None:
     return None
 
 
-def _write_rows(i: int, data: Any, y: Any, path: Path) -> None:
+#: a folder in memory, where the system has one: the clients' data files of a simulation are
+#: read once by its in-process nodes and removed at its end, never needed on a disk
+MEMORY_DIR = "/dev/shm"
+
+
+def _scratch_dir(clients: list[Any], labels: Sequence[Any] | None) -> str | None:
+    """Where :func:`simulate` writes its clients' data files for the in-process nodes:
+    :data:`MEMORY_DIR` when it is there, writable and has room for twice their size, else
+    None (the system's temporary folder)."""
+    def size(v: Any) -> int:
+        if isinstance(v, Mapping):
+            return sum(size(a) for a in v.values())
+        return int(getattr(v, "nbytes", 0) or np.asarray(v).nbytes)
+
+    try:
+        st = os.statvfs(MEMORY_DIR)
+    except (OSError, AttributeError):
+        return None
+    if not (os.path.isdir(MEMORY_DIR) and os.access(MEMORY_DIR, os.W_OK | os.X_OK)):
+        return None
+    need = sum(size(c) for c in clients) + sum(size(y) for y in labels or () if y is not None)
+    return MEMORY_DIR if st.f_bavail * st.f_frsize > 2 * need + 64 * 1024 ** 2 else None
+
+
+def _write_rows(i: int, data: Any, y: Any, path: Path) -> Path:
+    """Client ``i``'s rows (and labels) checked and written for its node: ``path`` (an
+    ``.npz``), or the ``.npy`` of the same name for a table without labels; returns the
+    file written."""
     problem = _not_a_table(i, data)
     if problem:
         raise ConfigError(f"simulate(): {problem}")
@@ -633,7 +662,12 @@ def _write_rows(i: int, data: Any, y: Any, path: Path) -> None:
                               f"Allowed: one label per row. Fix: pass labels[{i}] with "
                               f"{len(x)} entries, or labels=None")
         arrays["y"] = y
+    if y is None and x.ndim == 2:
+        path = path.with_suffix(".npy")
+        np.save(path, x, allow_pickle=False)
+        return path
     np.savez(path, **arrays)
+    return path
 
 
 def _check_images(i: int, x: np.ndarray, dataset: str) -> None:
