@@ -256,14 +256,17 @@ def reject(ex: Exchange, nid: int, problem: str | None, phase: str) -> bool:
     return True
 
 
-def check_each(ex: Exchange, check: Callable[[int, RecordDict], str | None], phase: str
-               ) -> None:
+def check_each(ex: Exchange, check: Callable[[int, RecordDict], str | None], phase: str,
+               passed: Iterable[int] = ()) -> None:
     """Reject every reply of ``ex`` for which ``check(node, content)`` names a problem.
 
     For checks that need the node (what it was sent) or the other replies; like the
     ``validate`` of :func:`send_and_collect`, an exception in the check rejects the reply.
+    ``passed``: nodes whose replies a check of all replies at once found to pass ``check``
+    for sure (e.g. :func:`strategies.wire.fcm.sums_passing`).
     """
-    for nid in list(ex.replies):
+    done = set(passed)
+    for nid in [n for n in ex.replies if n not in done]:
         try:
             problem = check(nid, ex.replies[nid])
         except Exception as exc:  # a reply malformed beyond what the check anticipated

@@ -36,10 +36,11 @@ class FlowerClients(FamilyClients):
         phase = f"round-{rnd}"
         ex = self.send(sampled, wire.centers_request(centers, sc.shift, sc.scale), wire.SUMS,
                        phase)
+        passed = wire.sums_passing(ex.replies, c, f, sc.box, sc.rows, self.s.m)
         check_each(ex, wire.check_sums(c, f, sc.box, sc.rows, self.s.m,
-                                       self.s.guard_bound(f)), phase)
+                                       self.s.guard_bound(f)), phase, passed)
         by_node = {nid: sums for nid, r in ex.replies.items()
-                   if (sums := wire.read_sums(r)) is not None}
+                   if (sums := passed.get(nid) or wire.read_sums(r)) is not None}
         require_honest(ex, phase, len(by_node), len(sampled), self.common)
         sums = list(by_node.values())
         u = np.sum([s[0] for s in sums], axis=0) if sums else np.zeros(c)

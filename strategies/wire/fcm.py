@@ -349,6 +349,54 @@ def check_sums(c: int, f: int, box: Box, rows: Rows, m: float, bound: float | No
     return rows_checked(rows, bound, check)
 
 
+def sums_passing(replies: Mapping[int, RecordDict], c: int, f: int, box: Box, rows: Rows,
+                 m: float) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Server side: the replies of a round that pass :func:`check_sums` for sure, judged over
+    all of them at once (numpy over the stacked sums), with their ``(U, WS)``.
+
+    A reply is taken here only when it has the plain layout (metric ``withheld`` = 0, float64
+    ``U`` of shape (C,) and ``WS`` of shape (C, F)), its node declared a row count, and its
+    values pass every test of :func:`check_sums` (finite, ``U ≥ 0``, ``Σ U`` inside its bounds
+    with a margin of half the tolerance, ``WS`` inside the box, the same expression). Every
+    other reply goes through :func:`check_sums` itself, which names what is wrong."""
+    nodes: list[int] = []
+    us: list[np.ndarray] = []
+    wss: list[np.ndarray] = []
+    for nid, rd in replies.items():
+        rec, met = rd.get("sums"), rd.get("metrics")
+        if nid not in rows or not isinstance(rec, ArrayRecord) or not isinstance(
+                met, MetricRecord) or "U" not in rec or "WS" not in rec:
+            continue
+        flag = met.get("withheld")
+        if type(flag) is not int or flag != 0:
+            continue
+        try:
+            u, ws = to_numpy(rec["U"]), to_numpy(rec["WS"])
+        except Exception:       # noqa: BLE001 - the per-reply check names it
+            continue
+        if (u.dtype != np.float64 or ws.dtype != np.float64 or u.shape != (c,)
+                or ws.shape != (c, f)):
+            continue
+        nodes.append(nid)
+        us.append(u)
+        wss.append(ws)
+    if not nodes:
+        return {}
+    u, ws = np.stack(us), np.stack(wss)
+    n = np.array([rows[nid] for nid in nodes], dtype=np.float64)
+    with np.errstate(all="ignore"):
+        ok = np.isfinite(u).all(axis=1) & np.isfinite(ws).all(axis=(1, 2)) & (u.min(axis=1) >= 0)
+        total = u.sum(axis=1)
+        tol = 0.5e-6 * np.maximum(1.0, np.abs(n))       # half total_problem's (rtol of N)
+        ok &= (total >= n * float(c) ** (1.0 - m) - tol) & (total <= n + tol)
+        lo, hi = np.asarray(box.low, dtype=np.float64), np.asarray(box.high, dtype=np.float64)
+        w = u[:, :, None]
+        # box_problem's expression, element by element
+        btol = 1e-6 * w * max(1.0, float(np.max(np.abs(np.concatenate([lo, hi]))))) + 1e-300
+        ok &= ~((ws < w * lo - btol) | (ws > w * hi + btol)).any(axis=(1, 2))
+    return {nid: (u[k], ws[k]) for k, nid in enumerate(nodes) if ok[k]}
+
+
 def read_sums(rd: RecordDict) -> tuple[np.ndarray, np.ndarray] | None:
     """Server side: ``(U, WS)`` of a checked reply (None: the privacy guard's notice)."""
     rec = get_array_record(rd, "sums")

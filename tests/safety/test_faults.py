@@ -261,3 +261,52 @@ def test_rounds_with_contributions_is_recorded(tmp_path):
 
     summary, _ = run_server({**GUARDED, "fcm.n-clusters": 3, "output-dir": str(tmp_path)})
     assert summary["metrics"]["rounds_with_contributions"] == 3
+
+
+def test_sums_checked_all_at_once_pass_only_what_each_check_passes():
+    """``sums_passing`` (a round's replies judged at once) takes a reply only where the
+    per-reply ``check_sums`` finds nothing; every other reply meets that check itself."""
+    from strategies.wire.fcm import Box, check_sums, sums_passing, sums_reply
+
+    rng = np.random.default_rng(0)
+    c, f, m = 3, 2, 2.0
+    box = Box(np.zeros(f), np.ones(f))
+    rows, replies = {}, {}
+    for nid in range(200):
+        n = int(rng.integers(1, 50))
+        x = rng.random((n, f))
+        u = rng.random((n, c))
+        u /= u.sum(axis=1, keepdims=True)
+        um = u ** m
+        U, WS = um.sum(axis=0), um.T @ x
+        kind = nid % 10
+        if kind == 1:
+            U = U.copy()
+            U[0] = -1e-3                       # negative mass
+        elif kind == 2:
+            WS = WS.copy()
+            WS[1, 0] = U[1] * 1.5              # a weighted mean outside the box
+        elif kind == 3:
+            WS = WS.copy()
+            WS[0, 1] = np.nan
+        elif kind == 4:
+            U = U * 10 * n                     # more mass than N rows can hold
+        elif kind == 5:
+            U, WS = U[:2], WS[:2]              # another shape
+        elif kind == 6:
+            U = U.astype(np.float32)           # another dtype: the per-reply check decides
+        rd = sums_reply(U, WS)
+        if kind == 7:
+            rd["metrics"] = MetricRecord({"withheld": 1})
+        if kind != 8:                          # 8: declared no row count
+            rows[nid] = n
+        replies[nid] = rd
+    check = check_sums(c, f, box, rows, m, None)
+    passed = sums_passing(replies, c, f, box, rows, m)
+    verdicts = {nid: check(nid, rd) for nid, rd in replies.items()}
+    assert set(passed) <= {nid for nid, v in verdicts.items() if v is None}
+    assert set(passed) == {nid for nid in replies if nid % 10 in (0, 9)}
+    assert all(verdicts[nid] for nid in replies if nid % 10 in (1, 2, 3, 4, 5, 7, 8))
+    for nid, (u, ws) in passed.items():
+        np.testing.assert_array_equal(u, replies[nid]["sums"]["U"].numpy())
+        np.testing.assert_array_equal(ws, replies[nid]["sums"]["WS"].numpy())
