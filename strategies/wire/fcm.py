@@ -191,18 +191,19 @@ def check_stats(standard: bool, guard_on: bool, secure: bool) -> Check:
     def check(rd: RecordDict) -> str | None:
         if withheld_notice(rd):
             return None if guard_on else notice_problem(0, None, None)
-        if "stats" not in rd.array_records:
+        if get_array_record(rd, "stats") is None:
             return "neither 'stats' nor a privacy-guard notice"
         rows = None
+        met = _metrics(rd)
         if not secure:
             problem = metric_problem(rd, "rows", int, low=0)
             if problem:
                 return problem
-            rows = int(rd.metric_records["metrics"]["rows"])
+            rows = int(met["rows"])
         problem = (_standard_problem(rd, rows) if standard else _minmax_problem(rd, rows))
-        if not problem and "columns" in rd.metric_records.get("metrics", {}):
+        if not problem and met is not None and "columns" in met:
             problem = metric_problem(rd, "columns", int, low=1, high=2**62)
-        if problem or "eval" not in rd.array_records:
+        if problem or get_array_record(rd, "eval") is None:
             return problem
         codes, problem = read_array(rd, "eval", "codes", kind=INTEGER, ndim=1)
         if problem:
@@ -214,41 +215,50 @@ def check_stats(standard: bool, guard_on: bool, secure: bool) -> Check:
     return check
 
 
+def _metrics(rd: RecordDict) -> MetricRecord | None:
+    """The MetricRecord ``"metrics"`` of ``rd`` (None: none), without building
+    ``rd.metric_records`` (a new view on every call)."""
+    met = rd.get("metrics")
+    return met if isinstance(met, MetricRecord) else None
+
+
 def declared_rows(rd: RecordDict) -> int | None:
     """The row count a checked ``query.fcm_stats`` reply declared (None: none)."""
-    met = rd.metric_records.get("metrics")
+    met = _metrics(rd)
     if met is not None and "rows" in met:
         return int(met["rows"])
-    if "stats" in rd.array_records and "stats" in rd.array_records["stats"]:
-        return int(rd.array_records["stats"]["stats"].numpy()[0, 0])
+    rec = get_array_record(rd, "stats")
+    if rec is not None and "stats" in rec:
+        return int(to_numpy(rec["stats"])[0, 0])
     return None
 
 
 def read_stats(rd: RecordDict) -> NodeStats | None:
     """Server side: a checked ``query.fcm_stats`` reply (None: the privacy guard's notice)."""
-    if "stats" not in rd.array_records:
+    rec = get_array_record(rd, "stats")
+    if rec is None:
         return None
-    rec = rd.array_records["stats"]
     if "stats" in rec:
-        stats = ColumnStats.from_array(rec["stats"].numpy())
+        stats = ColumnStats.from_array(to_numpy(rec["stats"]))
     else:
-        lo, hi = rec["min"].numpy(), rec["max"].numpy()
+        lo, hi = to_numpy(rec["min"]), to_numpy(rec["max"])
         stats = ColumnStats(0, lo, hi, np.zeros_like(lo), np.zeros_like(lo))
-    codes = (rd.array_records["eval"]["codes"].numpy() if "eval" in rd.array_records
-             else None)
+    ev = get_array_record(rd, "eval")
+    codes = to_numpy(ev["codes"]) if ev is not None else None
     return NodeStats(stats, declared_rows(rd), codes)
 
 
 def column_digest(rd: RecordDict) -> int:
     """Server side: the column-name digest of a checked ``query.fcm_stats`` reply (0: none)."""
-    met = rd.metric_records.get("metrics")
+    met = _metrics(rd)
     return int(met["columns"]) if met is not None and "columns" in met else 0
 
 
 def n_features(rd: RecordDict) -> int:
     """Server side: the feature count of a checked ``query.fcm_stats`` reply with statistics."""
-    rec = rd.array_records["stats"]
-    return int((rec["stats"] if "stats" in rec else rec["min"]).numpy().shape[-1])
+    rec = get_array_record(rd, "stats")
+    assert rec is not None
+    return int(to_numpy(rec["stats"] if "stats" in rec else rec["min"]).shape[-1])
 
 
 def _minmax_problem(rd: RecordDict, rows: int | None) -> str | None:
