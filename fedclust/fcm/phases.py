@@ -210,14 +210,23 @@ def dominated_features(clients: list[Client], stats: list[scaling.ColumnStats],
     if len(stats) < 2:
         return []
     lo, hi = np.array([s.min for s in stats]), np.array([s.max for s in stats])
+    # every client's "all the others" at once: the largest and smallest bound without it
+    # (the second largest where it holds the largest), not one pass over the others per client
+    n = len(stats)
+    top = np.argsort(hi, axis=0, kind="stable")[-2:]        # second largest, largest
+    bottom = np.argsort(lo, axis=0, kind="stable")[:2]      # smallest, second smallest
+    cols = np.arange(hi.shape[1])
+    rows = np.arange(n)[:, None]
+    hi_rest = np.where(rows == top[1], hi[top[0], cols], hi[top[1], cols])
+    lo_rest = np.where(rows == bottom[0], lo[bottom[1], cols], lo[bottom[0], cols])
+    rest = hi_rest - lo_rest
+    full = hi.max(axis=0) - lo.min(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(rest > 0, full / rest, np.where(full > 0, np.inf, 1.0))
     out = []
-    for i, client in enumerate(clients):
-        others = np.arange(len(stats)) != i
-        rest = hi[others].max(axis=0) - lo[others].min(axis=0)
-        full = hi.max(axis=0) - lo.min(axis=0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = np.where(rest > 0, full / rest, np.where(full > 0, np.inf, 1.0))
-        out += [(int(j), client, float(ratio[j])) for j in np.flatnonzero(ratio > factor)]
+    for i in np.flatnonzero((ratio > factor).any(axis=1)):
+        out += [(int(j), clients[i], float(ratio[i, j])) for j in np.flatnonzero(
+            ratio[i] > factor)]
     return out
 
 

@@ -271,27 +271,55 @@ def beyond_others(low: Mapping[int, np.ndarray], high: Mapping[int, np.ndarray],
         return {}
     lo = np.array([np.asarray(low[n], dtype=np.float64) for n in nodes])
     hi = np.array([np.asarray(high[n], dtype=np.float64) for n in nodes])
+    # every node's view of the others at once (leave_one_out): row i is what the loop "for
+    # each node, the others without it" gives, value for value
+    m_lo, m_hi = leave_one_out(lo, "median"), leave_one_out(hi, "median")
+    mid = (lo + hi) / 2
+    unit = np.maximum.reduce([leave_one_out(hi - lo, "median"), m_hi - m_lo,
+                              leave_one_out(mid, "max") - leave_one_out(mid, "min"),
+                              1e-9 * np.maximum(np.abs(m_lo), np.abs(m_hi))])
+    for i in np.flatnonzero(np.any(unit <= 0, axis=1)):
+        known = unit[i][unit[i] > 0]
+        unit[i] = np.where(unit[i] > 0, unit[i], float(np.median(known)) if known.size else 1.0)
+    over = np.maximum((m_lo - lo) / unit, (hi - m_hi) / unit)
+    worst = np.argmax(over, axis=1)
     out: dict[int, str] = {}
-    for i, nid in enumerate(nodes):
-        others = np.arange(len(nodes)) != i
-        m_lo, m_hi = np.median(lo[others], axis=0), np.median(hi[others], axis=0)
-        mid = (lo[others] + hi[others]) / 2
-        unit = np.maximum.reduce([np.median(hi[others] - lo[others], axis=0), m_hi - m_lo,
-                                  mid.max(axis=0) - mid.min(axis=0),
-                                  1e-9 * np.maximum(np.abs(m_lo), np.abs(m_hi))])
-        if np.any(unit <= 0):
-            known = unit[unit > 0]
-            unit = np.where(unit > 0, unit, float(np.median(known)) if known.size else 1.0)
-        over = np.maximum((m_lo - lo[i]) / unit, (hi[i] - m_hi) / unit)
-        j = int(np.argmax(over))
-        if over[j] > factor:
-            value = lo[i, j] if m_lo[j] - lo[i, j] >= hi[i, j] - m_hi[j] else hi[i, j]
-            out[nid] = (f"'{name}' of feature {j} reaches {value:.6g}, {over[j]:.3g} typical "
-                        f"spans beyond the other nodes' bounds [{m_lo[j]:.6g}, {m_hi[j]:.6g}] "
-                        f"(typical span {unit[j]:.3g}); more than {factor:g} is not the spread "
-                        f"of honest data, and would squeeze every other node's data into a "
-                        f"sliver of the federated box")
+    for i in np.flatnonzero(over[np.arange(len(nodes)), worst] > factor):
+        nid, j = nodes[i], int(worst[i])
+        value = lo[i, j] if m_lo[i, j] - lo[i, j] >= hi[i, j] - m_hi[i, j] else hi[i, j]
+        out[nid] = (f"'{name}' of feature {j} reaches {value:.6g}, {over[i, j]:.3g} typical "
+                    f"spans beyond the other nodes' bounds [{m_lo[i, j]:.6g}, "
+                    f"{m_hi[i, j]:.6g}] (typical span {unit[i, j]:.3g}); more than {factor:g} "
+                    f"is not the spread of honest data, and would squeeze every other node's "
+                    f"data into a sliver of the federated box")
     return out
+
+
+def leave_one_out(a: np.ndarray, stat: str) -> np.ndarray:
+    """``out[i] = np.<stat>(np.delete(a, i, axis=0), axis=0)`` for every row ``i`` of ``a``
+    (``stat``: ``"median"``, ``"max"`` or ``"min"``; at least 2 rows, no NaN), from one sort
+    per column instead of one reduction per row: O(n log n), not O(n²), for n nodes. The
+    median of an even count is the mean of the two middle values, as numpy's."""
+    a = np.asarray(a, dtype=np.float64)
+    flat = a.reshape(a.shape[0], -1)
+    n = flat.shape[0]
+    order = np.argsort(flat, axis=0, kind="stable")
+    srt = np.take_along_axis(flat, order, axis=0)
+    rank = np.empty_like(order)
+    np.put_along_axis(rank, order, np.broadcast_to(np.arange(n)[:, None], order.shape), axis=0)
+    if stat == "max":
+        out = np.where(rank == n - 1, srt[n - 2], srt[n - 1])
+    elif stat == "min":
+        out = np.where(rank == 0, srt[1], srt[0])
+    elif stat == "median":
+        # the k-th of the others is the k-th of all below a node's rank, the (k+1)-th above it
+        k1, k2 = (n - 2) // 2, (n - 1) // 2
+        v1 = np.take_along_axis(srt, k1 + (k1 >= rank), axis=0)
+        v2 = np.take_along_axis(srt, k2 + (k2 >= rank), axis=0)
+        out = v1 if k1 == k2 else (v1 + v2) / 2
+    else:
+        raise ValueError(f"leave_one_out: stat {stat!r} is not median, max or min")
+    return out.reshape(a.shape)
 
 
 def above_others(values: Mapping[int, float], name: str, decades: float = COUNT_DECADES
@@ -303,11 +331,10 @@ def above_others(values: Mapping[int, float], name: str, decades: float = COUNT_
     weighs less, not more."""
     logs = {n: math.log10(v) for n, v in values.items() if v > 0 and math.isfinite(v)}
     out: dict[int, str] = {}
-    for nid, lv in logs.items():
-        others = [v for n, v in logs.items() if n != nid]
-        if not others:
-            continue
-        ref = float(np.median(others))
+    if len(logs) < 2:
+        return out
+    refs = leave_one_out(np.array(list(logs.values())), "median")
+    for (nid, lv), ref in zip(logs.items(), refs.tolist(), strict=True):
         if lv - ref > decades:
             out[nid] = (f"'{name}' = {values[nid]:.6g} is {lv - ref:.3g} orders of magnitude "
                         f"above the other nodes' median {10 ** ref:.6g}; more than {decades:g} "

@@ -109,3 +109,59 @@ def test_with_two_nodes_only_the_liar_is_refused():
     high = {1: np.array([7.9, 4.4]), 2: np.array([7.9, 4.4])}
     assert list(beyond_others(low, high, "stats")) == [2]
     assert list(above_others({1: 50.0, 2: 5e8}, "rows")) == [2]
+
+
+def test_leave_one_out_statistics_are_each_nodes_loop_over_the_others():
+    """``leave_one_out`` (one sort per column) gives, value for value, the median, max and min
+    of the other rows that a loop over every row computes (ties and even counts included)."""
+    from strategies.wire.replies import leave_one_out
+
+    rng = np.random.default_rng(1)
+    for n in (2, 3, 4, 7, 50, 51):
+        a = rng.integers(0, 5, (n, 3)).astype(float) + rng.choice([0.0, 0.25], (n, 3))
+        for stat in ("median", "max", "min"):
+            want = np.array([getattr(np, stat)(np.delete(a, i, axis=0), axis=0)
+                             for i in range(n)])
+            np.testing.assert_array_equal(leave_one_out(a, stat), want)
+        v = rng.normal(size=n)
+        np.testing.assert_array_equal(leave_one_out(v, "median"),
+                                      [np.median(np.delete(v, i)) for i in range(n)])
+
+
+def test_bounds_judged_by_the_others_flag_what_the_loop_over_nodes_flags():
+    """``beyond_others`` and ``dominated_features`` over many nodes, some lying: the same nodes
+    and reasons as judging each node by a loop over the others."""
+    from fedclust.data.scaling import ColumnStats
+    from fedclust.fcm.phases import dominated_features
+    from strategies.wire.replies import beyond_others
+
+    def loop_beyond(lo, hi, factor=1e3):
+        out = {}
+        for i in range(len(lo)):
+            o = np.arange(len(lo)) != i
+            m_lo, m_hi = np.median(lo[o], axis=0), np.median(hi[o], axis=0)
+            mid = (lo[o] + hi[o]) / 2
+            unit = np.maximum.reduce([np.median(hi[o] - lo[o], axis=0), m_hi - m_lo,
+                                      mid.max(axis=0) - mid.min(axis=0),
+                                      1e-9 * np.maximum(np.abs(m_lo), np.abs(m_hi))])
+            over = np.maximum((m_lo - lo[i]) / unit, (hi[i] - m_hi) / unit)
+            if over.max() > factor:
+                out[i] = int(np.argmax(over))
+        return out
+
+    rng = np.random.default_rng(2)
+    lo = rng.normal(size=(60, 3))
+    hi = lo + rng.random((60, 3)) * 3
+    lo[7, 1], hi[12, 2], hi[30, 0] = -1e6, 5e5, 1e9
+    got = beyond_others(dict(enumerate(lo)), dict(enumerate(hi)), "stats")
+    assert sorted(got) == sorted(loop_beyond(lo, hi)) == [7, 12, 30]
+    for i, j in loop_beyond(lo, hi).items():
+        assert f"of feature {j} reaches" in got[i]
+    stats = [ColumnStats(0, lo[i], hi[i], np.zeros(3), np.zeros(3)) for i in range(60)]
+    found = dominated_features(list(range(60)), stats)
+    want = []
+    for i in range(60):
+        o = np.arange(60) != i
+        ratio = (hi.max(axis=0) - lo.min(axis=0)) / (hi[o].max(axis=0) - lo[o].min(axis=0))
+        want += [(int(j), i, float(ratio[j])) for j in np.flatnonzero(ratio > 100.0)]
+    assert found == want and {c for _, c, _ in found} == {7, 12, 30}
