@@ -164,9 +164,10 @@ def _owner_results(run_dir: Path) -> tuple[list[np.ndarray] | None, list[np.ndar
         return None, None
     labels, memberships = [], []
     for folder in folders:
-        path = folder / "assignments.csv"
-        header = path.read_text().split("\n", 1)[0].split(",")
-        table = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2)
+        text = (folder / "assignments.csv").read_text()      # read once: header and rows
+        lines = text.split("\n")
+        header = lines[0].split(",")
+        table = np.loadtxt(lines[1:], delimiter=",", ndmin=2)
         column = header.index("cluster" if "cluster" in header else "label")
         labels.append(table[:, column].astype(np.int64))
         u = [i for i, name in enumerate(header) if name.startswith("u") and name[1:].isdigit()]
