@@ -10,7 +10,8 @@ server loops survive dropouts; ``inspect`` sees every reply (privacy tests).
 Every node lives in this process, so one phase's messages (one ``send_and_receive``) can be
 answered together: where fedclust's ClientApp has a batched form of the phase's handler
 (:func:`client_apps.base.batched`: EMD-CFL's training, IFCA, embedding and evaluation,
-FedCRef's local and community training), all nodes' answers are computed as one batched
+FedCRef's local and community training, exact FCM's sums, the FCM family's final phase),
+all nodes' answers are computed as one batched
 computation on the method's device, and each node still gets its own reply, checked by the
 server like any other (``batch=False``: one message after another).
 
