@@ -135,6 +135,17 @@ def fcm_sums(msg: Message, context: Context) -> Message:
     return Message(wire.sums_reply(*fcm.local_sums(x, centers, s.m)), reply_to=msg)
 
 
+def _centers_once(read: dict[int, tuple[np.ndarray, Any]], msg: Message
+                  ) -> tuple[np.ndarray, Any]:
+    """The centers and scaling of ``msg``, read once per message content of a batch (every
+    node of a phase is sent the same one)."""
+    got = read.get(id(msg.content))
+    if got is None:
+        got = read[id(msg.content)] = (wire.read_centers(msg.content),
+                                       wire.read_scaling(msg.content))
+    return got
+
+
 @batched("query.fcm_sums")
 def fcm_sums_batch(items: list[tuple[Message, Context]]) -> list[Answer]:
     """:func:`fcm_sums` of a round's simulated nodes together (an in-process engine): each
@@ -146,10 +157,7 @@ def fcm_sums_batch(items: list[tuple[Message, Context]]) -> list[Answer]:
     groups: dict[tuple[int, float], list[tuple[int, np.ndarray]]] = {}
     for k, (msg, context) in enumerate(items):
         try:
-            got = read.get(id(msg.content))
-            if got is None:
-                got = read[id(msg.content)] = (wire.read_centers(msg.content),
-                                               wire.read_scaling(msg.content))
+            got = _centers_once(read, msg)
             cfg = run_config(context)
             s = run_settings(context, FCMSettings.from_config)
             x = load_client_data(context, cfg).x
@@ -263,10 +271,7 @@ def fcm_final_batch(items: list[tuple[Message, Context]]) -> list[Answer]:
     groups: dict[tuple[int, float], list[tuple[int, np.ndarray]]] = {}
     for k, (msg, context) in enumerate(items):
         try:
-            got = read.get(id(msg.content))
-            if got is None:
-                got = read[id(msg.content)] = (wire.read_centers(msg.content),
-                                               wire.read_scaling(msg.content))
+            got = _centers_once(read, msg)
             cfg = run_config(context)
             s = settings(cfg)
             data = load_client_data(context, cfg)
