@@ -134,21 +134,36 @@ def write_atomic(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
     """
     name = os.fspath(path)
     if os.path.isdir(name):
-        raise OutputDirError(f"{name!r} is a folder, where fedclust writes a file. Fix: "
-                             f"move or rename that folder, or write elsewhere")
+        raise _a_folder(name)
     record(name, FILE)
-    folder, base = os.path.split(name)
-    tmp = os.path.join(folder, f".{base}.{secrets.token_hex(6)}.part")
-    try:
+
+    def fill(tmp: str) -> None:
         with open(tmp, "xb") as fh:     # "x": never reuses (or follows) an existing name
             write(fh)
             _flush(fh, not _deferred(name))
+
+    _renamed_into_place(name, fill)
+    return Path(name)
+
+
+def _a_folder(name: str) -> OutputDirError:
+    return OutputDirError(f"{name!r} is a folder, where fedclust writes a file. Fix: "
+                          f"move or rename that folder, or write elsewhere")
+
+
+def _renamed_into_place(name: str, fill: Callable[[str], Any]) -> None:
+    """``fill(tmp)`` makes a new file under a temporary name beside ``name``, which is then
+    renamed to ``name`` (atomic: ``name`` is whole or absent); the temporary file goes on any
+    failure."""
+    folder, base = os.path.split(name)
+    tmp = os.path.join(folder, f".{base}.{secrets.token_hex(6)}.part")
+    try:
+        fill(tmp)
         os.replace(tmp, name)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    return Path(name)
 
 
 def deferred(path: str | Path) -> bool:
@@ -175,17 +190,8 @@ def link_file(src: str | Path, path: str | Path) -> Path:
         os.link(src, name)
     except FileExistsError:
         if os.path.isdir(name):
-            raise OutputDirError(f"{name!r} is a folder, where fedclust writes a file. Fix: "
-                                 f"move or rename that folder, or write elsewhere") from None
-        folder, base = os.path.split(name)
-        tmp = os.path.join(folder, f".{base}.{secrets.token_hex(6)}.part")
-        os.link(src, tmp)
-        try:
-            os.replace(tmp, name)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+            raise _a_folder(name) from None
+        _renamed_into_place(name, lambda tmp: os.link(src, tmp))
     return Path(name)
 
 

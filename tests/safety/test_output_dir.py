@@ -281,3 +281,19 @@ def test_an_unserialisable_summary_leaves_no_file(tmp_path):
     with pytest.raises(TypeError):
         rec.finish({"bad": object()})
     assert not [p for p in (tmp_path / "run").iterdir() if "summary.json" in p.name]
+
+
+def test_a_linked_file_replaces_an_earlier_one_whole(tmp_path):
+    """outputs.link_file: a new name, or an existing file replaced through a temporary link and
+    a rename (no ``.part`` left); a folder of that name is refused."""
+    src = tmp_path / "src.csv"
+    src.write_text("a\n")
+    new, old = tmp_path / "new.csv", tmp_path / "old.csv"
+    old.write_text("earlier\n")
+    for path in (new, old):
+        outputs.link_file(src, path)
+        assert path.read_text() == "a\n" and path.stat().st_ino == src.stat().st_ino
+    assert not list(tmp_path.glob(".*.part"))
+    (tmp_path / "dir.csv").mkdir()
+    with pytest.raises(OutputDirError, match="is a folder"):
+        outputs.link_file(src, tmp_path / "dir.csv")
