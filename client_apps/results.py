@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -119,16 +118,14 @@ def write_table(path: Path, header: list[str], table: np.ndarray,
 
 def write_result(folder: Path, meta: Mapping[str, Any]) -> Path:
     """``result.json`` (what the run gave this client), written atomically and last."""
-    return write_bytes(folder / "result.json",
-                       json.dumps(to_jsonable(dict(meta)), indent=2).encode("utf-8"))
+    return write_bytes(folder / "result.json", outputs.json_bytes(to_jsonable(dict(meta))))
 
 
 def write_predict_info(folder: Path, method: str, config: Mapping[str, Any], **extra: Any) -> Path:
     """``predict.json`` (``scope: "client"``): what ``fedclust predict`` needs to be pointed at
     the owner folder itself; ``config`` holds only the keys prediction needs."""
-    return write_bytes(folder / "predict.json", json.dumps(
-        {"method": method, "scope": "client", "config": dict(config), **extra},
-        indent=2).encode("utf-8"))
+    return write_bytes(folder / "predict.json", outputs.json_bytes(
+        {"method": method, "scope": "client", "config": dict(config), **extra}))
 
 
 def save_array(path: Path, array: np.ndarray) -> Path:

@@ -201,9 +201,15 @@ def write_text(path: str | Path, text: str) -> Path:
     return write_atomic(path, lambda fh: fh.write(data))
 
 
+def json_bytes(obj: Any, indent: int | None = 2) -> bytes:
+    """The bytes :func:`write_json` writes for ``obj``."""
+    return json.dumps(obj, indent=indent).encode("utf-8")
+
+
 def write_json(path: str | Path, obj: Any, indent: int | None = 2) -> Path:
     """``obj`` as JSON, serialised in full before the file is touched, written atomically."""
-    return write_text(path, json.dumps(obj, indent=indent))
+    data = json_bytes(obj, indent)
+    return write_atomic(path, lambda fh: fh.write(data))
 
 
 def save_npy(path: str | Path, array: Any) -> Path:
