@@ -8,18 +8,19 @@ setup:
 run: setup
 	bash scripts/run_default.sh
 
-PYTEST = PATH="$(CURDIR)/.venv/bin:$$PATH" .venv/bin/python -m pytest -q -n 4 --dist worksteal
+PYTEST = PATH="$(CURDIR)/.venv/bin:$$PATH" .venv/bin/python -m pytest -q --dist worksteal
 
 # Every test not marked slow: the core, the server loops on the in-process grid, the ClientApps.
 test: setup
-	$(PYTEST) -m "not slow" tests
+	$(PYTEST) -n 4 -m "not slow" tests
 
 # The tests marked slow (pytest.mark.slow): Flower's Simulation Engine and SuperLink + SuperNodes
-# on loopback started as processes, the README's quick start run as written. 4 workers on 2
-# cores: they mostly wait on Flower's polling and process start-up, not on the CPU; those that
-# start a Ray cluster take turns (pytest.mark.exclusive("ray")). The 20 longest are listed.
+# on loopback started as processes, the README's quick start run as written. Each starts many
+# processes (SuperLink, SuperNodes, a ClientApp per message, Ray), so 2 workers for 2 cores, and
+# those that start a Ray cluster take turns (pytest.mark.exclusive("ray")): Ray gives a raylet a
+# fixed 30 s to register, which a loaded machine misses. The 20 longest are listed.
 test-slow: setup
-	$(PYTEST) -m slow --durations=20 tests
+	$(PYTEST) -n 2 -m slow --durations=20 tests
 
 lint:
 	.venv/bin/ruff check .
