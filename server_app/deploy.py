@@ -283,8 +283,9 @@ class LoopbackDeployment(TornDown):
             conn += (f"root-certificates = \"{self.creds.ca_cert}\"\n" if self.creds
                      else "insecure = true\n")
             (self.home / "config.toml").write_text(conn)
+            # state in memory (Flower's default): this SuperLink lives for its runs only, and
+            # a file database answers HTTP 500 when a lock waits over 5 s on a loaded machine
             cmd = ["flower-superlink", "--host", "127.0.0.1", "--port", str(self.port),
-                   "--database", str(self.home / "state.db"),
                    "--disable-runtime-dependency-installation"]
             if self.creds:
                 cmd += ["--ssl-ca-certfile", str(self.creds.ca_cert), "--ssl-certfile",

@@ -275,7 +275,8 @@ class RunOutcome:
 class SimulationSuperLink(TornDown):
     """A private ``flower-superlink --simulation`` on 127.0.0.1 (context manager).
 
-    SIGTERM to the Python process is turned into a clean teardown (as in
+    Its state is kept in memory (Flower's default): it lives for its runs only. SIGTERM to
+    the Python process is turned into a clean teardown (as in
     :class:`server_app.deploy.LoopbackDeployment`); a port taken by another program between
     choosing and binding it is detected and a new port is tried.
     """
@@ -300,7 +301,7 @@ class SimulationSuperLink(TornDown):
             self.proc = subprocess.Popen(
                 ["flower-superlink", "--insecure", "--simulation",
                  "--disable-runtime-dependency-installation", "--host", "127.0.0.1",
-                 "--port", str(self.port), "--database", str(self.home / "state.db")],
+                 "--port", str(self.port)],
                 env=self.env, stdout=self.logfile, stderr=subprocess.STDOUT,
                 start_new_session=True)
             try:
