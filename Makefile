@@ -15,12 +15,13 @@ test: setup
 	$(PYTEST) -n 4 -m "not slow" tests
 
 # The tests marked slow (pytest.mark.slow): Flower's Simulation Engine and SuperLink + SuperNodes
-# on loopback started as processes, the README's quick start run as written. Each starts many
-# processes (SuperLink, SuperNodes, a ClientApp per message, Ray), so 2 workers for 2 cores, and
-# those that start a Ray cluster take turns (pytest.mark.exclusive("ray")): Ray gives a raylet a
-# fixed 30 s to register, which a loaded machine misses. The 20 longest are listed.
+# on loopback started as processes, the README's quick start run as written. One at a time:
+# each starts many processes (SuperLink, SuperNodes, a ClientApp per message, Ray), and beside
+# another on 2 cores Flower's and Ray's fixed start-up limits were missed (a raylet's 30 s to
+# register). With more workers, tests that start a Ray cluster still take turns
+# (pytest.mark.exclusive("ray")). The 20 longest are listed.
 test-slow: setup
-	$(PYTEST) -n 2 -m slow --durations=20 tests
+	$(PYTEST) -n 1 -m slow --durations=20 tests
 
 lint:
 	.venv/bin/ruff check .

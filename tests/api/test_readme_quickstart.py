@@ -52,12 +52,14 @@ def _stop_processes_mentioning(text: str) -> None:
 def start_local_superlink(cwd: Path, env: dict[str, str]) -> None:
     """Start the local SuperLink a bare `flwr run .` starts (Flower's own starter: the same
     command, ports and FLWR_HOME), waiting up to 180 s for it instead of Flower's 15 s
-    (`flwr.cli.constant.LOCAL_SUPERLINK_STARTUP_TIMEOUT`). CI's slow part starts many processes
-    at once, and a SuperLink's start can then take longer than 15 s; the block's first
-    `flwr run .` finds this one running, as a second `flwr run .` of a user's session does."""
+    (`flwr.cli.constant.LOCAL_SUPERLINK_STARTUP_TIMEOUT`): on a busy CI machine a SuperLink's
+    start can take longer than 15 s. Its state is kept in memory (the starter's `in_memory`):
+    a file database answers HTTP 500 when its lock waits over 5 s on a busy machine. The
+    block's first `flwr run .` finds this one running, as a second `flwr run .` of a user's
+    session does."""
     code = ("import flwr.cli.local_superlink as local\n"
             "local.LOCAL_SUPERLINK_STARTUP_TIMEOUT = 180.0\n"
-            "local._start_local_superlink()\n")
+            "local._start_local_superlink(in_memory=True)\n")
     done = subprocess.run([str(cwd / ".venv" / "bin" / "python"), "-c", code], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
