@@ -101,7 +101,8 @@ def test_readme_quickstart_runs_as_written(tmp_path):
     try:
         t0 = time.perf_counter()
         start_local_superlink(repo, env)
-        # a hang's guard only: alone it takes 3 min here, 2 to 3 times that on a busy CI
+        # a hang's guard only: 165 s in a .ci/run here, 304 s pinned to one core; CI's 2 cores
+        # with three other slow tests beside it took over 900 s
         done = subprocess.run(["bash", "-c", script], cwd=repo, env=env, capture_output=True,
                               text=True, timeout=1800)
         seconds = {"quickstart": time.perf_counter() - t0}
