@@ -183,10 +183,12 @@ def load_client_data(context: Context, cfg: dict[str, Any]) -> ClientData:
     path = node_data_path(context, cfg)
     if path is not None:
         fmt, column = str(node.get("data-format", "")), str(node.get("label-column", ""))
-        x, y = file_cached(path, lambda: load_local_table(path, fmt, column, stable_labels=True),
-                           "table", fmt, column)
-        names = file_cached(path, lambda: names_digest(feature_names(path, fmt, column)),
-                            "names", fmt, column)
+
+        def load() -> tuple[np.ndarray, np.ndarray | None, int]:
+            table = load_local_table(path, fmt, column, stable_labels=True)
+            return (*table, names_digest(feature_names(path, fmt, column)))
+
+        x, y, names = file_cached(path, load, "table", fmt, column)
         return ClientData(x, y if allows_evaluation(context, cfg) else None, names)
     parts = int(node["num-partitions"])
     if parts != int(cfg["num-clients"]):

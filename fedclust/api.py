@@ -720,7 +720,7 @@ def _run(strategy: FedclustStrategy, nodes: list[dict[str, Any]], seed: int,
          output_dir: str | Path | None, dataset: str, run_config: dict[str, Any],
          evaluate: bool, data: dict[str, Any] | None = None) -> RunResult:
     from client_apps.app import app as client_app
-    from server_app.inprocess import InProcessGrid
+    from server_app.inprocess import InProcessGrid, heap_frozen
 
     run_config.setdefault("num-clients", len(nodes))
     from fedclust.config import COMMON_KEYS
@@ -740,7 +740,8 @@ def _run(strategy: FedclustStrategy, nodes: list[dict[str, Any]], seed: int,
                          node_configs=[{**n, "partition-id": i} for i, n in enumerate(nodes)])
     from fedclust.outputs import durable_at_exit
 
-    with durable_at_exit():      # every file of the run, the clients' too: one sync at the end
+    # every file of the run, the clients' too: one sync at the end
+    with heap_frozen(), durable_at_exit():
         result = strategy.start(grid, data=data, **args)
     from strategies.methods import _owner_results
 

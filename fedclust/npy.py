@@ -54,7 +54,7 @@ def array_fields(array: np.ndarray) -> tuple[str, tuple[int, ...], str, bytes]:
     return name, a.shape, STYPE, dumps(a)
 
 
-def _layout(data: bytes) -> tuple[int, tuple[np.dtype, tuple[int, ...], bool]] | None:
+def layout(data: bytes) -> tuple[int, tuple[np.dtype, tuple[int, ...], bool]] | None:
     """``(offset of the values, (dtype, shape, Fortran order))`` of ``.npy`` bytes of format
     1.0 or 2.0 (what ``numpy.save`` writes); None for anything else."""
     if data[:6] != _MAGIC or len(data) < 12 or data[6] not in (1, 2) or data[7] != 0:
@@ -86,7 +86,7 @@ def loads(data: bytes) -> np.ndarray:
         Not ``.npy`` bytes, an object array (it would need pickle), or fewer bytes than the
         header's shape needs.
     """
-    found = _layout(data)
+    found = layout(data)
     if found is None:   # another .npy version, or no .npy at all: numpy says what is wrong
         out = np.load(io.BytesIO(data), allow_pickle=False)
         if not isinstance(out, np.ndarray):
@@ -101,6 +101,24 @@ def loads(data: bytes) -> np.ndarray:
     order = "F" if fortran else "C"
     flat = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
     return flat.reshape(shape, order=order).copy(order=order)
+
+
+def loads_many(datas: list[bytes]) -> np.ndarray | None:
+    """``numpy.stack([loads(d) for d in datas])`` when every item is ``.npy`` bytes of one
+    header (one dtype and shape, C order), read in one pass; None otherwise (read each)."""
+    if not datas:
+        return None
+    found = layout(datas[0])
+    if found is None:
+        return None
+    offset, (dtype, shape, fortran) = found
+    size = math.prod(shape) * dtype.itemsize
+    header = datas[0][:offset]
+    if dtype.hasobject or fortran or any(
+            len(d) != offset + size or d[:offset] != header for d in datas):
+        return None
+    flat = np.frombuffer(b"".join([d[offset:] for d in datas]), dtype=dtype)
+    return flat.reshape((len(datas), *shape)).copy()
 
 
 def from_array(array: Any) -> np.ndarray:

@@ -78,6 +78,7 @@ def durable_at_exit() -> Iterator[None]:
             last = _DEFERRED[0] == 1
             if last:
                 _flush_pending()
+                _ROOTS.clear()
             _DEFERRED[0] -= 1
         if last:
             sync()
@@ -358,6 +359,7 @@ def _read_entries(folder: str | Path, path: Path) -> dict[str, str]:
 def write_manifest(folder: str | Path, entries: Mapping[str, str]) -> None:
     """Replace ``folder``'s manifest (atomically)."""
     folder = Path(folder)
+    _ROOTS.clear()
     text = json.dumps({"written-by": "fedclust", "version": 1,
                        "entries": dict(sorted(entries.items()))}, indent=1)
     tmp = folder / f".{MANIFEST}.{secrets.token_hex(6)}.part"
@@ -374,14 +376,34 @@ def write_manifest(folder: str | Path, entries: Mapping[str, str]) -> None:
 
 def _manifest_root(path: str | Path) -> Path | None:
     """The nearest folder above ``path`` (absolute) that holds a manifest."""
-    folder = os.path.dirname(os.fspath(path))
+    root = _root_of(os.path.dirname(os.fspath(path)))
+    return None if root is None else Path(root)
+
+
+# folder -> the nearest folder at or above it with a manifest, while a durable_at_exit() context
+# is open (a simulation records thousands of files in a few folders); cleared whenever
+# fedclust writes a manifest and at the outermost exit
+_ROOTS: dict[str, str | None] = {}
+
+
+def _root_of(folder: str) -> str | None:
+    """The nearest folder at or above ``folder`` (absolute) that holds a manifest."""
+    cache = _DEFERRED[0] > 0
+    if cache and folder in _ROOTS:
+        return _ROOTS[folder]
+    at = folder
     while True:
-        if os.path.isfile(os.path.join(folder, MANIFEST)):
-            return Path(folder)
-        up = os.path.dirname(folder)
-        if up == folder:
-            return None
-        folder = up
+        if os.path.isfile(os.path.join(at, MANIFEST)):
+            root: str | None = at
+            break
+        up = os.path.dirname(at)
+        if up == at:
+            root = None
+            break
+        at = up
+    if cache:
+        _ROOTS[folder] = root
+    return root
 
 
 def record(path: str | Path, kind: str) -> None:
@@ -389,7 +411,7 @@ def record(path: str | Path, kind: str) -> None:
     nearest folder above it that has one; nothing when there is none. A manifest that cannot
     be updated is logged and left: the entry is then not removed by a later overwrite (safe)."""
     name = os.path.abspath(os.path.expanduser(os.fspath(path)))
-    root = _manifest_root(name)
+    root = _root_of(os.path.dirname(name))
     if root is not None:
         _record_entries(root, _entries(root, name, kind))
 
@@ -397,13 +419,16 @@ def record(path: str | Path, kind: str) -> None:
 def _entries(root: str | Path, path: str | Path, kind: str) -> dict[str, str]:
     """The manifest entries of ``path`` (of ``kind``) and of the folders between it and
     ``root`` (both absolute)."""
-    parts = os.path.relpath(path, root).split(os.sep)
+    root, path = os.fspath(root), os.fspath(path)
+    head = root if root.endswith(os.sep) else root + os.sep
+    rel = path[len(head):] if path.startswith(head) else os.path.relpath(path, root)
+    parts = rel.split(os.sep)
     wanted = {"/".join(parts[:i]): DIR for i in range(1, len(parts))}
     wanted["/".join(parts)] = kind
     return wanted
 
 
-def _record_entries(root: Path, wanted: Mapping[str, str]) -> None:
+def _record_entries(root: str | Path, wanted: Mapping[str, str]) -> None:
     """Add ``wanted`` to ``root``'s manifest in one update (none when all are there); in a
     :func:`durable_at_exit` context, at its exit."""
     if _DEFERRED[0]:
@@ -411,7 +436,7 @@ def _record_entries(root: Path, wanted: Mapping[str, str]) -> None:
             if _DEFERRED[0]:
                 _PENDING.setdefault(os.path.abspath(root), {}).update(wanted)
                 return
-    _write_entries(root, wanted)
+    _write_entries(Path(root), wanted)
 
 
 def _flush_pending() -> None:

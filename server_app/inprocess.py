@@ -27,11 +27,13 @@ answered until it returns, as a hung SuperNode would. All its nodes exist from t
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import gc
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from flwr.app import Context, Error, Message, RecordDict
@@ -231,6 +233,39 @@ class InProcessGrid(Grid):
         return self.pull_messages(ids)
 
 
+_FROZEN = {"depth": 0}
+_FROZEN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def heap_frozen() -> Iterator[None]:
+    """Within: the objects alive at entry are kept out of the cyclic garbage collector's passes
+    (:func:`gc.freeze`), and are handed back to it at exit (:func:`gc.unfreeze`).
+
+    An in-process run makes and drops tens of thousands of small objects per phase (a message
+    and its records per node), which sets off full collections every few rounds; each one
+    walked the whole heap (the process's modules, a notebook's data: 65 ms each with 1,000
+    clients, a tenth of the run). Frozen, a full collection walks only the run's own objects.
+    Nothing is leaked: garbage among the frozen objects is collected after the run. Nested or
+    concurrent runs unfreeze at the last exit; a process that froze its heap itself (e.g. a
+    server before ``fork``) is left as it is.
+    """
+    with _FROZEN_LOCK:
+        mine = _FROZEN["depth"] > 0 or gc.get_freeze_count() == 0
+        if mine:
+            _FROZEN["depth"] += 1
+            if _FROZEN["depth"] == 1:
+                gc.freeze()
+    try:
+        yield
+    finally:
+        if mine:
+            with _FROZEN_LOCK:
+                _FROZEN["depth"] -= 1
+                if _FROZEN["depth"] == 0:
+                    gc.unfreeze()
+
+
 def run_server(run_config: Mapping[str, Any], num_nodes: int | None = None, **grid_kwargs: Any
                ) -> tuple[dict[str, Any], InProcessGrid]:
     """Run the method as the ServerApp does (the run config's Strategy object) against an
@@ -248,4 +283,5 @@ def run_server(run_config: Mapping[str, Any], num_nodes: int | None = None, **gr
                           f"for one). Fix: num_nodes=1 or more")
     grid = InProcessGrid(client_app, n, run_config, **grid_kwargs)
     strategy, rest = from_run_config(dict(run_config))
-    return strategy.start(grid, run_config=rest).summary, grid
+    with heap_frozen():
+        return strategy.start(grid, run_config=rest).summary, grid

@@ -462,9 +462,12 @@ def send_and_collect(
     t0 = time.perf_counter()
     out = Exchange()
     payloads: dict[int, RecordDict] = {}
+    sizes: dict[int, int] = {}      # per payload object: most phases send one to every node
     for nid in nodes:
-        payloads[nid] = content(nid) if callable(content) else content
-        out.bytes_sent += record_nbytes(payloads[nid])  # the method's traffic, without the config
+        payloads[nid] = payload = content(nid) if callable(content) else content
+        if id(payload) not in sizes:
+            sizes[id(payload)] = record_nbytes(payload)
+        out.bytes_sent += sizes[id(payload)]    # the method's traffic, without the config
     answers, unmatched = _exchange(grid, payloads, message_type, group_id, timeout)
     lost = {nid for nid, reply in answers if reply.has_error()
             and reply.error.reason.startswith(CONFIG_MISSING)}
@@ -474,7 +477,7 @@ def send_and_collect(
                                 message_type, group_id, timeout)
         answers = [(n, r) for n, r in answers if n not in lost] + again
         unmatched += more
-        out.bytes_sent += sum(record_nbytes(payloads[n]) for n in lost)
+        out.bytes_sent += sum(sizes[id(payloads[n])] for n in lost)
     # by node id, whatever the order of arrival: every server loop iterates ``replies`` (sums,
     # averages), and a float sum depends on the order of its terms
     for nid, reply in sorted(answers, key=lambda a: a[0]):

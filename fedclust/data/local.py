@@ -421,28 +421,25 @@ def _read_member(z, name: str, p: Path) -> np.ndarray:
 
 
 def _load_npy(p: Path, max_bytes: int) -> np.ndarray:
+    """The array of an ``.npy`` file (its size already checked), read in one pass: the header
+    is parsed by numpy's own reader (once per layout, :mod:`fedclust.npy`), then the values."""
+    from fedclust import npy
+
     with open(p, "rb") as fh:
-        head = fh.read(6)
-        if head[:2] == b"PK":
-            raise _fail(p, "is an .npz archive, not an .npy array. Fix: rename it to .npz (or "
-                           "set data-format 'npz')")
-        if head != b"\x93NUMPY":
-            raise _fail(p, "is not an .npy array (no NumPy header). Fix: write it with "
-                           "numpy.save(path, features)")
-        fh.seek(0)
-        try:
-            version = np.lib.format.read_magic(fh)
-            if version == (1, 0):
-                shape, _, dtype = np.lib.format.read_array_header_1_0(fh)
-            elif version == (2, 0):
-                shape, _, dtype = np.lib.format.read_array_header_2_0(fh)
-            else:
-                shape, dtype = None, None
-            offset = fh.tell()
-        except Exception:     # noqa: BLE001 - keep numpy's text (it may quote bytes) out
-            raise _fail(p, "has a malformed .npy header. Fix: write it again with numpy.save"
-                        ) from None
-    if shape is not None:
+        data = fh.read()
+    if data[:2] == b"PK":
+        raise _fail(p, "is an .npz archive, not an .npy array. Fix: rename it to .npz (or "
+                       "set data-format 'npz')")
+    if data[:6] != b"\x93NUMPY":
+        raise _fail(p, "is not an .npy array (no NumPy header). Fix: write it with "
+                       "numpy.save(path, features)")
+    try:
+        found = npy.layout(data)
+    except Exception:     # noqa: BLE001 - keep numpy's text (it may quote bytes) out
+        raise _fail(p, "has a malformed .npy header. Fix: write it again with numpy.save"
+                    ) from None
+    if found is not None:
+        offset, (dtype, shape, _) = found
         if dtype.hasobject:
             raise _fail(p, "holds Python objects (pickled data), which are refused. Fix: save "
                            "a numeric array")
@@ -450,11 +447,11 @@ def _load_npy(p: Path, max_bytes: int) -> np.ndarray:
         if need > max_bytes:
             raise _fail(p, f"the array is {need} bytes, over the limit of {max_bytes} bytes. "
                            f"Fix: split the data or raise the limit (max_bytes)")
-        if need > os.stat(p).st_size - offset:
+        if need > len(data) - offset:
             raise _fail(p, f"is truncated: its header announces shape {shape} but the file is "
                            f"shorter. Fix: write it again with numpy.save")
     try:
-        return np.asarray(np.load(p, allow_pickle=False))
+        return npy.loads(data)
     except ValueError as exc:
         if "pickle" in str(exc):
             raise _fail(p, "holds Python objects (pickled data), which are refused. Fix: save "

@@ -73,8 +73,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
+from fedclust import npy
 from fedclust.data.local import MAX_ABS
 from fedclust.data.scaling import ColumnStats
 from fedclust.fcm.phases import Box, NodeStats
@@ -370,8 +371,7 @@ def sums_passing(replies: Mapping[int, RecordDict], c: int, f: int, box: Box, ro
     with a margin of half the tolerance, ``WS`` inside the box, the same expression). Every
     other reply goes through :func:`check_sums` itself, which names what is wrong."""
     nodes: list[int] = []
-    us: list[np.ndarray] = []
-    wss: list[np.ndarray] = []
+    arrays: list[tuple[Array, Array]] = []
     for nid, rd in replies.items():
         rec, met = rd.get("sums"), rd.get("metrics")
         if nid not in rows or not isinstance(rec, ArrayRecord) or not isinstance(
@@ -380,19 +380,26 @@ def sums_passing(replies: Mapping[int, RecordDict], c: int, f: int, box: Box, ro
         flag = met.get("withheld")
         if type(flag) is not int or flag != 0:
             continue
-        try:
-            u, ws = to_numpy(rec["U"]), to_numpy(rec["WS"])
-        except Exception:       # noqa: BLE001 - the per-reply check names it
-            continue
-        if (u.dtype != np.float64 or ws.dtype != np.float64 or u.shape != (c,)
-                or ws.shape != (c, f)):
-            continue
         nodes.append(nid)
-        us.append(u)
-        wss.append(ws)
+        arrays.append((rec["U"], rec["WS"]))
     if not nodes:
         return {}
-    u, ws = np.stack(us), np.stack(wss)
+    # one read of all replies when they share one layout (the usual case), else one by one
+    u, ws = (_stacked([a for a, _ in arrays], (c,)), _stacked([b for _, b in arrays], (c, f)))
+    if u is None or ws is None:
+        kept = []
+        for nid, (a, b) in zip(nodes, arrays, strict=True):
+            try:
+                pair = to_numpy(a), to_numpy(b)
+            except Exception:       # noqa: BLE001 - the per-reply check names it
+                continue
+            if (pair[0].dtype == np.float64 and pair[1].dtype == np.float64
+                    and pair[0].shape == (c,) and pair[1].shape == (c, f)):
+                kept.append((nid, *pair))
+        if not kept:
+            return {}
+        nodes = [k[0] for k in kept]
+        u, ws = np.stack([k[1] for k in kept]), np.stack([k[2] for k in kept])
     n = np.array([rows[nid] for nid in nodes], dtype=np.float64)
     with np.errstate(all="ignore"):
         ok = np.isfinite(u).all(axis=1) & np.isfinite(ws).all(axis=(1, 2)) & (u.min(axis=1) >= 0)
@@ -405,6 +412,19 @@ def sums_passing(replies: Mapping[int, RecordDict], c: int, f: int, box: Box, ro
         btol = 1e-6 * w * max(1.0, float(np.max(np.abs(np.concatenate([lo, hi]))))) + 1e-300
         ok &= ~((ws < w * lo - btol) | (ws > w * hi + btol)).any(axis=(1, 2))
     return {nid: (u[k], ws[k]) for k, nid in enumerate(nodes) if ok[k]}
+
+
+def _stacked(arrays: list[Array], shape: tuple[int, ...]) -> np.ndarray | None:
+    """The float64 ``.npy`` arrays of ``shape``, stacked, read in one pass (None: not all
+    of them are exactly that)."""
+    if any(getattr(a, "stype", None) != npy.STYPE for a in arrays):
+        return None
+    try:
+        out = npy.loads_many([a.data for a in arrays])
+    except Exception:           # noqa: BLE001 - read one by one: the check names it
+        return None
+    return out if out is not None and out.dtype == np.float64 and out.shape[1:] == shape \
+        else None
 
 
 def read_sums(rd: RecordDict) -> tuple[np.ndarray, np.ndarray] | None:
@@ -436,7 +456,7 @@ def check_final(c: int, box: Box, rows: Rows, bound: float | None, with_eval: bo
             return problem
         problem = total_problem("objective.J", float(j[0]), 0.0, n * box.diameter2,
                                 f"N = {n} rows of the box, each at most D² from a center")
-        if problem or not with_eval or "eval" not in rd.array_records:
+        if problem or not with_eval or get_array_record(rd, "eval") is None:
             return problem
         return eval_problem(rd, {"contingency": c}, n)
 
@@ -445,17 +465,15 @@ def check_final(c: int, box: Box, rows: Rows, bound: float | None, with_eval: bo
 
 def read_objective(rd: RecordDict) -> float | None:
     """Server side: ``J_m`` of a checked reply (None: the privacy guard's notice)."""
-    if "objective" not in rd.array_records:
-        return None
-    return rd.array_records["objective"]["J"].numpy()[0]
+    rec = get_array_record(rd, "objective")
+    return None if rec is None else float(to_numpy(rec["J"])[0])
 
 
 def read_eval(rd: RecordDict, key: str = "contingency"
               ) -> tuple[np.ndarray, np.ndarray] | None:
     """Server side: ``(codes, table)`` of a checked reply's evaluation record (None: none)."""
-    if "eval" not in rd.array_records:
-        return None
-    return rd.array_records["eval"]["codes"].numpy(), rd.array_records["eval"][key].numpy()
+    rec = get_array_record(rd, "eval")
+    return None if rec is None else (to_numpy(rec["codes"]), to_numpy(rec[key]))
 
 
 def eval_problem(rd: RecordDict, tables: Mapping[str, int], n: int) -> str | None:

@@ -248,6 +248,57 @@ def test_npy_bytes_are_numpys_and_read_back_as_numpy_does(a):
     assert np.array_equal(common.to_numpy(Array(a)), a)
 
 
+def test_records_built_without_flowers_checks_are_what_flowers_constructors_build():
+    from flwr.app import ArrayRecord, MetricRecord
+    from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+    from strategies.wire import records
+
+    named = {"U": ARRAYS[0], "WS": ARRAYS[2], "n": ARRAYS[1]}
+    fast = records.content({"sums": named}, {"withheld": 0, "rows": [1, 2]})
+    slow = RecordDict({"sums": ArrayRecord({k: Array(np.ascontiguousarray(v))
+                                            for k, v in named.items()}),
+                       "metrics": MetricRecord({"withheld": 0, "rows": [1, 2]})})
+    assert list(fast) == list(slow) and fast == slow
+    for a, b in [(fast, slow), (fast["sums"], slow["sums"])] + [
+            (fast["sums"][k], slow["sums"][k]) for k in named]:
+        assert type(a) is type(b) and a.__dict__.keys() == b.__dict__.keys()
+    assert fast["sums"]["U"].__dict__ == slow["sums"]["U"].__dict__
+    assert fast.object_id == slow.object_id
+    assert set(get_all_nested_objects(fast)) == set(get_all_nested_objects(slow))
+    assert recorddict_from_proto(recorddict_to_proto(fast)) == slow
+    plain = records.content(None, {"withheld": 0, "J": 1.5})
+    assert plain == RecordDict({"metrics": MetricRecord({"withheld": 0, "J": 1.5})})
+    assert plain["metrics"].__dict__.keys() == MetricRecord({"a": 1}).__dict__.keys()
+    fast["sums"]["U"] = Array(np.zeros(2))      # still Flower's records: their checks apply
+    with pytest.raises(TypeError):
+        fast["sums"][3] = Array(np.zeros(2))
+    with pytest.raises(TypeError):
+        plain["metrics"]["flag"] = True
+    with pytest.raises(TypeError):               # what Flower refuses is still refused
+        records.content(None, {"flag": True})
+
+
+def test_a_rounds_sums_are_read_in_one_pass_and_a_reply_of_another_layout_on_its_own():
+    from strategies.wire import fcm as wire
+    from strategies.wire.records import content
+
+    box = wire.Box(np.array([-1.0, -1.0]), np.array([1.0, 1.0]))
+    good = {n: content({"sums": {"U": np.full(2, 2.0), "WS": np.full((2, 2), 0.5)}},
+                       {"withheld": 0}) for n in range(4)}
+    rows = {n: 4 for n in range(5)}
+    got = wire.sums_passing(good, 2, 2, box, rows, 2.0)
+    assert sorted(got) == [0, 1, 2, 3] and all(np.array_equal(u, [2.0, 2.0]) for u, _ in
+                                                 got.values())
+    odd = dict(good)
+    odd[4] = content({"sums": {"U": np.full(2, 2.0, np.float32), "WS": np.full((2, 2), 0.5)}},
+                     {"withheld": 0})               # float32: not taken here
+    odd[1] = content({"sums": {"U": np.full(2, np.nan), "WS": np.full((2, 2), 0.5)}},
+                     {"withheld": 0})               # read, then refused by the values' test
+    assert sorted(wire.sums_passing(odd, 2, 2, box, rows, 2.0)) == [0, 2, 3]
+
+
 def test_npy_refuses_what_numpy_load_refuses():
     good = npy.dumps(np.arange(8.0))
     with pytest.raises(ValueError, match="fewer values"):
