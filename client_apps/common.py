@@ -17,22 +17,25 @@ def run_config(context: Context) -> dict[str, Any]:
     """The validated, typed run config (same keys and values as on the server).
 
     Validated once per distinct run config and process, not on every message: a config taken
-    from the server's messages (:class:`client_apps.base.RunConfig`) is found by its key, any
-    other by its items.
+    from the server's messages (:class:`client_apps.base.RunConfig`) is found by its key and
+    returned as one read-only dict shared by its messages (copy it to change it); any other
+    config is found by its items and returned as a new dict.
     """
     cfg = context.run_config
     key = getattr(cfg, "key", None)
     if isinstance(key, str):
-        items = _BY_KEY.get(key)
-        if items is None:
-            items = _BY_KEY[key] = _validated(tuple(sorted(cfg.items())))
+        hit = _BY_KEY.get(key)
+        if hit is None:
+            from client_apps.base import RunConfig
+
+            hit = _BY_KEY[key] = RunConfig(dict(_validated(tuple(sorted(cfg.items())))), key)
             while len(_BY_KEY) > 16:
                 del _BY_KEY[next(iter(_BY_KEY))]
-        return dict(items)
+        return hit
     return dict(_validated(tuple(sorted(cfg.items()))))
 
 
-_BY_KEY: dict[str, tuple[tuple[str, Any], ...]] = {}
+_BY_KEY: dict[str, dict[str, Any]] = {}
 
 T = TypeVar("T")
 

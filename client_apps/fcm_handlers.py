@@ -105,7 +105,7 @@ def refuse_too_few_rows(cfg: dict[str, Any], s: FamilySettings, x: np.ndarray) -
 def fcm_stats(msg: Message, context: Context) -> Message:
     """Per-feature statistics for federated scaling and the server's initial-center box."""
     cfg = run_config(context)
-    s = settings(cfg)
+    s = run_settings(context, settings)
     data = load_client_data(context, cfg)
     refuse_too_few_rows(cfg, s, data.x)
     if guard_withholds(s, data.x):
@@ -251,7 +251,7 @@ def fcm_final(msg: Message, context: Context) -> Message:
     (:func:`keep_owner_results`); nothing of them is in the reply.
     """
     data, cfg, x = _scaled_data(msg, context)
-    return _final_answer(msg, context, data, settings(cfg), x,
+    return _final_answer(msg, context, data, run_settings(context, settings), x,
                          wire.read_centers(msg.content), wire.read_scaling(msg.content))
 
 
@@ -273,7 +273,7 @@ def fcm_final_batch(items: list[tuple[Message, Context]]) -> list[Answer]:
         try:
             got = _centers_once(read, msg)
             cfg = run_config(context)
-            s = settings(cfg)
+            s = run_settings(context, settings)
             data = load_client_data(context, cfg)
             x = _scaled(data.x, *got[1]) if got[1] is not None else data.x
             nodes[k] = (data, cfg, s, x)

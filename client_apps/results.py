@@ -53,8 +53,8 @@ def owner_dir(msg: Message, context: Context, run_dir: str | None = None) -> Pat
     if where is None:
         return None
     parent, name = where
-    kept = context.state.config_records.get(OWNER_STATE)
-    if kept is not None and str(kept.get("parent", "")) == str(parent):
+    kept = context.state.get(OWNER_STATE)
+    if isinstance(kept, ConfigRecord) and str(kept.get("parent", "")) == str(parent):
         folder = Path(str(kept["dir"]))
         if folder.is_dir() and not folder.is_symlink():
             return folder
@@ -69,8 +69,8 @@ def _owner_parent(msg: Message, context: Context, run_dir: str | None
     node = context.node_config
     run_id = str(context.run_id)
     if run_dir is None:
-        rec = msg.content.config_records.get(RESULT_RECORD)
-        run_dir = str(rec.get("run-dir", "")) if rec is not None else ""
+        rec = msg.content.get(RESULT_RECORD)
+        run_dir = str(rec.get("run-dir", "")) if isinstance(rec, ConfigRecord) else ""
     if str(node.get("output-dir", "")):
         return Path(str(node["output-dir"])).expanduser() / run_id, node_key(context)
     if "partition-id" in node:   # simulated (dataset=files too: data-path is then set)
