@@ -214,18 +214,33 @@ def keep_owner_results(msg: Message, context: Context, s: FamilySettings, x: np.
         u = fcm.memberships(x, centers, s.m)
     labels = np.argmax(u, axis=1)
     results.write_assignments(folder, labels, u)
-    results.write_table(folder / "centers.csv", [f"f{i}" for i in range(centers.shape[1])],
-                        centers * scale + shift)
-    for name, arr in (("centers", centers), ("scaling_shift", shift), ("scaling_scale", scale)):
-        results.save_array(folder / f"{name}.npy", arr)
     names = _feature_names(context)
-    results.write_predict_info(folder, s.method, {s.m_key: s.m},
-                               **({"feature_names": names} if names else {}))
+    # the same for every node of a simulated batch (same centers, scaling and settings)
+    alike = results.alike_bytes(
+        (centers, shift, scale, s.method, s.m_key, s.m, tuple(names or ())),
+        lambda: _center_files(s, centers, shift, scale, names))
+    for name, data in alike:
+        results.write_bytes(folder / name, data)
     results.write_result(folder, {
         "method": s.method, "run_id": context.run_id, "rows": int(x.shape[0]),
         "n_clusters": int(centers.shape[0]), "m": s.m,
         "rows_per_cluster": np.bincount(labels, minlength=centers.shape[0]),
         "files": ["assignments.csv", "centers.csv"]})
+
+
+def _center_files(s: FamilySettings, centers: np.ndarray, shift: np.ndarray, scale: np.ndarray,
+                  names: list[str] | None) -> list[tuple[str, bytes]]:
+    """The owner files of the final centers: ``centers.csv`` in the original feature units,
+    the arrays ``fedclust predict`` needs, and ``predict.json`` (names and bytes)."""
+    from client_apps import results
+
+    files = [("centers.csv", results.table_bytes([f"f{i}" for i in range(centers.shape[1])],
+                                                 centers * scale + shift, "%.17g"))]
+    files += [(f"{name}.npy", results.npy_bytes(arr)) for name, arr in (
+        ("centers", centers), ("scaling_shift", shift), ("scaling_scale", scale))]
+    files.append(("predict.json", results.predict_info_bytes(
+        s.method, {s.m_key: s.m}, **({"feature_names": names} if names else {}))))
+    return files
 
 
 def _feature_names(context: Context) -> list[str] | None:

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message
@@ -37,6 +37,8 @@ from flwr.app import ConfigRecord, Context, Message
 from fedclust import outputs
 from fedclust.data.sites import RESULTS_FOLDER
 from fedclust.results import table_bytes, to_jsonable
+
+T = TypeVar("T")
 
 RESULT_RECORD = "result"
 OWNER_STATE = "fedclust.owner-folder"   # context.state: the folder this node claimed
@@ -116,6 +118,13 @@ def write_table(path: Path, header: list[str], table: np.ndarray,
     return write_bytes(path, table_bytes(header, table, fmt))
 
 
+def npy_bytes(array: np.ndarray) -> bytes:
+    """The bytes of an ``.npy`` file of the owner folder (:func:`save_array`)."""
+    from fedclust.npy import dumps
+
+    return dumps(np.asarray(array))
+
+
 def write_result(folder: Path, meta: Mapping[str, Any]) -> Path:
     """``result.json`` (what the run gave this client), written atomically and last."""
     return write_bytes(folder / "result.json", outputs.json_bytes(to_jsonable(dict(meta))))
@@ -124,20 +133,42 @@ def write_result(folder: Path, meta: Mapping[str, Any]) -> Path:
 def write_predict_info(folder: Path, method: str, config: Mapping[str, Any], **extra: Any) -> Path:
     """``predict.json`` (``scope: "client"``): what ``fedclust predict`` needs to be pointed at
     the owner folder itself; ``config`` holds only the keys prediction needs."""
-    return write_bytes(folder / "predict.json", outputs.json_bytes(
-        {"method": method, "scope": "client", "config": dict(config), **extra}))
+    return write_bytes(folder / "predict.json", predict_info_bytes(method, config, **extra))
+
+
+def predict_info_bytes(method: str, config: Mapping[str, Any], **extra: Any) -> bytes:
+    """The bytes of ``predict.json`` (:func:`write_predict_info`)."""
+    return outputs.json_bytes({"method": method, "scope": "client", "config": dict(config),
+                               **extra})
 
 
 def save_array(path: Path, array: np.ndarray) -> Path:
     """An ``.npy`` file of the owner folder, written atomically."""
-    from fedclust.npy import dumps
-
-    return write_bytes(path, dumps(np.asarray(array)))
+    return write_bytes(path, npy_bytes(array))
 
 
-# (file name, bytes) -> the first owner folder's file with them, within shared_files()
+# (file name, bytes) -> the first owner folder's file with them, within shared_files(); and the
+# bytes alike_bytes() made, by the objects and values they were made of
 _SHARED: contextvars.ContextVar[dict[tuple[str, bytes], Path] | None] = contextvars.ContextVar(
     "fedclust_shared_owner_files", default=None)
+_ALIKE: contextvars.ContextVar[dict[tuple[Any, ...], tuple[Any, tuple[Any, ...]]] | None] = \
+    contextvars.ContextVar("fedclust_alike_owner_bytes", default=None)
+
+
+def alike_bytes(made_of: tuple[Any, ...], make: Callable[[], T]) -> T:
+    """``make()``; within :func:`shared_files`, made once for the nodes whose ``made_of`` are
+    the same arrays (the same objects) and equal other values (settings, names): a simulated
+    batch's nodes receive the same final centers and scaling, and write the same files of
+    them."""
+    made = _ALIKE.get()
+    if made is None:
+        return make()
+    key = tuple((id(v),) if isinstance(v, np.ndarray) else v for v in made_of)
+    hit = made.get(key)
+    if hit is None:
+        # the arrays are kept with the value: their ids stay theirs while the batch runs
+        hit = made[key] = (make(), made_of)
+    return hit[0]
 
 
 @contextlib.contextmanager
@@ -147,11 +178,12 @@ def shared_files() -> Iterator[None]:
     client of a run) are hard links of that one file, not new copies: an in-process engine
     writes thousands of owner folders at once. Only writes that the run makes durable at its
     end (:func:`fedclust.outputs.deferred`) are shared; a deployed node writes its own."""
-    token = _SHARED.set({})
+    token, alike = _SHARED.set({}), _ALIKE.set({})
     try:
         yield
     finally:
         _SHARED.reset(token)
+        _ALIKE.reset(alike)
 
 
 def write_bytes(path: Path, data: bytes) -> Path:
