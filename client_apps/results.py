@@ -36,7 +36,7 @@ from flwr.app import ConfigRecord, Context, Message
 
 from fedclust import outputs
 from fedclust.data.sites import RESULTS_FOLDER
-from fedclust.results import table_bytes, to_jsonable
+from fedclust.results import remember_written, table_bytes, to_jsonable
 
 T = TypeVar("T")
 
@@ -108,8 +108,11 @@ def write_assignments(folder: Path, labels: np.ndarray,
         cols += list(u.T)
         header += [f"u{i}" for i in range(u.shape[1])]
         fmt += ["%.17g"] * u.shape[1]
-    return write_bytes(folder / "assignments.csv",
+    path = write_bytes(folder / "assignments.csv",
                        table_bytes(header, np.column_stack(cols), fmt))
+    if outputs.deferred(path):      # a simulation, whose run reads its owners' tables back
+        remember_written(path, labels, None if memberships is None else u)
+    return path
 
 
 def write_table(path: Path, header: list[str], table: np.ndarray,

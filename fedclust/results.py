@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -429,6 +430,64 @@ def table_bytes(header: Sequence[str], table: np.ndarray, fmt: str | Sequence[st
 
 
 TABLE_BLOCK = 8192      # rows formatted at once by write_table
+
+
+# The assignments tables this process wrote for simulated owners (an in-process simulation
+# writes thousands, then reads them back for RunResult): by path, what parsing the file gives,
+# with the file's identity just after the write. A reader takes them (once) while the file is
+# that same file; a file replaced, changed or touched since is parsed.
+_WRITTEN: dict[str, tuple[tuple[int, ...], np.ndarray, np.ndarray | None]] = {}
+_WRITTEN_BYTES = [0]
+_WRITTEN_LOCK = threading.Lock()
+WRITTEN_TABLES_BYTES = 256 * 1024 ** 2
+"""Most bytes of written tables kept for a reader (the oldest go first)."""
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def remember_written(path: str | Path, labels: np.ndarray, memberships: np.ndarray | None
+                     ) -> None:
+    """Keep what ``path`` (an ``assignments.csv`` just written with these ``labels`` and
+    ``memberships``) parses to, for :func:`recall_written`."""
+    try:
+        ident = _identity(os.stat(path))
+    except OSError:
+        return
+    labels = np.array(labels, dtype=np.int64)
+    memberships = None if memberships is None else np.array(memberships, dtype=np.float64)
+    size = labels.nbytes + (0 if memberships is None else memberships.nbytes)
+    key = os.path.abspath(path)
+    with _WRITTEN_LOCK:
+        old = _WRITTEN.pop(key, None)
+        if old is not None:
+            _WRITTEN_BYTES[0] -= _nbytes(old)
+        _WRITTEN[key] = (ident, labels, memberships)
+        _WRITTEN_BYTES[0] += size
+        while _WRITTEN_BYTES[0] > WRITTEN_TABLES_BYTES and _WRITTEN:
+            _WRITTEN_BYTES[0] -= _nbytes(_WRITTEN.pop(next(iter(_WRITTEN))))
+
+
+def _nbytes(entry: tuple[tuple[int, ...], np.ndarray, np.ndarray | None]) -> int:
+    return entry[1].nbytes + (0 if entry[2] is None else entry[2].nbytes)
+
+
+def recall_written(path: str | Path) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """``(labels, memberships)`` of an ``assignments.csv`` this process wrote
+    (:func:`remember_written`), given once, while the file is the one written; None: parse it."""
+    key = os.path.abspath(path)
+    with _WRITTEN_LOCK:
+        entry = _WRITTEN.pop(key, None)
+        if entry is not None:
+            _WRITTEN_BYTES[0] -= _nbytes(entry)
+    if entry is None:
+        return None
+    try:
+        same = _identity(os.stat(key)) == entry[0]
+    except OSError:
+        return None
+    return (entry[1], entry[2]) if same else None
 
 
 def coverage(method: str, figure: str, covered: Iterable[Any], of_nodes: Iterable[Any],

@@ -162,8 +162,15 @@ def _owner_results(run_dir: Path) -> tuple[list[np.ndarray] | None, list[np.ndar
                      key=lambda p: int(p.name))
     if not folders:
         return None, None
+    from fedclust.results import recall_written
+
     labels, memberships = [], []
     for folder in folders:
+        written = recall_written(folder / "assignments.csv")  # this process wrote it: unchanged
+        if written is not None:
+            labels.append(written[0])
+            memberships.append(written[1])
+            continue
         text = (folder / "assignments.csv").read_text()      # read once: header and rows
         lines = text.split("\n")
         header = lines[0].split(",")

@@ -401,6 +401,35 @@ def test_a_simulation_makes_every_file_durable_once_at_its_end(tmp_path, monkeyp
     assert len(res.labels) == clients and sum(map(len, res.labels)) == len(x)
 
 
+def test_a_simulation_reads_back_the_tables_it_wrote_as_parsing_them_gives(tmp_path,
+                                                                             monkeypatch):
+    import fedclust
+    from fedclust import results as fresults
+    from strategies.methods import _owner_results
+
+    nodes, _ = node_files(tmp_path, clients=4)
+    parts = [np.load(n["data-path"])["x"] for n in nodes]
+    parsed = []
+    real = np.loadtxt
+    monkeypatch.setattr(np, "loadtxt", lambda *a, **k: parsed.append(1) or real(*a, **k))
+    res = fedclust.simulate("exact-fcm", parts, n_clusters=3, max_rounds=3, epsilon=0.0,
+                            output_dir=tmp_path / "run", run_config={"plots": False})
+    assert parsed == []                     # every table this process wrote, taken as written
+    labels, memberships = _owner_results(res.run_dir)     # given once: now parsed
+    assert len(parsed) == 4
+    for got, want in zip(labels + memberships, res.labels + res.memberships, strict=True):
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+    # a table changed after it was written is parsed, not taken from memory
+    table = res.run_dir / "clients" / "1" / "assignments.csv"
+    fresults.remember_written(table, res.labels[1], res.memberships[1])
+    text = table.read_text().splitlines()
+    text[1] = ",".join(["0", str((int(text[1].split(",")[1]) + 1) % 3)] + text[1].split(",")[2:])
+    table.write_text("\n".join(text) + "\n")
+    parsed.clear()
+    labels, _ = _owner_results(res.run_dir)
+    assert len(parsed) == 4 and labels[1][0] == (res.labels[1][0] + 1) % 3
+
+
 def test_a_table_is_written_as_numpy_savetxt_writes_it(tmp_path):
     from fedclust.results import write_table
 
