@@ -16,8 +16,9 @@ time is the time between two consecutive ``history.jsonl`` records (``elapsed_s`
 holds everything the server and the clients do in a round, and not the start (scaling phase)
 nor the final phase. **End to end** is the whole ``fedclust.simulate`` call (handing the
 clients their arrays, the scaling phase, the rounds, every client writing its results, the
-run's one sync, reading the clients' labels back) over ``--rounds`` centralized iterations
-(after a warm-up run of 4 clients, so that imports are not counted).
+run's one sync, taking the clients' labels back: from memory while each ``assignments.csv`` is
+the file just written, :func:`fedclust.results.recall_written`) over ``--rounds`` centralized
+iterations (after a warm-up run of 4 clients, so that imports are not counted).
 The centralized iteration is timed ``--central-repeats`` times before and after the federated
 run (a busy machine drifts); the medians are compared.
 

@@ -110,8 +110,7 @@ def write_assignments(folder: Path, labels: np.ndarray,
         fmt += ["%.17g"] * u.shape[1]
     path = write_bytes(folder / "assignments.csv",
                        table_bytes(header, np.column_stack(cols), fmt))
-    if outputs.deferred(path):      # a simulation, whose run reads its owners' tables back
-        remember_written(path, labels, None if memberships is None else u)
+    remember_written(path, labels, None if memberships is None else u)   # simulate's readback
     return path
 
 

@@ -739,13 +739,14 @@ def _run(strategy: FedclustStrategy, nodes: list[dict[str, Any]], seed: int,
     grid = InProcessGrid(client_app, len(nodes), strategy.full_run_config(**args),
                          node_configs=[{**n, "partition-id": i} for i, n in enumerate(nodes)])
     from fedclust.outputs import durable_at_exit
-
-    # every file of the run, the clients' too: one sync at the end
-    with heap_frozen(), durable_at_exit():
-        result = strategy.start(grid, data=data, **args)
+    from fedclust.results import keeping_written
     from strategies.methods import _owner_results
 
-    result.labels, result.memberships = _owner_results(result.run_dir)   # now in run_dir
+    with keeping_written():     # the clients' tables, read back below while unchanged
+        # every file of the run, the clients' too: one sync at the end
+        with heap_frozen(), durable_at_exit():
+            result = strategy.start(grid, data=data, **args)
+        result.labels, result.memberships = _owner_results(result.run_dir)   # now in run_dir
     return result
 
 

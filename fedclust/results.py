@@ -13,12 +13,13 @@ Every file is written atomically (a temporary file beside it, then a rename).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -432,15 +433,33 @@ def table_bytes(header: Sequence[str], table: np.ndarray, fmt: str | Sequence[st
 TABLE_BLOCK = 8192      # rows formatted at once by write_table
 
 
-# The assignments tables this process wrote for simulated owners (an in-process simulation
-# writes thousands, then reads them back for RunResult): by path, what parsing the file gives,
-# with the file's identity just after the write. A reader takes them (once) while the file is
-# that same file; a file replaced, changed or touched since is parsed.
+# The assignments tables this process wrote for simulated owners inside keeping_written() (an
+# in-process simulation writes thousands, then reads them back for RunResult): by path, what
+# parsing the file gives, with the file's identity just after the write. A reader takes them
+# (once) while the file is that same file; a file replaced, changed or touched since is parsed.
 _WRITTEN: dict[str, tuple[tuple[int, ...], np.ndarray, np.ndarray | None]] = {}
 _WRITTEN_BYTES = [0]
+_KEEPING = [0]          # open keeping_written() contexts
 _WRITTEN_LOCK = threading.Lock()
 WRITTEN_TABLES_BYTES = 256 * 1024 ** 2
 """Most bytes of written tables kept for a reader (the oldest go first)."""
+
+
+@contextlib.contextmanager
+def keeping_written() -> Iterator[None]:
+    """Within: the assignments tables this process writes are kept for
+    :func:`recall_written` (``fedclust.simulate``: its run, then its reading the owners'
+    tables back); all are dropped at the outermost exit."""
+    with _WRITTEN_LOCK:
+        _KEEPING[0] += 1
+    try:
+        yield
+    finally:
+        with _WRITTEN_LOCK:
+            _KEEPING[0] -= 1
+            if _KEEPING[0] == 0:
+                _WRITTEN.clear()
+                _WRITTEN_BYTES[0] = 0
 
 
 def _identity(st: os.stat_result) -> tuple[int, ...]:
@@ -450,7 +469,10 @@ def _identity(st: os.stat_result) -> tuple[int, ...]:
 def remember_written(path: str | Path, labels: np.ndarray, memberships: np.ndarray | None
                      ) -> None:
     """Keep what ``path`` (an ``assignments.csv`` just written with these ``labels`` and
-    ``memberships``) parses to, for :func:`recall_written`."""
+    ``memberships``) parses to, for :func:`recall_written`; nothing outside
+    :func:`keeping_written`."""
+    if not _KEEPING[0]:
+        return
     try:
         ident = _identity(os.stat(path))
     except OSError:
@@ -460,6 +482,8 @@ def remember_written(path: str | Path, labels: np.ndarray, memberships: np.ndarr
     size = labels.nbytes + (0 if memberships is None else memberships.nbytes)
     key = os.path.abspath(path)
     with _WRITTEN_LOCK:
+        if not _KEEPING[0]:
+            return
         old = _WRITTEN.pop(key, None)
         if old is not None:
             _WRITTEN_BYTES[0] -= _nbytes(old)

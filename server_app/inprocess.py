@@ -245,7 +245,7 @@ def heap_frozen() -> Iterator[None]:
     An in-process run makes and drops tens of thousands of small objects per phase (a message
     and its records per node), which sets off full collections every few rounds; each one
     walked the whole heap (the process's modules, a notebook's data: 65 ms each with 1,000
-    clients, a tenth of the run). Frozen, a full collection walks only the run's own objects.
+    clients, 8 % of the run). Frozen, a full collection walks only the run's own objects.
     Nothing is leaked: garbage among the frozen objects is collected after the run. Nested or
     concurrent runs unfreeze at the last exit; a process that froze its heap itself (e.g. a
     server before ``fork``) is left as it is.

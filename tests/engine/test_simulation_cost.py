@@ -421,13 +421,19 @@ def test_a_simulation_reads_back_the_tables_it_wrote_as_parsing_them_gives(tmp_p
         assert got.dtype == want.dtype and np.array_equal(got, want)
     # a table changed after it was written is parsed, not taken from memory
     table = res.run_dir / "clients" / "1" / "assignments.csv"
-    fresults.remember_written(table, res.labels[1], res.memberships[1])
-    text = table.read_text().splitlines()
-    text[1] = ",".join(["0", str((int(text[1].split(",")[1]) + 1) % 3)] + text[1].split(",")[2:])
-    table.write_text("\n".join(text) + "\n")
-    parsed.clear()
-    labels, _ = _owner_results(res.run_dir)
-    assert len(parsed) == 4 and labels[1][0] == (res.labels[1][0] + 1) % 3
+    with fresults.keeping_written():
+        fresults.remember_written(table, res.labels[1], res.memberships[1])
+        text = table.read_text().splitlines()
+        first = text[1].split(",")
+        text[1] = ",".join(["0", str((int(first[1]) + 1) % 3)] + first[2:])
+        table.write_text("\n".join(text) + "\n")
+        parsed.clear()
+        labels, _ = _owner_results(res.run_dir)
+        assert len(parsed) == 4 and labels[1][0] == (res.labels[1][0] + 1) % 3
+        fresults.remember_written(table, labels[1], None)     # unchanged since: taken
+        assert fresults.recall_written(table)[0] is not None
+    fresults.remember_written(table, labels[1], None)         # nothing kept outside
+    assert fresults.recall_written(table) is None
 
 
 def test_a_table_is_written_as_numpy_savetxt_writes_it(tmp_path):
