@@ -37,8 +37,9 @@ def to_numpy(array: Array) -> np.ndarray:
 
 
 def array_record(**named: np.ndarray) -> ArrayRecord:
-    """An ArrayRecord of the keyword arrays (names kept; filled key by key: Flower's
-    constructor, which also takes lists and state dicts, costs several times more)."""
+    """An ArrayRecord of the keyword arrays, names and order kept (built as the module
+    docstring says: Flower's constructor, which also takes lists and state dicts, costs
+    several times more)."""
     rec = object.__new__(ArrayRecord)
     rec.__dict__.update(_CHECKS, _data={str(k): to_array(v) for k, v in named.items()},
                         _is_dirty=True)
