@@ -42,6 +42,7 @@ from fedclust.config import ConfigError
 from fedclust.data.local import feature_names, load_local_table, names_digest
 from fedclust.data.partition import make_partition
 from fedclust.data.tabular import OWN_DATA_HELP, Dataset, load_dataset
+from fedclust.outputs import file_identity
 
 DATA_KEYS = ("dataset", "data-dir", "seed", "blobs.n-samples", "blobs.centers",
              "blobs.n-features", "blobs.std", "g2.dim", "g2.sigma", "hf.path", "hf.split",
@@ -109,7 +110,7 @@ def file_cached(path: str, load: Callable[[], T], *key: Hashable) -> T:
         return load()
     # the name and the file it names now (device and inode: a replaced file or a moved link
     # is read again)
-    ident = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, *key)
+    ident = (path, *file_identity(st), *key)
     hit = _FILES.get(ident)
     if hit is not None:
         _FILES.move_to_end(ident)

@@ -101,6 +101,12 @@ def _deferred(path: str | Path) -> bool:
     return any(name.startswith(root) for root in _FLUSHED_BY_RUN)
 
 
+def file_identity(st: os.stat_result) -> tuple[int, ...]:
+    """What tells a file from its next version: device and inode (a replaced file, a moved
+    link), size, modification and change time (an edit in place)."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
 def sync() -> None:
     """Flush every written file of this machine to disk (one ``os.sync()``)."""
     if hasattr(os, "sync"):

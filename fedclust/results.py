@@ -462,10 +462,6 @@ def keeping_written() -> Iterator[None]:
                 _WRITTEN_BYTES[0] = 0
 
 
-def _identity(st: os.stat_result) -> tuple[int, ...]:
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
-
-
 def remember_written(path: str | Path, labels: np.ndarray, memberships: np.ndarray | None
                      ) -> None:
     """Keep what ``path`` (an ``assignments.csv`` just written with these ``labels`` and
@@ -474,12 +470,11 @@ def remember_written(path: str | Path, labels: np.ndarray, memberships: np.ndarr
     if not _KEEPING[0]:
         return
     try:
-        ident = _identity(os.stat(path))
+        ident = outputs.file_identity(os.stat(path))
     except OSError:
         return
-    labels = np.array(labels, dtype=np.int64)
-    memberships = None if memberships is None else np.array(memberships, dtype=np.float64)
-    size = labels.nbytes + (0 if memberships is None else memberships.nbytes)
+    entry = (ident, np.array(labels, dtype=np.int64),
+             None if memberships is None else np.array(memberships, dtype=np.float64))
     key = os.path.abspath(path)
     with _WRITTEN_LOCK:
         if not _KEEPING[0]:
@@ -487,8 +482,8 @@ def remember_written(path: str | Path, labels: np.ndarray, memberships: np.ndarr
         old = _WRITTEN.pop(key, None)
         if old is not None:
             _WRITTEN_BYTES[0] -= _nbytes(old)
-        _WRITTEN[key] = (ident, labels, memberships)
-        _WRITTEN_BYTES[0] += size
+        _WRITTEN[key] = entry
+        _WRITTEN_BYTES[0] += _nbytes(entry)
         while _WRITTEN_BYTES[0] > WRITTEN_TABLES_BYTES and _WRITTEN:
             _WRITTEN_BYTES[0] -= _nbytes(_WRITTEN.pop(next(iter(_WRITTEN))))
 
@@ -508,7 +503,7 @@ def recall_written(path: str | Path) -> tuple[np.ndarray, np.ndarray | None] | N
     if entry is None:
         return None
     try:
-        same = _identity(os.stat(key)) == entry[0]
+        same = outputs.file_identity(os.stat(key)) == entry[0]
     except OSError:
         return None
     return (entry[1], entry[2]) if same else None
